@@ -1,0 +1,31 @@
+# Quick start: `make demo` (plan and compare on a built-in model) and `make test`.
+# Each target sets up its own virtual environment (.venv) from requirements.lock.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+OUT := out
+
+.PHONY: demo test bench install clean
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/pipeplan compare --model zoo:bert-large --cluster spp-sim --microbatches 32 --gantt $(OUT)/demo-gantt.png
+	$(BIN)/pipeplan plan --model zoo:bert-large --cluster spp-sim --planner gpipe --microbatches 32 --out $(OUT)/demo-plan.json
+	$(BIN)/pipeplan simulate $(OUT)/demo-plan.json --trace $(OUT)/demo-trace.json --gantt $(OUT)/demo-plan-gantt.png
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/sim_throughput.py
+
+clean:
+	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis

@@ -1,0 +1,253 @@
+"""``pipeplan`` command line: plan, simulate, compare, models, clusters.
+
+Errors a user can cause print one line and exit with code 2; nothing is half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from .errors import PipeplanError
+
+
+def _atomic_write(path: str, write: Callable[[str], None]) -> None:
+    """Write through a temporary file in the same folder, then rename: no half-written output."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".pipeplan-", suffix=target.suffix)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _load_inputs(args):
+    from .cluster import load_cluster
+    from .graph import load_graph
+
+    return load_graph(args.model), load_cluster(args.cluster)
+
+
+def _options(args):
+    from .planners import PlanOptions
+
+    return PlanOptions(microbatches=args.microbatches, schedule=getattr(args, "schedule", None),
+                       optimizer=args.optimizer)
+
+
+def cmd_plan(args) -> int:
+    from .planners import run_planner
+    from .report import print_plan
+
+    graph, cluster = _load_inputs(args)
+    plan, result = run_planner(args.planner, graph, cluster, _options(args))
+    if args.out:
+        _atomic_write(args.out, plan.save)
+    if args.json:
+        print(json.dumps(plan.to_dict()))
+    else:
+        print_plan(plan, result)
+        if args.out:
+            print(f"plan written to {args.out}")
+    return 0
+
+
+def _render(result, args, title: str) -> None:
+    from .viz import draw_gantt, write_trace
+
+    if args.trace:
+        _atomic_write(args.trace, lambda p: write_trace(result.timeline, p, title=title))
+    if args.gantt:
+        _atomic_write(args.gantt, lambda p: draw_gantt(result.timeline, p, title=title))
+
+
+def cmd_simulate(args) -> int:
+    from .plan import load_plan
+    from .report import print_plan
+    from .sim import simulate
+
+    plan = load_plan(args.plan)
+    if args.schedule:
+        plan.schedule = args.schedule
+    result = simulate(plan)
+    plan.prediction = result.summary()
+    _render(result, args, f"{plan.planner} / {plan.schedule}: {plan.graph.name} on {plan.cluster.name}")
+    if args.json:
+        print(json.dumps(plan.prediction))
+    else:
+        print_plan(plan, result)
+        for what, path in (("trace", args.trace), ("gantt", args.gantt)):
+            if path:
+                print(f"{what} written to {path}")
+    return 0
+
+
+def compare_rows(graph, cluster, planners: list[str], options) -> list[dict]:
+    from .planners import run_planner
+
+    rows = []
+    for name in planners:
+        try:
+            plan, result = run_planner(name, graph, cluster, options)
+        except PipeplanError as e:
+            rows.append({"planner": name, "error": str(e)})
+            continue
+        rows.append({"planner": name, "iteration_s": result.iteration_s, "search_s": plan.search_s,
+                     "efficiency": result.efficiency, "replication": plan.replication(),
+                     "over_memory": result.over_memory, "plan": plan.to_dict(embed=False),
+                     "_result": result, "_plan": plan})
+    ok = [r for r in rows if "error" not in r]
+    dp = next((r["iteration_s"] for r in ok if r["planner"] == "dp"), None)
+    for r in ok:
+        r["speedup_vs_dp"] = dp / r["iteration_s"] if dp and r["iteration_s"] > 0 else None
+    ok.sort(key=lambda r: (bool(r["over_memory"]), r["iteration_s"]))
+    return ok + [r for r in rows if "error" in r]
+
+
+def cmd_compare(args) -> int:
+    from .planners import REGISTRY, get_planner
+    from .report import print_compare
+
+    graph, cluster = _load_inputs(args)
+    get_planner("dp")  # loads the registry
+    names = args.planners.split(",") if args.planners else sorted(REGISTRY)
+    for n in names:
+        get_planner(n)
+    rows = compare_rows(graph, cluster, names, _options(args))
+    best = next((r for r in rows if "error" not in r), None)
+    if args.gantt and best is not None:
+        from .viz import draw_gantt
+
+        plan = best["_plan"]
+        _atomic_write(args.gantt, lambda p: draw_gantt(
+            best["_result"].timeline, p,
+            title=f"best: {plan.planner} / {plan.schedule}: {graph.name} on {cluster.name}"))
+    if args.json:
+        print(json.dumps({"model": graph.name, "cluster": cluster.name, "microbatches": args.microbatches,
+                          "results": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]}))
+    else:
+        print_compare(rows, f"{graph.name} on {cluster.name}, {args.microbatches} microbatches")
+        if args.gantt and best is not None:
+            print(f"gantt of the best plan ({best['planner']}) written to {args.gantt}")
+    return 0
+
+
+def cmd_models(args) -> int:
+    from rich.table import Table
+
+    from .report import make_console
+
+    from .graph import zoo
+
+    entries = zoo.describe()
+    if args.json:
+        print(json.dumps({"models": entries}))
+        return 0
+    table = Table(title="zoo models (use as --model zoo:NAME[?key=value&...])")
+    for col in ("name", "description", "options (defaults)"):
+        table.add_column(col)
+    for e in entries:
+        table.add_row(e["name"], e["description"], ", ".join(f"{k}={v}" for k, v in e["defaults"].items()))
+    make_console().print(table)
+    return 0
+
+
+def cmd_clusters(args) -> int:
+    from rich.table import Table
+
+    from .report import make_console
+
+    from .cluster import PRESETS, load_cluster
+
+    rows = []
+    for name, (desc, _) in PRESETS.items():
+        c = load_cluster(name)
+        rows.append({"name": name, "devices": len(c), "description": desc})
+    if args.json:
+        print(json.dumps({"clusters": rows}))
+        return 0
+    table = Table(title="cluster presets (or --cluster hier:servers=N,gpus=G,intra=BW,inter=BW, or a YAML file)")
+    for col in ("name", "devices", "description"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], str(r["devices"]), r["description"])
+    make_console().print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pipeplan", description="Plan pipeline-parallel DNN training.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def model_cluster(sp):
+        sp.add_argument("--model", required=True, help="graph.txt / folder, graph .json, or zoo:NAME[?k=v&..]")
+        sp.add_argument("--cluster", required=True, help="preset name, hier:..., or a YAML/JSON file")
+        sp.add_argument("--microbatches", type=_positive_int, default=32, help="microbatches per iteration (default 32)")
+        sp.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"],
+                        help="optimizer whose state counts in memory (default adam)")
+        sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+
+    sp = sub.add_parser("plan", help="plan one model on one cluster")
+    model_cluster(sp)
+    sp.add_argument("--planner", default="gpipe", help="planner name (see compare; default gpipe)")
+    sp.add_argument("--schedule", default=None, help="schedule (default: the planner's)")
+    sp.add_argument("--out", help="write the plan JSON here")
+    sp.set_defaults(fn=cmd_plan)
+
+    sp = sub.add_parser("simulate", help="simulate a plan file; export its timeline")
+    sp.add_argument("plan", help="plan JSON written by 'pipeplan plan --out'")
+    sp.add_argument("--schedule", default=None, help="simulate under another schedule")
+    sp.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
+    sp.add_argument("--gantt", help="write a Gantt chart PNG here")
+    sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    sp.set_defaults(fn=cmd_simulate)
+
+    sp = sub.add_parser("compare", help="run several planners on the same inputs and rank them")
+    model_cluster(sp)
+    sp.add_argument("--planners", help="comma-separated planner names (default: all)")
+    sp.add_argument("--gantt", help="write the best plan's Gantt chart PNG here")
+    sp.set_defaults(fn=cmd_compare)
+
+    sp = sub.add_parser("models", help="list the zoo models")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(fn=cmd_models)
+    sp = sub.add_parser("clusters", help="list the cluster presets")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(fn=cmd_clusters)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except PipeplanError as e:
+        print(f"pipeplan: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pipeplan: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Build clusters: hierarchical (servers x GPUs) and from a YAML/JSON description."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import PipeplanError
+from ..units import parse_bandwidth, parse_bytes, parse_time
+from .kinds import kind as lookup_kind
+from .model import Cluster, Device
+
+
+def hierarchical(name: str, servers: int, gpus: int, intra: float, inter: float,
+                 kind: str = "V100", latency: float = 0.0, memory: float | None = None,
+                 speed: float | None = None, meta: dict | None = None) -> Cluster:
+    """``servers`` x ``gpus`` devices named ``s{i}g{j}``; ``intra`` bandwidth inside a server,
+    ``inter`` between servers (bytes/s), the same ``latency`` on every link."""
+    if servers < 1 or gpus < 1:
+        raise PipeplanError(f"cluster {name!r}: servers and gpus must be >= 1")
+    k = lookup_kind(kind)
+    devices = [Device(name=f"s{s}g{g}", kind=k.name, memory=k.memory if memory is None else memory,
+                      speed=k.speed if speed is None else speed, server=f"s{s}")
+               for s in range(servers) for g in range(gpus)]
+    server_of = np.repeat(np.arange(servers), gpus)
+    same = server_of[:, None] == server_of[None, :]
+    bw = np.where(same, intra, inter).astype(float)
+    lat = np.full(bw.shape, float(latency))
+    return Cluster(name, devices, bw, lat, meta=dict(meta or {}))
+
+
+_TOP_KEYS = {"name", "devices", "servers", "bandwidth", "latency", "intra", "inter", "links"}
+_DEVICE_KEYS = {"name", "kind", "memory", "speed", "server"}
+_SERVER_KEYS = {"name", "gpus", "kind", "memory", "speed", "intra"}
+_LINK_KEYS = {"from", "to", "bandwidth", "latency", "directed"}
+
+
+def _check_keys(d: Any, allowed: set[str], where: str) -> dict:
+    if not isinstance(d, dict):
+        raise PipeplanError(f"{where}: expected a mapping, got {type(d).__name__}")
+    extra = sorted(set(d) - allowed)
+    if extra:
+        raise PipeplanError(f"{where}: unknown key {extra[0]!r} (allowed: {', '.join(sorted(allowed))})")
+    return d
+
+
+def _device(d: dict, where: str, server: str = "") -> Device:
+    _check_keys(d, _DEVICE_KEYS, where)
+    if "name" not in d:
+        raise PipeplanError(f"{where}: a device needs a 'name'")
+    k = lookup_kind(str(d.get("kind", "GPU")))
+    speed = d.get("speed", k.speed)
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
+        raise PipeplanError(f"{where}: speed must be a number > 0, got {speed!r}")
+    memory = parse_bytes(d["memory"], f"{where}: memory") if "memory" in d else k.memory
+    return Device(name=str(d["name"]), kind=k.name, memory=memory, speed=float(speed),
+                  server=str(d.get("server", server)))
+
+
+def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
+    """Schema (YAML or JSON)::
+
+        name: lab                     # optional
+        servers:                      # either servers (shorthand) ...
+          - {name: a, gpus: 4, kind: V100, intra: 128Gbps}
+        devices:                      # ... or devices, or both
+          - {name: gpu0, kind: V100, memory: 32GiB, speed: 1.0, server: a}
+        inter: 50Gbps                 # between servers (default: bandwidth)
+        bandwidth: 10Gbps             # default for any pair (default: inter/intra, else required)
+        latency: 0                    # default latency of every link
+        links:                        # overrides, symmetric unless directed: true
+          - {from: gpu0, to: gpu1, bandwidth: 128Gbps, latency: 5us}
+    """
+    d = _check_keys(d, _TOP_KEYS, source)
+    name = str(d.get("name", "cluster"))
+    devices: list[Device] = []
+    intra_of: dict[str, float] = {}
+    for k, s in enumerate(d.get("servers") or []):
+        where = f"{source}: servers[{k}]"
+        _check_keys(s, _SERVER_KEYS, where)
+        sname = str(s.get("name", f"s{k}"))
+        gpus = s.get("gpus", 1)
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+            raise PipeplanError(f"{where}: gpus must be an integer >= 1, got {gpus!r}")
+        if "intra" in s:
+            intra_of[sname] = parse_bandwidth(s["intra"], f"{where}: intra")
+        for g in range(gpus):
+            spec = {key: s[key] for key in ("kind", "memory", "speed") if key in s}
+            devices.append(_device({"name": f"{sname}g{g}", **spec}, where, server=sname))
+    raw_devices = d.get("devices") or []
+    if not isinstance(raw_devices, list):
+        raise PipeplanError(f"{source}: 'devices' must be a list")
+    devices += [_device(x, f"{source}: devices[{k}]") for k, x in enumerate(raw_devices)]
+    if not devices:
+        raise PipeplanError(f"{source}: no devices (give 'devices' or 'servers')")
+    v = len(devices)
+    default = d.get("bandwidth")
+    inter = parse_bandwidth(d["inter"], f"{source}: inter") if "inter" in d else None
+    base = parse_bandwidth(default, f"{source}: bandwidth") if default is not None else inter
+    bw = np.full((v, v), np.nan if base is None else base)
+    srv = [dev.server for dev in devices]
+    for i in range(v):
+        for j in range(v):
+            if srv[i] and srv[i] == srv[j] and srv[i] in intra_of:
+                bw[i, j] = intra_of[srv[i]]
+            elif inter is not None and srv[i] != srv[j]:
+                bw[i, j] = inter
+    lat = np.full((v, v), parse_time(d.get("latency", 0), f"{source}: latency"))
+    index = {dev.name: i for i, dev in enumerate(devices)}
+    for k, link in enumerate(d.get("links") or []):
+        where = f"{source}: links[{k}]"
+        _check_keys(link, _LINK_KEYS, where)
+        try:
+            a, b = index[str(link["from"])], index[str(link["to"])]
+        except KeyError as e:
+            raise PipeplanError(f"{where}: unknown device {e.args[0]!r}") from None
+        pairs = [(a, b)] if link.get("directed") else [(a, b), (b, a)]
+        for i, j in pairs:
+            if "bandwidth" in link:
+                bw[i, j] = parse_bandwidth(link["bandwidth"], f"{where}: bandwidth")
+            if "latency" in link:
+                lat[i, j] = parse_time(link["latency"], f"{where}: latency")
+    np.fill_diagonal(bw, np.inf)
+    if np.isnan(bw).any():
+        i, j = map(int, np.argwhere(np.isnan(bw))[0])
+        raise PipeplanError(f"{source}: no bandwidth for {devices[i].name} -> {devices[j].name} "
+                            "(set 'bandwidth', 'inter' or a link)")
+    return Cluster(name, devices, bw, lat)
+
+
+def cluster_to_dict(c: Cluster) -> dict:
+    """Self-contained form (used inside plan JSON): explicit devices and full matrices."""
+    bw = np.where(np.isinf(c.bandwidth), 0.0, c.bandwidth)
+    return {"name": c.name,
+            "devices": [{"name": d.name, "kind": d.kind, "memory": d.memory, "speed": d.speed,
+                         "server": d.server} for d in c.devices],
+            "bandwidth_matrix": bw.tolist(), "latency_matrix": c.latency.tolist()}
+
+
+def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
+    """Inverse of :func:`cluster_to_dict`."""
+    try:
+        devices = [Device(name=str(x["name"]), kind=str(x.get("kind", "GPU")), memory=float(x["memory"]),
+                          speed=float(x["speed"]), server=str(x.get("server", "")))
+                   for x in d["devices"]]
+        bw = np.array(d["bandwidth_matrix"], dtype=float)
+        lat = np.array(d["latency_matrix"], dtype=float)
+        return Cluster(str(d.get("name", "cluster")), devices, bw, lat)
+    except (KeyError, TypeError, ValueError) as e:
+        raise PipeplanError(f"{source}: malformed cluster ({e.__class__.__name__}: {e})") from None

@@ -1,0 +1,114 @@
+"""Devices and links (DESIGN.md): the cluster a plan runs on.
+
+Bandwidth and latency are dense V x V matrices (bytes/s and s) over ordered device pairs;
+the diagonal is infinite bandwidth and zero latency (no transfer to oneself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import PipeplanError
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator: ``speed`` is its throughput relative to the reference device on which
+    the model graph's times were measured (2.0 = twice as fast); ``memory`` is bytes."""
+
+    name: str
+    kind: str = "GPU"
+    memory: float = 32 * 2.0**30
+    speed: float = 1.0
+    server: str = ""
+
+
+@dataclass(eq=False)
+class Cluster:
+    name: str
+    devices: list[Device]
+    bandwidth: np.ndarray
+    latency: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        v = len(self.devices)
+        where = f"cluster {self.name!r}"
+        if v == 0:
+            raise PipeplanError(f"{where}: no devices")
+        self.index: dict[str, int] = {}
+        for i, d in enumerate(self.devices):
+            if d.name in self.index:
+                raise PipeplanError(f"{where}: device name {d.name!r} appears twice")
+            if not (d.speed > 0 and np.isfinite(d.speed)):
+                raise PipeplanError(f"{where}: device {d.name!r} has speed {d.speed!r} (must be > 0)")
+            if not (d.memory > 0):
+                raise PipeplanError(f"{where}: device {d.name!r} has memory {d.memory!r} (must be > 0)")
+            self.index[d.name] = i
+        self.bandwidth = np.array(self.bandwidth, dtype=float)
+        self.latency = np.array(self.latency, dtype=float)
+        for arr, what in ((self.bandwidth, "bandwidth"), (self.latency, "latency")):
+            if arr.shape != (v, v):
+                raise PipeplanError(f"{where}: {what} matrix is {arr.shape}, expected {(v, v)}")
+        np.fill_diagonal(self.bandwidth, np.inf)
+        np.fill_diagonal(self.latency, 0.0)
+        if np.any(self.bandwidth < 0) or np.any(self.latency < 0) or np.any(np.isnan(self.latency)):
+            raise PipeplanError(f"{where}: negative bandwidth or latency")
+        self.speed = np.array([d.speed for d in self.devices])
+        self.memory = np.array([d.memory for d in self.devices])
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    @property
+    def names(self) -> list[str]:
+        return [d.name for d in self.devices]
+
+    def device_indices(self, names: Sequence[str], where: str = "plan") -> list[int]:
+        out = []
+        for n in names:
+            i = self.index.get(str(n))
+            if i is None:
+                raise PipeplanError(f"{where}: device {n!r} is not in cluster {self.name!r}")
+            out.append(i)
+        return out
+
+    def min_bandwidth(self, a: Sequence[int], b: Sequence[int]) -> float:
+        """Slowest link from any device of ``a`` to any device of ``b``."""
+        return float(self.bandwidth[np.ix_(list(a), list(b))].min())
+
+    def max_latency(self, a: Sequence[int], b: Sequence[int]) -> float:
+        return float(self.latency[np.ix_(list(a), list(b))].max())
+
+    def group_min_bandwidth(self, group: Sequence[int]) -> float:
+        """Slowest link inside a group (both directions), inf for a single device."""
+        g = list(group)
+        if len(g) < 2:
+            return float("inf")
+        return float(self.bandwidth[np.ix_(g, g)].min())
+
+    def servers(self) -> list[list[int]]:
+        """Devices grouped by their ``server`` label, in order of first appearance."""
+        groups: dict[str, list[int]] = {}
+        for i, d in enumerate(self.devices):
+            groups.setdefault(d.server or d.name, []).append(i)
+        return list(groups.values())
+
+    def with_memory(self, memory: float) -> "Cluster":
+        """A copy in which every device has ``memory`` bytes (the --memory-limit override)."""
+        from dataclasses import replace
+
+        return Cluster(self.name, [replace(d, memory=memory) for d in self.devices],
+                       self.bandwidth.copy(), self.latency.copy(), dict(self.meta))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Cluster):
+            return NotImplemented
+        return (self.name == other.name and self.devices == other.devices
+                and np.array_equal(self.bandwidth, other.bandwidth)
+                and np.array_equal(self.latency, other.latency))
+
+    __hash__ = None  # type: ignore[assignment]

@@ -1,0 +1,105 @@
+"""Named clusters from the seed papers' evaluations, and the ``hier:`` spec string."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..errors import PipeplanError
+from ..units import parse_bandwidth, parse_bytes, parse_time
+from .build import hierarchical
+from .model import Cluster
+
+Gbps = 1e9 / 8
+
+
+def _spp_sim(seed: int = 0) -> Cluster:
+    """SPP §V-B default: 8 servers x 4 V100; servers 0-2 intra-server links drawn from
+    U[96,128] Gbps (PCIe), servers 3-7 from U[160,200] Gbps (NVLink), links between servers
+    from U[32,40] Gbps (RDMA). One draw per GPU pair inside a server and per server pair."""
+    rng = np.random.default_rng(seed)
+    c = hierarchical("spp-sim", 8, 4, 1.0, 1.0, kind="V100",
+                     meta={"source": "SPP §V-B", "seed": seed})
+    bw = np.zeros((32, 32))
+    inter = rng.uniform(32, 40, size=(8, 8)) * Gbps
+    inter = np.triu(inter, 1) + np.triu(inter, 1).T
+    for a in range(8):
+        for b in range(8):
+            bw[4 * a:4 * a + 4, 4 * b:4 * b + 4] = inter[a, b]
+    for s in range(8):
+        lo, hi = (96, 128) if s < 3 else (160, 200)
+        intra = rng.uniform(lo, hi, size=(4, 4)) * Gbps
+        bw[4 * s:4 * s + 4, 4 * s:4 * s + 4] = np.triu(intra, 1) + np.triu(intra, 1).T
+    return Cluster("spp-sim", c.devices, bw, c.latency, meta=c.meta)
+
+
+def _automap(servers: int, name: str) -> Cluster:
+    # Auto-MAP Table 2: 8x V100 per server over NVLink, 25 Gbps between servers. NVLink 2.0
+    # gives 25 GB/s per link per direction; we take two links (50 GB/s) per GPU pair.
+    return hierarchical(name, servers, 8, 400 * Gbps, 25 * Gbps, kind="V100",
+                        meta={"source": "Auto-MAP Table 2"})
+
+
+PRESETS: dict[str, tuple[str, Callable[[], Cluster]]] = {
+    "v100x4": ("one server, 4 V100 over PCIe 128 Gbps (SPP testbed 2)",
+               lambda: hierarchical("v100x4", 1, 4, 128 * Gbps, 128 * Gbps, kind="V100",
+                                    meta={"source": "SPP §V-A testbed 2"})),
+    "1080ti-4x2": ("4 servers x 2 GTX 1080 Ti, PCIe 128 Gbps inside, 50 Gbps between (SPP testbed 1)",
+                   lambda: hierarchical("1080ti-4x2", 4, 2, 128 * Gbps, 50 * Gbps, kind="1080Ti",
+                                        meta={"source": "SPP §V-A testbed 1"})),
+    "spp-sim": ("8 servers x 4 V100, uneven links, seed 0 (SPP simulation default)", _spp_sim),
+    "automap-a": ("2 servers x 8 V100 NVLink, 25 Gbps between (Auto-MAP config A)",
+                  lambda: _automap(2, "automap-a")),
+    "automap-b": ("3 servers x 8 V100 NVLink, 25 Gbps between (Auto-MAP config B)",
+                  lambda: _automap(3, "automap-b")),
+    "automap-c": ("4 servers x 8 V100 NVLink, 25 Gbps between (Auto-MAP config C)",
+                  lambda: _automap(4, "automap-c")),
+    "drlpp-4gpu": ("one server, 4 GPUs (V100 assumed) over PCIe 128 Gbps (DRL-PP testbed)",
+                   lambda: hierarchical("drlpp-4gpu", 1, 4, 128 * Gbps, 128 * Gbps, kind="V100",
+                                        meta={"source": "DRL-PP §4"})),
+}
+
+
+def preset(name: str) -> Cluster:
+    entry = PRESETS.get(name)
+    if entry is None:
+        raise PipeplanError(f"unknown cluster preset {name!r} (known: {', '.join(PRESETS)})")
+    return entry[1]()
+
+
+_HIER_KEYS = {"servers", "gpus", "intra", "inter", "kind", "latency", "memory", "speed"}
+
+
+def parse_hier(spec: str) -> Cluster:
+    """``hier:servers=4,gpus=2,intra=128Gbps,inter=50Gbps[,kind=V100][,latency=0]``."""
+    body = spec[len("hier:"):]
+    opts: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in body.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise PipeplanError(f"cluster {spec!r}: expected key=value, got {item!r}")
+        if key not in _HIER_KEYS:
+            raise PipeplanError(f"cluster {spec!r}: unknown key {key!r} (allowed: {', '.join(sorted(_HIER_KEYS))})")
+        opts[key] = value
+    for req in ("servers", "gpus", "intra"):
+        if req not in opts:
+            raise PipeplanError(f"cluster {spec!r}: missing {req}=")
+    try:
+        servers, gpus = int(opts["servers"]), int(opts["gpus"])
+    except ValueError:
+        raise PipeplanError(f"cluster {spec!r}: servers and gpus must be integers") from None
+    if servers > 1 and "inter" not in opts:
+        raise PipeplanError(f"cluster {spec!r}: missing inter= (bandwidth between servers)")
+    intra = parse_bandwidth(opts["intra"], "hier intra")
+    inter = parse_bandwidth(opts.get("inter", opts["intra"]), "hier inter")
+    speed = None
+    if "speed" in opts:
+        try:
+            speed = float(opts["speed"])
+        except ValueError:
+            raise PipeplanError(f"cluster {spec!r}: speed must be a number") from None
+    return hierarchical(spec, servers, gpus, intra, inter, kind=opts.get("kind", "V100"),
+                        latency=parse_time(opts.get("latency", 0), "hier latency"),
+                        memory=parse_bytes(opts["memory"], "hier memory") if "memory" in opts else None,
+                        speed=speed)

@@ -1,0 +1,63 @@
+"""SPP's cost model (§III), shared by planners and the simulator.
+
+- compute of a stage per microbatch: sum of its layers' time / (replicas x slowest replica's speed)
+  (a microbatch is split evenly over the replicas, which run in lockstep);
+- transfer between consecutive stages: bytes / (|F(s)| |F(s+1)| min bandwidth between the two
+  device sets) + the largest latency among those links (§III-B2);
+- ring all-reduce of a replicated stage: 2(k-1)/k x parameter bytes / min bandwidth inside the
+  group (Eq. 1), plus 2(k-1) link latencies (the ring's steps);
+- memory per device: parameters x (1 weights + 1 gradients + optimizer-state factor) plus the
+  activations stashed for backward (see ``stash_bytes``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .cluster import Cluster
+from .errors import PipeplanError
+
+#: Optimizer state as a multiple of the parameter bytes (Adam keeps two moments).
+OPTIMIZER_STATE = {"sgd": 0.0, "momentum": 1.0, "adam": 2.0}
+DEFAULT_OPTIMIZER = "adam"
+
+
+def transfer_time(cluster: Cluster, src: Sequence[int], dst: Sequence[int], nbytes: float,
+                  where: str = "transfer") -> float:
+    """Time to move ``nbytes`` (one whole microbatch's data) from the devices ``src`` to ``dst``."""
+    bw = cluster.min_bandwidth(src, dst)
+    if bw <= 0:
+        a, b = _slowest_pair(cluster, src, dst)
+        raise PipeplanError(f"{where}: zero bandwidth between {a} and {b}, which must exchange data")
+    return nbytes / (len(src) * len(dst) * bw) + cluster.max_latency(src, dst)
+
+
+def allreduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float,
+                   where: str = "all-reduce") -> float:
+    """Ring all-reduce of ``param_bytes`` over ``group`` (SPP Eq. 1, plus per-step latency)."""
+    k = len(group)
+    if k < 2 or param_bytes <= 0:
+        return 0.0
+    bw = cluster.group_min_bandwidth(group)
+    if bw <= 0:
+        a, b = _slowest_pair(cluster, group, group)
+        raise PipeplanError(f"{where}: zero bandwidth between {a} and {b}, which must all-reduce")
+    lat = float(cluster.latency[np.ix_(list(group), list(group))].max())
+    return 2.0 * (k - 1) / k * param_bytes / bw + 2 * (k - 1) * lat
+
+
+def state_bytes(param_bytes: float, optimizer: str = DEFAULT_OPTIMIZER) -> float:
+    """Weights + gradients + optimizer state held for ``param_bytes`` of parameters."""
+    try:
+        factor = OPTIMIZER_STATE[optimizer]
+    except KeyError:
+        raise PipeplanError(f"unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZER_STATE)})") from None
+    return param_bytes * (2.0 + factor)
+
+
+def _slowest_pair(cluster: Cluster, a: Sequence[int], b: Sequence[int]) -> tuple[str, str]:
+    sub = cluster.bandwidth[np.ix_(list(a), list(b))]
+    i, j = np.unravel_index(int(np.argmin(sub)), sub.shape)
+    return cluster.devices[list(a)[i]].name, cluster.devices[list(b)[j]].name

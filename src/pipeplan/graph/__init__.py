@@ -1,0 +1,51 @@
+"""Model graphs and their loaders: ``load_graph(spec)`` takes a PipeDream ``graph.txt`` (file
+or folder), a native ``.json`` graph, or ``zoo:NAME[?key=value&...]``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from ..errors import PipeplanError
+from .linearize import Linearization, chains, is_chain, linearize
+from .model import Graph, NodeSpec
+from .native import graph_from_dict, graph_to_dict, load_native, save_graph
+from .pipedream import load_pipedream, parse_pipedream
+
+__all__ = ["Graph", "NodeSpec", "Linearization", "load_graph", "linearize", "is_chain", "chains",
+           "graph_to_dict", "graph_from_dict", "save_graph", "parse_pipedream"]
+
+
+def parse_zoo_spec(spec: str) -> tuple[str, dict[str, str]]:
+    body = spec[len("zoo:"):]
+    name, _, query = body.partition("?")
+    try:
+        options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+    except ValueError:
+        raise PipeplanError(f"model {spec!r}: cannot read the options after '?' (expected key=value&...)") from None
+    return name.strip(), options
+
+
+def load_graph(spec: str) -> Graph:
+    """Load a model graph from a spec string (see the module docstring)."""
+    if spec.startswith("zoo:"):
+        from . import zoo
+
+        name, options = parse_zoo_spec(spec)
+        return zoo.build(name, options)
+    path = Path(spec)
+    if path.is_dir():
+        for candidate in ("graph.json", "graph.txt"):
+            if (path / candidate).is_file():
+                path = path / candidate
+                break
+        else:
+            raise PipeplanError(f"model folder {spec!r} has no graph.txt or graph.json")
+    if not path.exists():
+        raise PipeplanError(f"model {spec!r}: no such file (expected a graph.txt, a .json graph or zoo:NAME)")
+    try:
+        if path.suffix == ".json":
+            return load_native(path)
+        return load_pipedream(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise PipeplanError(f"model {spec!r}: cannot read it ({e.__class__.__name__})") from None

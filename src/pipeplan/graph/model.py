@@ -1,0 +1,188 @@
+"""The model graph: a DAG of layers or operators with per-microbatch costs (DESIGN.md).
+
+Per node, for ONE microbatch on the reference device: forward and backward time (s),
+parameter bytes, output-activation bytes; optionally FLOPs (forward) and a description.
+Costs live in numpy arrays indexed by node position, so planners and the simulator
+work on vectors, not on per-node objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..errors import PipeplanError
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node as a loader reads it, before the graph is assembled."""
+
+    id: str
+    fwd: float
+    bwd: float
+    params: float
+    act: float
+    desc: str = ""
+    flops: float = float("nan")
+
+
+@dataclass(eq=False)
+class Graph:
+    """A validated DAG. ``ids[i]`` names node i; ``edges`` are (src, dst) index pairs."""
+
+    name: str
+    ids: list[str]
+    fwd: np.ndarray
+    bwd: np.ndarray
+    params: np.ndarray
+    act: np.ndarray
+    flops: np.ndarray
+    desc: list[str]
+    edges: list[tuple[int, int]]
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.ids)
+        self.fwd = np.asarray(self.fwd, dtype=float)
+        self.bwd = np.asarray(self.bwd, dtype=float)
+        self.params = np.asarray(self.params, dtype=float)
+        self.act = np.asarray(self.act, dtype=float)
+        self.flops = np.asarray(self.flops, dtype=float)
+        where = f"model {self.name!r}"
+        if n == 0:
+            raise PipeplanError(f"{where}: the graph has no nodes")
+        for arr, what in ((self.fwd, "forward time"), (self.bwd, "backward time"),
+                          (self.params, "parameter size"), (self.act, "activation size")):
+            if arr.shape != (n,):
+                raise PipeplanError(f"{where}: {what} has {arr.size} values for {n} nodes")
+            bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
+            if bad.size:
+                i = int(bad[0])
+                raise PipeplanError(
+                    f"{where}: node {self.ids[i]!r} has a negative or non-finite {what} ({arr[i]!r})")
+        if len(self.desc) != n or self.flops.shape != (n,):
+            raise PipeplanError(f"{where}: descriptions/FLOPs do not match the {n} nodes")
+        self.index = {}
+        for i, nid in enumerate(self.ids):
+            if nid in self.index:
+                raise PipeplanError(f"{where}: node id {nid!r} appears twice")
+            self.index[nid] = i
+        edges = []
+        seen = set()
+        for u, v in self.edges:
+            if not (0 <= u < n and 0 <= v < n):
+                raise PipeplanError(f"{where}: edge ({u}, {v}) refers to a node that does not exist")
+            if u == v:
+                raise PipeplanError(f"{where}: node {self.ids[u]!r} has an edge to itself (a cycle)")
+            if (u, v) not in seen:
+                seen.add((u, v))
+                edges.append((int(u), int(v)))
+        self.edges = edges
+        self.succ: list[list[int]] = [[] for _ in range(n)]
+        self.pred: list[list[int]] = [[] for _ in range(n)]
+        for u, v in edges:
+            self.succ[u].append(v)
+            self.pred[v].append(u)
+        self.topo = self._topological_order()
+
+    # -- construction -------------------------------------------------------------------
+    @classmethod
+    def from_nodes(cls, name: str, nodes: Sequence[NodeSpec],
+                   edges: Iterable[tuple[str, str]], meta: dict | None = None) -> "Graph":
+        """Assemble a graph from node specs and edges given by node id."""
+        ids = [nd.id for nd in nodes]
+        index = {nid: i for i, nid in enumerate(ids)}
+        pairs = []
+        for a, b in edges:
+            for end in (a, b):
+                if end not in index:
+                    raise PipeplanError(f"model {name!r}: edge {a} -> {b} names unknown node {end!r}")
+            pairs.append((index[a], index[b]))
+        return cls(name=name, ids=ids,
+                   fwd=np.array([nd.fwd for nd in nodes], dtype=float),
+                   bwd=np.array([nd.bwd for nd in nodes], dtype=float),
+                   params=np.array([nd.params for nd in nodes], dtype=float),
+                   act=np.array([nd.act for nd in nodes], dtype=float),
+                   flops=np.array([nd.flops for nd in nodes], dtype=float),
+                   desc=[nd.desc for nd in nodes], edges=pairs, meta=dict(meta or {}))
+
+    @classmethod
+    def chain(cls, name: str, fwd: Sequence[float], bwd: Sequence[float],
+              params: Sequence[float] | None = None, act: Sequence[float] | None = None,
+              desc: Sequence[str] | None = None, flops: Sequence[float] | None = None,
+              meta: dict | None = None) -> "Graph":
+        """A linear chain of layers ``l0 -> l1 -> ...`` (the common case)."""
+        n = len(fwd)
+        return cls(name=name, ids=[f"l{i}" for i in range(n)], fwd=np.asarray(fwd, float),
+                   bwd=np.asarray(bwd, float),
+                   params=np.zeros(n) if params is None else np.asarray(params, float),
+                   act=np.zeros(n) if act is None else np.asarray(act, float),
+                   flops=np.full(n, np.nan) if flops is None else np.asarray(flops, float),
+                   desc=[""] * n if desc is None else list(desc),
+                   edges=[(i, i + 1) for i in range(n - 1)], meta=dict(meta or {}))
+
+    # -- structure ----------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _topological_order(self) -> list[int]:
+        """Kahn's algorithm, ties broken by node position (deterministic); raises on a cycle."""
+        import heapq
+
+        indeg = [len(p) for p in self.pred]
+        heap = [i for i, d in enumerate(indeg) if d == 0]
+        heapq.heapify(heap)
+        order = []
+        while heap:
+            u = heapq.heappop(heap)
+            order.append(u)
+            for v in self.succ[u]:
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    heapq.heappush(heap, v)
+        if len(order) != len(self.ids):
+            stuck = next(i for i, d in enumerate(indeg) if d > 0)
+            raise PipeplanError(
+                f"model {self.name!r}: the graph has a cycle (through node {self.ids[stuck]!r})")
+        return order
+
+    @property
+    def total_fwd(self) -> float:
+        return float(self.fwd.sum())
+
+    @property
+    def total_bwd(self) -> float:
+        return float(self.bwd.sum())
+
+    @property
+    def total_params(self) -> float:
+        return float(self.params.sum())
+
+    def node_indices(self, ids: Iterable[str], where: str = "plan") -> list[int]:
+        out = []
+        for nid in ids:
+            i = self.index.get(str(nid))
+            if i is None:
+                raise PipeplanError(f"{where}: node {nid!r} is not in model {self.name!r}")
+            out.append(i)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Graph):
+            return NotImplemented
+        return (self.name == other.name and self.ids == other.ids and self.desc == other.desc
+                and sorted(self.edges) == sorted(other.edges) and self.meta == other.meta
+                and all(np.array_equal(getattr(self, a), getattr(other, a), equal_nan=True)
+                        for a in ("fwd", "bwd", "params", "act", "flops")))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def scaled(self, *, time: float = 1.0, act: float = 1.0, name: str | None = None) -> "Graph":
+        """A copy with times and/or activation sizes multiplied (what-if sweeps)."""
+        return Graph(name=name or self.name, ids=list(self.ids), fwd=self.fwd * time,
+                     bwd=self.bwd * time, params=self.params.copy(), act=self.act * act,
+                     flops=self.flops.copy(), desc=list(self.desc), edges=list(self.edges),
+                     meta=dict(self.meta))

@@ -1,0 +1,81 @@
+"""pipeplan's native graph JSON (``"format": "pipeplan.graph/1"``); load(save(g)) == g.
+
+Schema::
+
+    {"format": "pipeplan.graph/1", "name": "mlp", "meta": {...},
+     "nodes": [{"id": "l0", "fwd_s": 0.001, "bwd_s": 0.002, "params_bytes": 4096,
+                "act_bytes": 65536, "desc": "Linear(32, 32)", "flops": 2048}, ...],
+     "edges": [["l0", "l1"], ...]}
+
+``desc``, ``flops`` and ``meta`` are optional; times are seconds for one microbatch on the
+reference device, sizes are bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ..errors import PipeplanError
+from .model import Graph, NodeSpec
+
+FORMAT = "pipeplan.graph/1"
+
+
+def graph_to_dict(g: Graph) -> dict:
+    nodes = []
+    for i, nid in enumerate(g.ids):
+        node = {"id": nid, "fwd_s": float(g.fwd[i]), "bwd_s": float(g.bwd[i]),
+                "params_bytes": float(g.params[i]), "act_bytes": float(g.act[i])}
+        if g.desc[i]:
+            node["desc"] = g.desc[i]
+        if not math.isnan(g.flops[i]):
+            node["flops"] = float(g.flops[i])
+        nodes.append(node)
+    return {"format": FORMAT, "name": g.name, "meta": g.meta, "nodes": nodes,
+            "edges": [[g.ids[u], g.ids[v]] for u, v in g.edges]}
+
+
+def graph_from_dict(d: object, source: str = "graph") -> Graph:
+    if not isinstance(d, dict):
+        raise PipeplanError(f"{source}: a graph must be a JSON object")
+    if d.get("format") != FORMAT:
+        raise PipeplanError(f"{source}: expected \"format\": \"{FORMAT}\", got {d.get('format')!r}")
+    nodes_in = d.get("nodes")
+    if not isinstance(nodes_in, list):
+        raise PipeplanError(f"{source}: 'nodes' must be a list")
+    nodes = []
+    for k, nd in enumerate(nodes_in):
+        where = f"{source}: nodes[{k}]"
+        if not isinstance(nd, dict) or "id" not in nd:
+            raise PipeplanError(f"{where}: each node needs an 'id'")
+        try:
+            nodes.append(NodeSpec(id=str(nd["id"]), fwd=float(nd["fwd_s"]), bwd=float(nd["bwd_s"]),
+                                  params=float(nd.get("params_bytes", 0.0)),
+                                  act=float(nd.get("act_bytes", 0.0)), desc=str(nd.get("desc", "")),
+                                  flops=float("nan") if nd.get("flops") is None else float(nd["flops"])))
+        except KeyError as e:
+            raise PipeplanError(f"{where} ({nd.get('id')!r}): missing {e.args[0]!r}") from None
+        except (TypeError, ValueError):
+            raise PipeplanError(f"{where} ({nd.get('id')!r}): a cost is not a number") from None
+    edges = d.get("edges", [])
+    if not isinstance(edges, list) or any(not isinstance(e, (list, tuple)) or len(e) != 2 for e in edges):
+        raise PipeplanError(f"{source}: 'edges' must be a list of [src, dst] pairs")
+    meta = d.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise PipeplanError(f"{source}: 'meta' must be an object")
+    return Graph.from_nodes(str(d.get("name", "model")), nodes,
+                            [(str(a), str(b)) for a, b in edges], meta=meta)
+
+
+def save_graph(g: Graph, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(graph_to_dict(g), indent=1) + "\n")
+
+
+def load_native(path: Path) -> Graph:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise PipeplanError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return graph_from_dict(data, source=str(path))

@@ -1,0 +1,161 @@
+"""A Plan: ordered stages, each a set of graph nodes and the devices that hold it.
+
+More than one device on a stage = the stage is replicated (data-parallel inside the stage;
+each microbatch is split evenly over the replicas unless the schedule says otherwise).
+The JSON form (``"format": "pipeplan.plan/1"``) embeds the graph and the cluster, so a plan
+file is self-contained: ``pipeplan simulate plan.json`` needs nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .cluster import Cluster, cluster_from_full_dict, cluster_to_dict
+from .errors import PipeplanError
+from .graph import Graph, graph_from_dict, graph_to_dict
+
+FORMAT = "pipeplan.plan/1"
+
+
+@dataclass
+class Stage:
+    nodes: list[str]
+    devices: list[str]
+
+
+@dataclass
+class Plan:
+    graph: Graph
+    cluster: Cluster
+    stages: list[Stage]
+    microbatches: int
+    schedule: str = "1f1b"
+    planner: str = "manual"
+    search_s: float = 0.0
+    optimizer: str = "adam"
+    prediction: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    # -- resolved views -----------------------------------------------------------------
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    def stage_nodes(self) -> list[list[int]]:
+        return [self.graph.node_indices(s.nodes, where=f"plan stage {k}") for k, s in enumerate(self.stages)]
+
+    def stage_devices(self) -> list[list[int]]:
+        return [self.cluster.device_indices(s.devices, where=f"plan stage {k}")
+                for k, s in enumerate(self.stages)]
+
+    def stage_of_node(self) -> np.ndarray:
+        owner = np.full(len(self.graph), -1, dtype=np.int64)
+        for k, idx in enumerate(self.stage_nodes()):
+            owner[idx] = k
+        return owner
+
+    def replication(self) -> list[int]:
+        return [len(s.devices) for s in self.stages]
+
+    # -- JSON ---------------------------------------------------------------------------
+    def to_dict(self, embed: bool = True) -> dict:
+        d: dict[str, Any] = {
+            "format": FORMAT, "planner": self.planner, "schedule": self.schedule,
+            "microbatches": self.microbatches, "optimizer": self.optimizer,
+            "stages": [{"nodes": list(s.nodes), "devices": list(s.devices)} for s in self.stages],
+            "iteration_s": self.prediction.get("iteration_s"), "search_s": self.search_s,
+        }
+        d.update(self.extra)
+        if self.prediction:
+            d["prediction"] = self.prediction
+        if embed:
+            d["graph"] = graph_to_dict(self.graph)
+            d["cluster"] = cluster_to_dict(self.cluster)
+        return d
+
+    def save(self, path: str | Path) -> None:
+        text = json.dumps(self.to_dict(), indent=1) + "\n"
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+
+
+_KNOWN_KEYS = {"format", "planner", "schedule", "microbatches", "optimizer", "stages", "iteration_s",
+               "search_s", "prediction", "graph", "cluster"}
+
+
+def plan_from_dict(d: Any, source: str = "plan") -> Plan:
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise PipeplanError(f"{source}: not a pipeplan plan (expected \"format\": \"{FORMAT}\")")
+    for key in ("graph", "cluster", "stages", "microbatches"):
+        if key not in d:
+            raise PipeplanError(f"{source}: missing {key!r}")
+    graph = graph_from_dict(d["graph"], source=f"{source}: graph")
+    cluster = cluster_from_full_dict(d["cluster"], source=f"{source}: cluster")
+    stages = []
+    if not isinstance(d["stages"], list):
+        raise PipeplanError(f"{source}: 'stages' must be a list")
+    for k, s in enumerate(d["stages"]):
+        if not isinstance(s, dict) or not isinstance(s.get("nodes"), list) or not isinstance(s.get("devices"), list):
+            raise PipeplanError(f"{source}: stages[{k}] needs lists 'nodes' and 'devices'")
+        stages.append(Stage([str(x) for x in s["nodes"]], [str(x) for x in s["devices"]]))
+    m = d["microbatches"]
+    if isinstance(m, bool) or not isinstance(m, int):
+        raise PipeplanError(f"{source}: microbatches must be an integer, got {m!r}")
+    return Plan(graph=graph, cluster=cluster, stages=stages, microbatches=m,
+                schedule=str(d.get("schedule", "1f1b")), planner=str(d.get("planner", "manual")),
+                search_s=float(d.get("search_s") or 0.0), optimizer=str(d.get("optimizer", "adam")),
+                prediction=dict(d.get("prediction") or {}),
+                extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS})
+
+
+def load_plan(path: str | Path) -> Plan:
+    p = Path(path)
+    if not p.is_file():
+        raise PipeplanError(f"plan file {str(path)!r} not found")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise PipeplanError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return plan_from_dict(data, source=str(path))
+
+
+def validate(plan: Plan) -> None:
+    """Every node in exactly one stage, every device in at most one stage, devices exist,
+    no graph edge from a later stage to an earlier one, M >= 1."""
+    g, c = plan.graph, plan.cluster
+    if not plan.stages:
+        raise PipeplanError("plan: no stages")
+    if plan.microbatches < 1:
+        raise PipeplanError(f"plan: microbatches must be >= 1, got {plan.microbatches}")
+    owner = np.full(len(g), -1, dtype=np.int64)
+    seen_dev: dict[int, int] = {}
+    for k, st in enumerate(plan.stages):
+        if not st.nodes:
+            raise PipeplanError(f"plan: stage {k} has no nodes")
+        if not st.devices:
+            raise PipeplanError(f"plan: stage {k} has no devices")
+        for i in g.node_indices(st.nodes, where=f"plan stage {k}"):
+            if owner[i] >= 0:
+                raise PipeplanError(f"plan: node {g.ids[i]!r} is in stage {owner[i]} and stage {k}")
+            owner[i] = k
+        for d in c.device_indices(st.devices, where=f"plan stage {k}"):
+            if d in seen_dev:
+                raise PipeplanError(f"plan: device {c.devices[d].name!r} is in stage {seen_dev[d]} "
+                                    f"and stage {k} (a device holds at most one stage)")
+            seen_dev[d] = k
+    missing = np.flatnonzero(owner < 0)
+    if missing.size:
+        raise PipeplanError(f"plan: node {g.ids[int(missing[0])]!r} is in no stage "
+                            f"({missing.size} node(s) unassigned)")
+    for u, v in g.edges:
+        if owner[u] > owner[v]:
+            raise PipeplanError(f"plan: edge {g.ids[u]} -> {g.ids[v]} goes from stage {owner[u]} "
+                                f"back to stage {owner[v]} (stages must follow the graph's order)")

@@ -1,0 +1,71 @@
+"""What every planner takes and the registry that names them.
+
+A planner is ``plan(graph, cluster, options) -> Plan``; the caller simulates the plan for its
+prediction (``evaluate``), so every planner is judged by the same simulator.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..cluster import Cluster
+from ..errors import PipeplanError
+from ..graph import Graph
+from ..plan import Plan
+from ..sim import SimResult, simulate
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    microbatches: int = 32
+    schedule: str | None = None  # None: the planner's own default
+    optimizer: str = "adam"
+    seed: int = 0
+    time_budget_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class PlannerInfo:
+    name: str
+    description: str
+    default_schedule: str
+    fn: Callable[[Graph, Cluster, PlanOptions], Plan]
+
+
+REGISTRY: dict[str, PlannerInfo] = {}
+
+
+def register(name: str, description: str, default_schedule: str):
+    def deco(fn: Callable[[Graph, Cluster, PlanOptions], Plan]):
+        REGISTRY[name] = PlannerInfo(name, description, default_schedule, fn)
+        return fn
+    return deco
+
+
+def get_planner(name: str) -> PlannerInfo:
+    from . import ALL  # noqa: F401  (imports every planner module so that it registers)
+
+    info = REGISTRY.get(name)
+    if info is None:
+        raise PipeplanError(f"unknown planner {name!r} (known: {', '.join(sorted(REGISTRY))})")
+    return info
+
+
+def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions) -> tuple[Plan, SimResult]:
+    """Plan, time the search, simulate, and store the prediction in the plan."""
+    if options.microbatches < 1:
+        raise PipeplanError(f"--microbatches must be >= 1, got {options.microbatches}")
+    info = get_planner(name)
+    t0 = time.perf_counter()
+    plan = info.fn(graph, cluster, options)
+    plan.search_s = time.perf_counter() - t0
+    plan.planner = name
+    return plan, evaluate(plan)
+
+
+def evaluate(plan: Plan) -> SimResult:
+    result = simulate(plan)
+    plan.prediction = result.summary()
+    return result

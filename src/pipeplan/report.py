@@ -1,0 +1,84 @@
+"""Human-readable tables (rich) for plans, simulations and comparisons."""
+
+from __future__ import annotations
+
+import shutil
+
+from rich.console import Console
+from rich.table import Table
+
+from .plan import Plan
+from .sim import SimResult
+from .sim.costs import stage_costs
+from .units import fmt_bytes, fmt_time
+
+
+def make_console() -> Console:
+    """A console at least 120 columns wide, also when output goes to a file or pipe."""
+    return Console(width=max(120, shutil.get_terminal_size((120, 24)).columns))
+
+
+def _node_span(plan: Plan, nodes: list[str]) -> str:
+    return nodes[0] if len(nodes) == 1 else f"{nodes[0]} .. {nodes[-1]}"
+
+
+def bottleneck(plan: Plan, result: SimResult) -> str:
+    """The busiest device, in words: what limits this plan."""
+    if not len(result.busy_s):
+        return "-"
+    i = int(result.busy_s.argmax())
+    return (f"{result.devices[i]} (stage {result.stage_of_device[i]}) is busy "
+            f"{result.utilization[i]:.0%} of the iteration")
+
+
+def print_plan(plan: Plan, result: SimResult, console: Console | None = None) -> None:
+    console = console or make_console()
+    costs = stage_costs(plan)
+    table = Table(title=f"{plan.planner} plan for {plan.graph.name} on {plan.cluster.name} "
+                        f"({plan.microbatches} microbatches, schedule {plan.schedule})")
+    for col in ("stage", "layers", "#", "devices", "fwd+bwd / mb", "params", "peak memory", "util"):
+        table.add_column(col, justify="right" if col not in ("layers", "devices") else "left")
+    by_dev = {d: k for k, d in enumerate(result.devices)}
+    for s, st in enumerate(plan.stages):
+        ks = [by_dev[d] for d in st.devices]
+        mem = max(result.memory_bytes[k] for k in ks)
+        over = any(result.memory_bytes[k] > result.memory_limit[k] for k in ks)
+        speed = min(plan.cluster.devices[plan.cluster.index[d]].speed for d in st.devices)
+        per_mb = (costs.fwd[s] + costs.bwd[s]) / (len(st.devices) * speed)
+        table.add_row(str(s), _node_span(plan, st.nodes), str(len(st.nodes)),
+                      ",".join(st.devices) if len(st.devices) <= 4 else f"{st.devices[0]} .. ({len(st.devices)})",
+                      fmt_time(per_mb), fmt_bytes(costs.params[s]),
+                      f"[red]{fmt_bytes(mem)} OVER[/red]" if over else fmt_bytes(mem),
+                      f"{max(result.utilization[k] for k in ks):.0%}")
+    console.print(table)
+    print_prediction(result, console, plan)
+
+
+def print_prediction(result: SimResult, console: Console, plan: Plan | None = None) -> None:
+    console.print(f"iteration time [bold]{fmt_time(result.iteration_s)}[/bold]  "
+                  f"lower bound {fmt_time(result.lower_s)}  efficiency {result.efficiency:.1%}  "
+                  f"bubble {result.bubble_fraction:.1%}")
+    if plan is not None:
+        console.print(f"bottleneck: {bottleneck(plan, result)}; search took {fmt_time(plan.search_s)}")
+    if result.over_memory:
+        console.print(f"[red]over memory:[/red] {', '.join(result.over_memory)}")
+
+
+def print_compare(rows: list[dict], title: str, console: Console | None = None) -> None:
+    console = console or make_console()
+    table = Table(title=title)
+    for col in ("rank", "planner", "stages", "replication", "iteration", "speedup vs dp",
+                "efficiency", "search", "memory"):
+        table.add_column(col, justify="left" if col in ("planner", "replication", "memory") else "right")
+    for k, r in enumerate(rows, start=1):
+        if "error" in r:
+            table.add_row("-", r["planner"], "-", "-", "-", "-", "-", "-", f"[red]{r['error']}[/red]")
+            continue
+        rep = r["replication"]
+        table.add_row(str(k), r["planner"], str(len(rep)),
+                      "-".join(map(str, rep)) if len(rep) <= 12 else f"{'-'.join(map(str, rep[:12]))}-..",
+                      fmt_time(r["iteration_s"]),
+                      "-" if r.get("speedup_vs_dp") is None else f"{r['speedup_vs_dp']:.2f}x",
+                      f"{r['efficiency']:.1%}", fmt_time(r["search_s"]),
+                      "fits" if not r["over_memory"] else f"[red]over on {len(r['over_memory'])}[/red]")
+    console.print(table)

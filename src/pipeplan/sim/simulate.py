@@ -1,0 +1,258 @@
+"""Simulate one synchronous training iteration of a plan under a schedule (SPP §III cost model).
+
+Replicas of a stage that run the same program form one lockstep group (one resource, at the
+slowest replica's speed). Inter-stage transfers of a microbatch go over the channel between
+the sending and receiving device sets; one channel carries both directions, one transfer at
+a time. Each replicated stage all-reduces its gradients after its last backward. The
+iteration ends with the last backward of stage 0 or the last all-reduce (SPP Eq. 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..costmodel import allreduce_time, state_bytes, transfer_time
+from ..errors import PipeplanError
+from ..plan import Plan
+from ..schedule import Schedule, make_schedule
+from ..schedule.ir import ALLREDUCE, BWD, FWD
+from .costs import StageCosts, stage_costs
+from .engine import run_tasks
+from .timeline import COMM_B, COMM_F, Timeline
+
+
+@dataclass
+class SimResult:
+    iteration_s: float
+    lower_s: float
+    work_bound_s: float
+    path_bound_s: float
+    devices: list[str]
+    stage_of_device: list[int]
+    busy_s: np.ndarray
+    memory_bytes: np.ndarray
+    memory_limit: np.ndarray
+    num_tasks: int
+    timeline: Timeline | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def efficiency(self) -> float:
+        return self.lower_s / self.iteration_s if self.iteration_s > 0 else 1.0
+
+    @property
+    def utilization(self) -> np.ndarray:
+        return self.busy_s / self.iteration_s if self.iteration_s > 0 else np.ones_like(self.busy_s)
+
+    @property
+    def bubble_fraction(self) -> float:
+        return float(1.0 - self.utilization.mean())
+
+    @property
+    def over_memory(self) -> list[str]:
+        return [d for d, m, lim in zip(self.devices, self.memory_bytes, self.memory_limit) if m > lim]
+
+    def summary(self) -> dict:
+        """The prediction as stored in a plan and printed by ``--json``."""
+        return {
+            "iteration_s": self.iteration_s, "lower_bound_s": self.lower_s,
+            "work_bound_s": self.work_bound_s, "path_bound_s": self.path_bound_s,
+            "efficiency": self.efficiency, "bubble_fraction": self.bubble_fraction,
+            "devices": [{"name": d, "stage": s, "busy_s": float(b), "utilization": float(u),
+                         "memory_bytes": float(m), "memory_limit_bytes": float(lim)}
+                        for d, s, b, u, m, lim in zip(self.devices, self.stage_of_device, self.busy_s,
+                                                      self.utilization, self.memory_bytes, self.memory_limit)],
+            "over_memory": self.over_memory, **self.extra,
+        }
+
+
+@dataclass
+class _Group:
+    stage: int
+    devices: list[int]
+    ops: np.ndarray
+    micro: np.ndarray
+    speed: float
+    base: int = 0  # id of its first task
+
+
+def _groups(plan: Plan, sched: Schedule) -> list[_Group]:
+    speed = plan.cluster.speed
+    groups: list[_Group] = []
+    progs: list = []
+    for d, p in zip(sched.devices, sched.programs):
+        for k, q in enumerate(progs):
+            if q.same_as(p):
+                groups[k].devices.append(d)
+                break
+        else:
+            progs.append(p)
+            groups.append(_Group(p.stage, [d], p.ops, p.micro, 0.0))
+    for gr in groups:
+        gr.speed = float(speed[gr.devices].min())
+    return groups
+
+
+def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True) -> SimResult:
+    """Run the plan's iteration; ``timeline=False`` skips building the timeline (searches)."""
+    cl = plan.cluster
+    m_count = plan.microbatches
+    stage_devs = plan.stage_devices()
+    s_count = len(stage_devs)
+    if schedule is None:
+        schedule = make_schedule(plan.schedule, stage_devs, m_count)
+    else:
+        schedule.check(s_count, [len(d) for d in stage_devs])
+    costs = stage_costs(plan)
+    groups = _groups(plan, schedule)
+    g_count = len(groups)
+
+    # -- compute tasks: each group's program, in order; a stage's all-reduce is one task
+    # shared by its groups. Devices sharing a (stage, microbatch) split it evenly.
+    share_n = np.zeros((s_count, m_count))
+    f_task = np.zeros((s_count, m_count), dtype=np.int64)
+    b_task = np.zeros((s_count, m_count), dtype=np.int64)
+    for gr in groups:
+        share_n[gr.stage, gr.micro[gr.ops == FWD]] += len(gr.devices)
+    ar_task = np.full(s_count, -1)
+    dur_parts, kind_parts, stage_parts, micro_parts, owner_parts, chain_parts = [], [], [], [], [], []
+    n = 0
+    for gi, gr in enumerate(groups):
+        s = gr.stage
+        is_ar = gr.ops == ALLREDUCE
+        if is_ar.any() and ar_task[s] < 0:
+            ar_task[s] = n
+            dur_parts.append([allreduce_time(cl, stage_devs[s], costs.params[s],
+                                             where=f"stage {s} all-reduce")])
+            kind_parts.append([ALLREDUCE]), stage_parts.append([s]), micro_parts.append([-1])
+            owner_parts.append([-1])
+            n += 1
+        comp = ~is_ar
+        k = int(comp.sum())
+        ops, mic = gr.ops[comp], gr.micro[comp]
+        gr.base = n
+        ids = np.arange(n, n + k)
+        per = np.where(ops == FWD, costs.fwd[s], costs.bwd[s]) / (gr.speed * share_n[s, mic])
+        dur_parts.append(per), kind_parts.append(ops), stage_parts.append(np.full(k, s))
+        micro_parts.append(mic), owner_parts.append(np.full(k, gi))
+        f_task[s, mic[ops == FWD]] = ids[ops == FWD]
+        b_task[s, mic[ops == BWD]] = ids[ops == BWD]
+        order = np.empty(gr.ops.size, dtype=np.int64)  # task id of each program position
+        order[comp] = ids
+        order[is_ar] = ar_task[s]
+        chain_parts.append(np.stack([order[:-1], order[1:]]))
+        n += k
+    task_group = np.concatenate([np.asarray(x, dtype=np.int64) for x in owner_parts])
+
+    # -- transfers between consecutive stages, one channel per (sender group, receiver group).
+    chan_names: list[str] = []
+    edge_parts = chain_parts
+    chan_parts = [np.full(n, -1, dtype=np.int64)]
+    c_count = 0
+    for s in range(s_count - 1):
+        fa, fb = f_task[s], f_task[s + 1]
+        ba, bb = b_task[s], b_task[s + 1]
+        if not costs.crossing[s]:
+            edge_parts += [np.stack([fa, fb]), np.stack([bb, ba])]
+            continue
+        pair = task_group[fa] * g_count + task_group[fb]
+        uniq, inv = np.unique(pair, return_inverse=True)
+        tt = np.empty(uniq.size)
+        for u, code in enumerate(uniq.tolist()):
+            src, dst = groups[code // g_count].devices, groups[code % g_count].devices
+            tt[u] = transfer_time(cl, src, dst, costs.boundary[s], where=f"stages {s} -> {s + 1}")
+            if len(src) == len(stage_devs[s]) and len(dst) == len(stage_devs[s + 1]):
+                chan_names.append(f"ch:{s}-{s + 1}")
+            else:
+                chan_names.append(f"ch:{s}-{s + 1}:" + "+".join(cl.devices[d].name for d in src)
+                                  + ">" + "+".join(cl.devices[d].name for d in dst))
+        tf = np.arange(n, n + m_count)
+        tb = tf + m_count
+        dur_parts += [tt[inv], tt[inv]]
+        kind_parts += [np.full(m_count, COMM_F), np.full(m_count, COMM_B)]
+        stage_parts += [np.full(m_count, s), np.full(m_count, s + 1)]
+        micro_parts += [np.arange(m_count), np.arange(m_count)]
+        chan_parts += [c_count + inv, c_count + inv]
+        edge_parts += [np.stack([fa, tf]), np.stack([tf, fb]), np.stack([bb, tb]), np.stack([tb, ba])]
+        c_count += uniq.size
+        n += 2 * m_count
+
+    dur_a = np.concatenate([np.asarray(x, dtype=float) for x in dur_parts])
+    kind_a = np.concatenate([np.asarray(x, dtype=np.int64) for x in kind_parts])
+    stage_a = np.concatenate([np.asarray(x, dtype=np.int64) for x in stage_parts])
+    micro_a = np.concatenate([np.asarray(x, dtype=np.int64) for x in micro_parts])
+    chan_a = np.concatenate(chan_parts)
+    chan_a = np.concatenate([chan_a, np.full(n - chan_a.size, -1)])
+    edges = np.concatenate(edge_parts, axis=1)
+    order = np.argsort(edges[0], kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(edges[0], minlength=n), out=ptr[1:])
+    npred = np.bincount(edges[1], minlength=n)
+    start, end, done = run_tasks(dur_a.tolist(), ptr.tolist(), edges[1][order].tolist(),
+                                 npred.tolist(), chan_a.tolist(), c_count)
+    if done != n:
+        raise PipeplanError(f"schedule {schedule.name!r} deadlocks on this plan: only {done} of {n} "
+                            "tasks can run (a device waits for data its order never lets arrive)")
+    start_a = np.asarray(start)
+    end_a = np.asarray(end)
+    iteration = float(end_a.max())
+
+    # -- per-device busy time and peak memory (weights, gradients, optimizer state, stash).
+    plan_devs = [d for grp in stage_devs for d in grp]
+    pos = {d: i for i, d in enumerate(plan_devs)}
+    busy = np.zeros(len(plan_devs))
+    memory = np.zeros(len(plan_devs))
+    for gr in groups:
+        s = gr.stage
+        comp = gr.ops != ALLREDUCE
+        b = float(dur_a[gr.base: gr.base + int(comp.sum())].sum())
+        delta = np.where(gr.ops == FWD, 1.0, np.where(gr.ops == BWD, -1.0, 0.0))
+        per_mb = costs.stash[s] / share_n[s, np.maximum(gr.micro, 0)]
+        peak_act = float(np.max(np.cumsum(delta * per_mb), initial=0.0))
+        for d in gr.devices:
+            busy[pos[d]] = b
+            memory[pos[d]] = state_bytes(costs.params[s], plan.optimizer) + peak_act
+
+    # -- lower bounds: all work spread over the whole cluster; one microbatch's path.
+    work_bound = m_count * float(plan.graph.fwd.sum() + plan.graph.bwd.sum()) / float(cl.speed.sum())
+    per = np.zeros((5, s_count, m_count))
+    mb = micro_a >= 0
+    np.maximum.at(per, (kind_a[mb], stage_a[mb], micro_a[mb]), dur_a[mb])
+    path_bound = float(per.sum(axis=(0, 1)).max())
+
+    tl = None
+    if timeline:
+        tl = _timeline(cl, stage_devs, groups, chan_names, kind_a, stage_a, micro_a,
+                       task_group, chan_a, start_a, end_a, iteration, plan_devs, pos)
+    return SimResult(iteration_s=iteration, lower_s=max(work_bound, path_bound),
+                     work_bound_s=work_bound, path_bound_s=path_bound,
+                     devices=[cl.devices[d].name for d in plan_devs],
+                     stage_of_device=[s for s, grp in enumerate(stage_devs) for _ in grp],
+                     busy_s=busy, memory_bytes=memory, memory_limit=cl.memory[plan_devs],
+                     num_tasks=n, timeline=tl)
+
+
+def _timeline(cl, stage_devs, groups, chan_names, kind, stage, micro, owner, chan, start, end,
+              iteration, plan_devs, pos) -> Timeline:
+    """Expand group tasks to each device, all-reduces to each device of the stage."""
+    res_parts, idx_parts = [], []
+    for gi, gr in enumerate(groups):
+        ids = np.flatnonzero(owner == gi)
+        for d in gr.devices:
+            idx_parts.append(ids)
+            res_parts.append(np.full(ids.size, pos[d]))
+    for t in np.flatnonzero(kind == ALLREDUCE).tolist():
+        devs = stage_devs[int(stage[t])]
+        idx_parts.append(np.full(len(devs), t))
+        res_parts.append(np.array([pos[d] for d in devs]))
+    comm = np.flatnonzero(chan >= 0)
+    idx_parts.append(comm)
+    res_parts.append(len(plan_devs) + chan[comm])
+    idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, dtype=np.int64)
+    res = np.concatenate(res_parts) if res_parts else np.zeros(0, dtype=np.int64)
+    names = [cl.devices[d].name for d in plan_devs] + chan_names
+    return Timeline(resources=names, resource_is_device=[True] * len(plan_devs) + [False] * len(chan_names),
+                    kind=kind[idx], stage=stage[idx], micro=micro[idx], resource=res,
+                    start=start[idx], end=end[idx], iteration_s=iteration)

@@ -1,0 +1,101 @@
+"""Human units <-> SI. Inside the code: seconds, bytes, bytes per second.
+
+Accepted spellings (case-sensitive for the b/B distinction):
+  bytes:      ``123``, ``32GiB``, ``16GB``, ``512MiB``, ``1.5TB`` (KB/MB/GB/TB decimal, KiB.. binary)
+  bandwidth:  ``128Gbps``, ``50Gb/s``, ``10GB/s``, ``900MB/s``, ``1e9`` (a bare number is bytes/s)
+  time:       ``5ms``, ``2us``, ``3ns``, ``1.5s``, ``0`` (a bare number is seconds)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .errors import PipeplanError
+
+_NUM = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+_PREFIX = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+           "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
+_BYTES_RE = re.compile(rf"^{_NUM}\s*(|K|M|G|T|P|Ki|Mi|Gi|Ti|Pi)(B?)$")
+_BW_RE = re.compile(rf"^{_NUM}\s*(|k|K|M|G|T|Ki|Mi|Gi|Ti)(bps|b/s|Bps|B/s)$")
+_TIME_RE = re.compile(rf"^{_NUM}\s*(s|ms|us|µs|ns|min|h)$")
+_TIME_SCALE = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
+
+
+def _finite_nonneg(value: float, text: object, what: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise PipeplanError(f"{what} must be a finite non-negative number, got {text!r}")
+    return value
+
+
+def _number(text: object, what: str) -> float | None:
+    if isinstance(text, bool):
+        raise PipeplanError(f"{what}: expected a number or a string with a unit, got {text!r}")
+    if isinstance(text, (int, float)):
+        return _finite_nonneg(float(text), text, what)
+    if not isinstance(text, str):
+        raise PipeplanError(f"{what}: expected a number or a string with a unit, got {text!r}")
+    try:
+        return _finite_nonneg(float(text.strip()), text, what)
+    except ValueError:
+        return None
+
+
+def parse_bytes(text: object, what: str = "size") -> float:
+    """``'32GiB'`` -> 34359738368.0 bytes."""
+    n = _number(text, what)
+    if n is not None:
+        return n
+    m = _BYTES_RE.match(str(text).strip())
+    if not m or (m.group(2) and not m.group(3)):
+        raise PipeplanError(f"{what}: cannot read {text!r} as a size (e.g. 32GiB, 16GB, 1024)")
+    return _finite_nonneg(float(m.group(1)) * _PREFIX[m.group(2)], text, what)
+
+
+def parse_bandwidth(text: object, what: str = "bandwidth") -> float:
+    """``'128Gbps'`` -> 16e9 bytes/s; ``'10GB/s'`` -> 10e9 bytes/s."""
+    n = _number(text, what)
+    if n is not None:
+        return n
+    m = _BW_RE.match(str(text).strip())
+    if not m:
+        raise PipeplanError(f"{what}: cannot read {text!r} as a bandwidth (e.g. 128Gbps, 10GB/s)")
+    prefix = m.group(2).upper() if m.group(2) in ("k",) else m.group(2)
+    value = float(m.group(1)) * _PREFIX[prefix]
+    if m.group(3) in ("bps", "b/s"):
+        value /= 8.0
+    return _finite_nonneg(value, text, what)
+
+
+def parse_time(text: object, what: str = "time") -> float:
+    """``'5ms'`` -> 0.005 seconds."""
+    n = _number(text, what)
+    if n is not None:
+        return n
+    m = _TIME_RE.match(str(text).strip())
+    if not m:
+        raise PipeplanError(f"{what}: cannot read {text!r} as a time (e.g. 5ms, 2us, 0.1)")
+    return _finite_nonneg(float(m.group(1)) * _TIME_SCALE[m.group(2)], text, what)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, scale in (("TiB", 2.0**40), ("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_bandwidth(bps: float) -> str:
+    bits = bps * 8
+    for unit, scale in (("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6), ("kbps", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:g} {unit}"
+    return f"{bits:g} bps"
+
+
+def fmt_time(s: float) -> str:
+    if s >= 1 or s == 0:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} us"

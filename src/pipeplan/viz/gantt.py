@@ -1,0 +1,178 @@
+"""Timeline -> Gantt chart PNG (like Fig. 2(b) of the SPP paper).
+
+One row per device (top) and per inter-stage channel (below, on a grey band); time on x.
+Bars are batched into one PolyCollection per task kind, so 32 stages x 128 microbatches
+render in about 2.5 s. Uses the Agg canvas directly: no pyplot, no global state.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from ..sim.timeline import ALLREDUCE, BWD, COMM_B, COMM_F, FWD, Timeline
+
+# kind: (legend label, face colour, edge colour, hatch, hatch colour, label text colour).
+# Edges are a darker shade of the face so that narrow bars keep their colour.
+_STYLE = {
+    FWD: ("forward", "#a6cee3", "#5b8fb0", "", "", "black"),
+    BWD: ("backward", "#1f78b4", "#0e3f63", "", "", "white"),
+    COMM_F: ("send forward", "#eeeeee", "#7a7a7a", "////", "#bbbbbb", "black"),
+    COMM_B: ("send backward", "#bdbdbd", "#555555", "\\\\\\\\", "#8c8c8c", "black"),
+    ALLREDUCE: ("all-reduce", "#e6550d", "#8c2d04", "", "", "white"),
+}
+_DPI = 110
+_BAR_H = 0.8          # bar height, in rows
+_GAP = 0.9            # space between the device rows and the channel rows, in rows
+_TOP_IN, _BOTTOM_IN, _RIGHT_IN = 0.8, 0.6, 0.3
+
+
+def _time_unit(span_s: float) -> tuple[str, float]:
+    """(unit name, factor from seconds) that suits a span."""
+    if span_s >= 1.0:
+        return "s", 1.0
+    if span_s >= 1e-3:
+        return "ms", 1e3
+    return "µs", 1e6
+
+
+def _row_positions(tl: Timeline) -> tuple[np.ndarray, int, int]:
+    """y of each resource (devices first, channels after a gap), #devices, #channels."""
+    dev = [r for r, d in enumerate(tl.resource_is_device) if d]
+    chan = [r for r, d in enumerate(tl.resource_is_device) if not d]
+    y = np.zeros(len(tl.resources))
+    y[dev] = np.arange(len(dev))
+    y[chan] = len(dev) + (_GAP if dev else 0.0) + np.arange(len(chan))
+    return y, len(dev), len(chan)
+
+
+def _span_in_bars(tl: Timeline, span: float, scale: float) -> float:
+    """How many typical (median) compute bars fit in ``span`` (in plot units)."""
+    dur = (tl.end - tl.start) * scale
+    compute = dur[(tl.kind == FWD) | (tl.kind == BWD)]
+    typical = np.median(compute) if compute.size else (np.median(dur) if dur.size else 0.0)
+    return span / typical if typical > 0 else 0.0
+
+
+def _label_sizes(width_px: np.ndarray, n_chars: np.ndarray, group: np.ndarray,
+                 max_fs: float, min_fs: float = 6.0) -> np.ndarray:
+    """Font size (pt) of each bar's label, 0 for none. Bars of one group (a row's bars of
+    one kind) share the size at which their median bar fits its text (~0.66 em a char);
+    a group where fewer than half fit gets no labels, so that rows are labelled
+    consistently rather than only on their 1-digit microbatches."""
+    fit = (width_px - 3.0) / (np.maximum(n_chars, 1) * 0.66 * _DPI / 72.0)
+    sizes = np.zeros(group.size)
+    for g in np.unique(group):
+        sel = group == g
+        fs = float(np.clip(np.median(fit[sel]), min_fs, max_fs))
+        ok = sel & (fit >= fs)
+        if 2 * np.count_nonzero(ok) >= np.count_nonzero(sel):
+            sizes[ok] = fs
+    return sizes
+
+
+def _bar_label(kind: int, micro: int) -> str:
+    return "AR" if kind == ALLREDUCE else str(micro)
+
+
+def draw_gantt(tl: Timeline, path: str | os.PathLike, title: str = "",
+               max_labels: int = 4000) -> None:
+    """Draw the timeline as a Gantt chart and write it to ``path`` (PNG; ``.svg``/``.pdf``
+    by suffix). Microbatch numbers are written on bars wide enough for them, at most
+    ``max_labels`` of them (device rows first)."""
+    y, n_dev, n_chan = _row_positions(tl)
+    span_rows = max(y.max() + 1 if y.size else 1.0, 1.0)
+    t_end = max(float(tl.iteration_s), float(tl.end.max()) if len(tl) else 0.0)
+    t_begin = min(0.0, float(tl.start.min()) if len(tl) else 0.0)
+    unit, scale = _time_unit(t_end - t_begin)
+    x0, x1 = t_begin * scale, (t_end * scale if t_end > t_begin else t_begin * scale + 1.0)
+    x1 += 0.01 * (x1 - x0)
+
+    # Layout in inches: width grows with how many typical compute bars the time span
+    # holds (capped), height with the number of rows.
+    n_bars = _span_in_bars(tl, x1 - x0, scale)
+    name_len = max((len(n) for n in tl.resources), default=4)
+    left_in = 0.35 + 0.075 * name_len
+    width_in = min(24.0, max(9.0, left_in + _RIGHT_IN + 0.14 * n_bars))
+    row_in = min(0.35, max(0.18, 16.0 / span_rows), 55.0 / span_rows)
+    height_in = _TOP_IN + _BOTTOM_IN + row_in * span_rows
+    ax_w_in = width_in - left_in - _RIGHT_IN
+
+    fig = Figure(figsize=(width_in, height_in), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes((left_in / width_in, _BOTTOM_IN / height_in,
+                       ax_w_in / width_in, row_in * span_rows / height_in))
+    ax.set_xlim(x0, x1)
+    ax.set_ylim(span_rows - 0.5, -0.5)
+
+    row_pt = row_in * 72.0
+    tick_fs = min(9.0, 0.6 * row_pt)
+    if n_chan and n_dev:
+        ax.axhspan(n_dev - 0.5 + _GAP, span_rows - 0.5, color="#f6f6f6", zorder=0)
+        ax.axhline(n_dev - 0.5 + _GAP / 2, color="#555555", lw=0.8, zorder=1)
+
+    start, end = tl.start * scale, tl.end * scale
+    half = _BAR_H / 2
+    for k, (label, face, edge, hatch, hatch_color, _) in _STYLE.items():
+        sel = np.flatnonzero(tl.kind == k)
+        if not sel.size:
+            continue
+        a, b, yy = start[sel], end[sel], y[tl.resource[sel]]
+        verts = np.stack([np.stack([a, yy - half], 1), np.stack([a, yy + half], 1),
+                          np.stack([b, yy + half], 1), np.stack([b, yy - half], 1)], axis=1)
+        bars = PolyCollection(verts, facecolors=face, edgecolors=edge, linewidths=0.4,
+                              zorder=2, label=label)
+        if hatch:
+            bars.set_hatch(hatch)
+            bars.set_hatchcolor(hatch_color)
+        ax.add_collection(bars, autolim=False)
+
+    # Microbatch numbers where they fit, device rows first.
+    px_per_unit = ax_w_in * _DPI / (x1 - x0)
+    texts = [_bar_label(int(k), int(m)) for k, m in zip(tl.kind, tl.micro)]
+    sizes = _label_sizes((end - start) * px_per_unit, np.array([len(t) for t in texts]),
+                         tl.resource * len(_STYLE) + tl.kind, max_fs=min(8.0, 0.5 * row_pt))
+    fits = np.flatnonzero(sizes > 0)
+    fits = fits[np.lexsort((start[fits], y[tl.resource[fits]]))][:max(max_labels, 0)]
+    for t in fits:
+        ax.text((start[t] + end[t]) / 2, y[tl.resource[t]], texts[t], ha="center",
+                va="center", fontsize=sizes[t], color=_STYLE[int(tl.kind[t])][5], zorder=3,
+                clip_on=True)
+
+    it = float(tl.iteration_s) * scale
+    ax.axvline(it, color="crimson", ls="--", lw=1.3, zorder=4)
+    it_text = f"{it:.4g} {unit}"
+
+    order = np.argsort(y, kind="stable")
+    ax.set_yticks(y[order], [tl.resources[r] for r in order], fontsize=tick_fs)
+    ax.tick_params(axis="y", length=0)
+    ax.set_xlabel(f"time [{unit}]")
+    ax.grid(axis="x", color="#dddddd", lw=0.6, zorder=0)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+    kinds = set(np.unique(tl.kind).tolist())
+    handles = [Patch(facecolor=f, edgecolor=e, hatch=h or None, hatchcolor=hc or None,
+                     label=lab) for k, (lab, f, e, h, hc, _) in _STYLE.items() if k in kinds]
+    handles.append(Line2D([], [], color="crimson", ls="--", lw=1.3,
+                          label=f"iteration ({it_text})"))
+    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0),
+              ncol=len(handles), frameon=False, fontsize=9, handlelength=2.2,
+              borderaxespad=0.2)
+    heading = f"{title} — iteration time {it_text}" if title else f"Iteration time {it_text}"
+    fig.text(left_in / width_in, 1 - 0.12 / height_in, heading, ha="left", va="top",
+             fontsize=12, fontweight="bold")
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fmt = path.suffix.lstrip(".").lower()
+    fig.savefig(path, format=fmt if fmt in ("png", "svg", "pdf") else "png", dpi=_DPI)
+    fig.clear()

@@ -1,0 +1,144 @@
+"""Tests for pipeplan.viz: the Perfetto trace and the Gantt PNG."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeplan.sim.timeline import ALLREDUCE, BWD, COMM_B, COMM_F, FWD, KIND_NAMES, Timeline
+from pipeplan.viz import draw_gantt, to_trace, write_trace
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def gpipe_timeline(stages: int, micros: int, tf: float = 1e-3, tb: float = 2e-3,
+                   tc: float = 0.5e-3, tar: float = 3e-3, replicas: int = 1) -> Timeline:
+    """A synthetic GPipe iteration: all forwards, then all backwards, a transfer on the
+    channel between consecutive stages after each compute, an all-reduce per device at
+    the end. Stage s has ``replicas`` devices when s is 0 (to test replication)."""
+    devs = [(s, i) for s in range(stages) for i in range(replicas if s == 0 else 1)]
+    resources = [f"gpu{s}.{i}" if replicas > 1 and s == 0 else f"gpu{s}" for s, i in devs]
+    resources += [f"ch:{s}-{s + 1}" for s in range(stages - 1)]
+    is_dev = [True] * len(devs) + [False] * (stages - 1)
+    dev_of = {s: [d for d, (ds, _) in enumerate(devs) if ds == s] for s in range(stages)}
+    rows: list[tuple[int, int, int, int, float, float]] = []
+    step_f, step_b = tf + tc, tb + tc
+    t_fwd_end = (micros + stages - 1) * step_f
+    for m in range(micros):
+        for s in range(stages):
+            a = (m + s) * step_f
+            rows += [(FWD, s, m, d, a, a + tf) for d in dev_of[s]]
+            if s < stages - 1:
+                rows.append((COMM_F, s, m, len(devs) + s, a + tf, a + step_f))
+            b = t_fwd_end + (m + stages - 1 - s) * step_b
+            rows += [(BWD, s, m, d, b, b + tb) for d in dev_of[s]]
+            if s > 0:
+                rows.append((COMM_B, s, m, len(devs) + s - 1, b + tb, b + step_b))
+    t_bwd_end = t_fwd_end + (micros + stages - 1) * step_b
+    rows += [(ALLREDUCE, s, -1, d, t_bwd_end, t_bwd_end + tar)
+             for s in range(stages) for d in dev_of[s]]
+    k, st, mi, r, a, b = (np.array(c) for c in zip(*rows))
+    return Timeline(resources=resources, resource_is_device=is_dev,
+                    kind=k.astype(np.int64), stage=st.astype(np.int64),
+                    micro=mi.astype(np.int64), resource=r.astype(np.int64),
+                    start=a.astype(float), end=b.astype(float),
+                    iteration_s=float(t_bwd_end + tar))
+
+
+@pytest.fixture
+def small() -> Timeline:
+    return gpipe_timeline(stages=2, micros=3, replicas=2)
+
+
+def _slices(trace: dict) -> list[dict]:
+    return [e for e in trace["traceEvents"] if e["ph"] == "X"]
+
+
+def test_trace_is_valid_json(small: Timeline) -> None:
+    trace = to_trace(small, title="2x3")
+    again = json.loads(json.dumps(trace, allow_nan=False))
+    assert again == trace
+    assert trace["displayTimeUnit"] == "ms"
+    for e in trace["traceEvents"]:
+        assert {"name", "ph", "pid", "tid"} <= e.keys()
+
+
+def test_trace_one_named_sorted_track_per_resource(small: Timeline) -> None:
+    events = to_trace(small)["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    sort = {e["tid"]: e["args"]["sort_index"] for e in events
+            if e["ph"] == "M" and e["name"] == "thread_sort_index"}
+    assert sorted(names.values()) == sorted(small.resources)
+    assert sort.keys() == names.keys()
+    by_sort = [names[t] for t in sorted(sort, key=sort.get)]
+    assert by_sort == ["gpu0.0", "gpu0.1", "gpu1", "ch:0-1"]
+    assert any(e["ph"] == "M" and e["name"] == "process_name" for e in events)
+    used = {e["tid"] for e in _slices(to_trace(small))}
+    assert used == set(names)
+
+
+def test_trace_has_every_task_once(small: Timeline) -> None:
+    trace = to_trace(small)
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    got = sorted((names[e["tid"]], e["args"]["kind"], e["args"]["stage"],
+                  e["args"]["microbatch"], e["ts"], e["dur"]) for e in _slices(trace))
+    want = sorted((small.resources[r], KIND_NAMES[k], s, m, a * 1e6, (b - a) * 1e6)
+                  for k, s, m, r, a, b in zip(small.kind, small.stage, small.micro,
+                                              small.resource, small.start, small.end))
+    assert len(got) == len(want) == len(small)
+    for g, w in zip(got, want):
+        assert g[:4] == w[:4]
+        assert g[4] == pytest.approx(w[4], abs=1e-3) and g[5] == pytest.approx(w[5], abs=2e-3)
+
+
+def test_trace_names_and_categories(small: Timeline) -> None:
+    slices = _slices(to_trace(small))
+    names = {e["name"] for e in slices}
+    assert {"F0", "F2", "B1", "send F0", "send B2", "allreduce s0", "allreduce s1"} <= names
+    assert {e["cat"] for e in slices} == set(KIND_NAMES)
+    assert sum(e["name"] == "allreduce s0" for e in slices) == 2   # one per replica
+    assert sum(e["name"] == "F1" for e in slices) == 3             # 2 replicas + stage 1
+
+
+def test_trace_overlapping_tasks_get_an_extra_track() -> None:
+    tl = Timeline(resources=["gpu0"], resource_is_device=[True],
+                  kind=np.array([FWD, ALLREDUCE]), stage=np.array([0, 0]),
+                  micro=np.array([0, -1]), resource=np.array([0, 0]),
+                  start=np.array([0.0, 0.5e-3]), end=np.array([1e-3, 2e-3]), iteration_s=2e-3)
+    events = to_trace(tl)["traceEvents"]
+    names = [e["args"]["name"] for e in events if e["name"] == "thread_name"]
+    assert names == ["gpu0", "gpu0 #2"]
+    assert len({e["tid"] for e in events if e["ph"] == "X"}) == 2
+
+
+def test_write_trace_creates_dirs(small: Timeline, tmp_path) -> None:
+    out = write_trace(small, tmp_path / "a" / "b" / "trace.json", title="t")
+    data = json.loads(out.read_text())
+    assert len(_slices(data)) == len(small)
+
+
+def test_gantt_small(small: Timeline, tmp_path) -> None:
+    out = tmp_path / "sub" / "gantt.png"
+    draw_gantt(small, out, title="2 stages x 3 microbatches")
+    assert out.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_gantt_empty(tmp_path) -> None:
+    empty = np.array([], dtype=np.int64)
+    tl = Timeline(resources=["gpu0"], resource_is_device=[True], kind=empty, stage=empty,
+                  micro=empty, resource=empty, start=empty.astype(float),
+                  end=empty.astype(float), iteration_s=0.0)
+    draw_gantt(tl, tmp_path / "empty.png")
+    assert (tmp_path / "empty.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_gantt_large_is_fast(tmp_path) -> None:
+    tl = gpipe_timeline(stages=32, micros=128)
+    assert sum(tl.resource_is_device) == 32 and len(tl.resources) == 63
+    out = tmp_path / "large.png"
+    draw_gantt(tl, out, title="32 stages x 128 microbatches")
+    assert out.read_bytes()[:8] == PNG_MAGIC
