@@ -194,9 +194,16 @@ def cmd_clusters(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line too (exit code 2), like every other user error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pipeplan", description="Plan pipeline-parallel DNN training.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = _Parser(prog="pipeplan", description="Plan pipeline-parallel DNN training.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     def model_cluster(sp):
         sp.add_argument("--model", required=True, help="graph.txt / folder, graph .json, or zoo:NAME[?k=v&..]")

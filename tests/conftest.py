@@ -1,0 +1,20 @@
+"""Shared fixtures: the real PipeDream profiles live in ../shared (never copied here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+PROFILES = SHARED / "profiles" / "pipedream"
+# (model, nodes, edges) from ../shared/profiles/README.md
+PROFILE_TABLE = [("alexnet", 23, 23), ("vgg16", 41, 41), ("resnet50", 177, 193),
+                 ("resnext101", 347, 380), ("inception_v3", 326, 362), ("gnmt", 48, 58)]
+
+
+def profile_path(name: str) -> Path:
+    path = PROFILES / name / "graph.txt"
+    if not path.is_file():
+        pytest.skip(f"shared profile {path} is absent (the profiles live in ../shared beside the repo)")
+    return path

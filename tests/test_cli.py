@@ -1,0 +1,140 @@
+"""The command line: every subcommand, JSON shapes, and bad input (one line, exit code 2)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipeplan.cli import main
+
+from conftest import PROFILE_TABLE, profile_path
+
+
+def run_json(capsys, *argv):
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_simulate_round_trip(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    plan = run_json(capsys, "plan", "--model", "zoo:bert-large", "--cluster", "v100x4",
+                    "--planner", "gpipe", "--microbatches", "8", "--out", str(out))
+    assert plan["format"] == "pipeplan.plan/1" and plan["planner"] == "gpipe"
+    assert plan["microbatches"] == 8 and len(plan["stages"]) == 4
+    assert plan["iteration_s"] > 0 and plan["search_s"] >= 0
+    assert json.loads(out.read_text())["stages"] == plan["stages"]
+    trace, gantt = tmp_path / "t.json", tmp_path / "g.png"
+    sim = run_json(capsys, "simulate", str(out), "--trace", str(trace), "--gantt", str(gantt))
+    assert sim["iteration_s"] == pytest.approx(plan["iteration_s"])
+    assert sim["efficiency"] <= 1 and len(sim["devices"]) == 4
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert gantt.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compare_json_shape(capsys):
+    res = run_json(capsys, "compare", "--model", "zoo:gnmt-4", "--cluster", "1080ti-4x2",
+                   "--planners", "dp,gpipe", "--microbatches", "4")
+    names = {r["planner"] for r in res["results"]}
+    assert names == {"dp", "gpipe"}
+    for r in res["results"]:
+        assert r["iteration_s"] > 0 and "search_s" in r and r["plan"]["stages"]
+    times = [r["iteration_s"] for r in res["results"]]
+    fits = [not r["over_memory"] for r in res["results"]]
+    assert all(a <= b for (a, fa), (b, fb) in zip(zip(times, fits), zip(times[1:], fits[1:])) if fa == fb)
+
+
+def test_human_output(capsys, tmp_path):
+    assert main(["compare", "--model", "zoo:alexnet", "--cluster", "v100x4", "--gantt", str(tmp_path / "g.png")]) == 0
+    text = capsys.readouterr().out
+    assert "dp" in text and "gpipe" in text and "speedup" in text
+    assert main(["models"]) == 0 and "bert-large" in capsys.readouterr().out
+    assert main(["clusters"]) == 0 and "spp-sim" in capsys.readouterr().out
+
+
+PRESETS = ["v100x4", "1080ti-4x2", "spp-sim", "automap-a", "automap-b", "automap-c", "drlpp-4gpu"]
+
+
+@pytest.mark.parametrize("name", [t[0] for t in PROFILE_TABLE])
+def test_every_profile_on_every_preset(name, capsys):
+    path = str(profile_path(name))
+    for preset in PRESETS:
+        res = run_json(capsys, "compare", "--model", path, "--cluster", preset, "--microbatches", "8")
+        assert {r["planner"] for r in res["results"]} >= {"dp", "gpipe"}
+        for r in res["results"]:
+            assert "error" not in r and r["iteration_s"] > 0
+
+
+def test_every_zoo_model_on_every_preset(capsys):
+    models = [m["name"] for m in run_json(capsys, "models")["models"]]
+    assert len(models) >= 15
+    for model in models:
+        for preset in PRESETS:
+            res = run_json(capsys, "compare", "--model", f"zoo:{model}", "--cluster", preset,
+                           "--microbatches", "4")
+            assert all("error" not in r and r["iteration_s"] > 0 for r in res["results"])
+
+
+def cli(*argv, cwd=None):
+    return subprocess.run([sys.executable, "-m", "pipeplan", *argv], capture_output=True, text=True, cwd=cwd)
+
+
+def assert_one_line_error(proc, fragment):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and fragment in lines[0]
+    assert proc.stdout == ""
+
+
+LINE = "node{} -- L -- forward_compute_time={}, backward_compute_time=1, activation_size=10, parameter_size=10\n"
+
+
+@pytest.fixture
+def bad_inputs(tmp_path):
+    files = {}
+    files["malformed"] = tmp_path / "malformed.txt"
+    files["malformed"].write_text(LINE.format(1, 1) + "node2 -- oops\n")
+    files["cycle"] = tmp_path / "cycle.txt"
+    files["cycle"].write_text(LINE.format(1, 1) + LINE.format(2, 1) + "\tnode1 -- node2\n\tnode2 -- node1\n")
+    files["negative"] = tmp_path / "negative.txt"
+    files["negative"].write_text(LINE.format(1, -3))
+    files["good"] = tmp_path / "good.txt"
+    files["good"].write_text(LINE.format(1, 1) + LINE.format(2, 1) + "\tnode1 -- node2\n")
+    files["zero_bw"] = tmp_path / "zero.yaml"
+    files["zero_bw"].write_text("devices: [{name: a}, {name: b}]\nbandwidth: 0\n")
+    return files
+
+
+@pytest.mark.parametrize("case,argv,fragment", [
+    ("missing", ["plan", "--model", "/no/such/graph.txt", "--cluster", "v100x4"], "no such file"),
+    ("malformed", ["plan", "--model", "{malformed}", "--cluster", "v100x4"], "malformed.txt:2"),
+    ("cycle", ["plan", "--model", "{cycle}", "--cluster", "v100x4"], "cycle"),
+    ("negative", ["plan", "--model", "{negative}", "--cluster", "v100x4"], "negative"),
+    ("preset", ["plan", "--model", "zoo:alexnet", "--cluster", "v100x5"], "unknown cluster preset 'v100x5'"),
+    ("model", ["compare", "--model", "zoo:alexnett", "--cluster", "v100x4"], "unknown zoo model 'alexnett'"),
+    ("planner", ["plan", "--model", "zoo:alexnet", "--cluster", "v100x4", "--planner", "magic"], "unknown planner"),
+    ("zero_bw", ["plan", "--model", "{good}", "--cluster", "{zero_bw}", "--planner", "gpipe"], "zero bandwidth between a and b"),
+    ("microbatches", ["plan", "--model", "zoo:alexnet", "--cluster", "v100x4", "--microbatches", "0"], "must be >= 1"),
+    ("plan file", ["simulate", "/no/plan.json"], "not found"),
+])
+def test_bad_input_one_line_exit_2(bad_inputs, tmp_path, case, argv, fragment):
+    argv = [a.format(**bad_inputs) for a in argv] + ["--out", str(tmp_path / "out.json")] * (argv[0] == "plan")
+    assert_one_line_error(cli(*argv), fragment)
+    assert not (tmp_path / "out.json").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("edit,fragment", [
+    (lambda d: d["stages"][1]["devices"].append(d["stages"][0]["devices"][0]), "is in stage 0 and stage 1"),
+    (lambda d: d["stages"].reverse(), "back to stage"),
+    (lambda d: d["stages"][0]["nodes"].append("ghost"), "node 'ghost' is not in model"),
+])
+def test_bad_plan_files(tmp_path, capsys, edit, fragment):
+    out = tmp_path / "p.json"
+    assert main(["plan", "--model", "zoo:alexnet", "--cluster", "v100x4", "--planner", "gpipe", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    edit(d)
+    out.write_text(json.dumps(d))
+    gantt = tmp_path / "g.png"
+    assert_one_line_error(cli("simulate", str(out), "--gantt", str(gantt)), fragment)
+    assert not gantt.exists()

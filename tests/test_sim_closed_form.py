@@ -1,0 +1,115 @@
+"""Closed-form cases for the simulator."""
+
+import math
+
+import numpy as np
+import pytest
+
+from pipeplan.cluster import hierarchical
+from pipeplan.graph import Graph
+from pipeplan.plan import Plan, Stage
+from pipeplan.schedule import make_schedule
+from pipeplan.sim import simulate
+
+from helpers import chain_plan, one_server, uniform_chain
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,m", [(1, 1), (1, 5), (2, 1), (3, 4), (4, 8), (5, 3), (8, 32)])
+def test_uniform_pipeline(schedule, stages, m):
+    f, b = 0.3, 0.7
+    g = uniform_chain(2 * stages, f / 2, b / 2)  # two layers per stage
+    p = chain_plan(g, one_server(stages), list(range(0, 2 * stages + 1, 2)), [1] * stages, m, schedule)
+    r = simulate(p)
+    assert r.iteration_s == pytest.approx((m + stages - 1) * (f + b))
+    assert r.lower_s <= r.iteration_s + 1e-12
+
+
+@pytest.mark.parametrize("v,m", [(1, 4), (2, 4), (4, 9), (4, 3), (8, 32)])
+def test_data_parallel(v, m):
+    f, b, params, bw = 0.2, 0.5, 1e6, 2e9
+    g = uniform_chain(3, f, b, params=params)
+    c = one_server(v, bw)
+    p = Plan(g, c, [Stage(g.ids, c.names)], m, schedule="dp")
+    r = simulate(p)
+    expected = math.ceil(m / v) * 3 * (f + b) + 2 * (v - 1) / v * 3 * params / bw
+    assert r.iteration_s == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "dp"])
+def test_one_device(schedule):
+    g = uniform_chain(5, 0.1, 0.25, params=10.0, act=100.0)
+    p = chain_plan(g, one_server(1), [0, 5], [1], 7, schedule)
+    assert simulate(p).iteration_s == pytest.approx(7 * 5 * 0.35)
+
+
+def test_one_microbatch_path_with_transfers():
+    """M = 1: forward through all stages, backward back, each cut crossed twice."""
+    s, f, b, act, bw, lat = 4, 0.1, 0.2, 3e6, 1e9, 1e-4
+    g = uniform_chain(s, f, b, act=act)
+    c = hierarchical("c", 1, s, bw, bw, latency=lat)
+    for sched in ("gpipe", "1f1b"):
+        r = simulate(chain_plan(g, c, list(range(s + 1)), [1] * s, 1, sched))
+        assert r.iteration_s == pytest.approx(s * (f + b) + 2 * (s - 1) * (act / bw + lat))
+        assert r.path_bound_s == pytest.approx(r.iteration_s)
+
+
+def test_replicated_stage_split_and_transfer():
+    """Stage 0 on 2 devices, stage 1 on 3: compute halves/thirds, transfer is d / (2*3*bw)."""
+    f, b, act, params, bw = 0.6, 1.2, 6e6, 4e6, 1e9
+    g = uniform_chain(2, f, b, params=params, act=act)
+    c = one_server(5, bw)
+    r = simulate(chain_plan(g, c, [0, 1, 2], [2, 3], 1, "gpipe"))
+    comm = act / (2 * 3 * bw)
+    ar0 = 2 * (2 - 1) / 2 * params / bw
+    # F0 (f/2), send, F1+B1 (1.8/3), send back, B0 (b/2), then stage 0's all-reduce
+    t_b0_end = f / 2 + comm + (f + b) / 3 + comm + b / 2
+    assert r.iteration_s == pytest.approx(max(t_b0_end + ar0, f / 2 + comm + (f + b) / 3 + 2 * (3 - 1) / 3 * params / bw))
+
+
+def test_speed_scales_compute():
+    g = uniform_chain(2, 1.0, 2.0)
+    c = hierarchical("c", 1, 1, 1e9, 1e9, speed=2.0)
+    assert simulate(chain_plan(g, c, [0, 2], [1], 3, "gpipe")).iteration_s == pytest.approx(3 * 6 / 2.0)
+
+
+def test_memory_follows_schedule():
+    """1F1B keeps min(S - s, M) microbatches in flight on stage s; GPipe keeps all M."""
+    s_count, m, act, params = 4, 8, 1000.0, 10.0
+    g = uniform_chain(s_count, act=act, params=params)
+    for sched, inflight in (("1f1b", [min(s_count - s, m) for s in range(s_count)]), ("gpipe", [m] * s_count)):
+        r = simulate(chain_plan(g, one_server(s_count), list(range(s_count + 1)), [1] * s_count, m, sched))
+        stash = np.array([act] + [2 * act] * (s_count - 1))  # own output (+ received input)
+        assert np.allclose(r.memory_bytes, 4 * params + np.array(inflight) * stash)
+
+
+def test_memory_flags_devices_over_their_limit():
+    g = uniform_chain(2, act=2.0**30, params=1.0)
+    c = hierarchical("c", 1, 2, 1e9, 1e9, memory=4 * 2.0**30)
+    r = simulate(chain_plan(g, c, [0, 1, 2], [1, 1], 8, "gpipe"))
+    assert r.over_memory == ["s0g0", "s0g1"]
+    r = simulate(chain_plan(g, c, [0, 1, 2], [1, 1], 2, "1f1b"))
+    assert r.over_memory == []
+
+
+def test_zero_bandwidth_between_talking_stages():
+    from pipeplan.errors import PipeplanError
+
+    g = uniform_chain(2, act=1.0)
+    c = one_server(2)
+    c.bandwidth[0, 1] = c.bandwidth[1, 0] = 0.0
+    with pytest.raises(PipeplanError, match="zero bandwidth between s0g0 and s0g1"):
+        simulate(chain_plan(g, c, [0, 1, 2], [1, 1], 2, "1f1b"))
+
+
+def test_schedules_are_well_formed():
+    devs = [[0, 1], [2], [3, 4, 5]]
+    for name in ("gpipe", "1f1b", "dp"):
+        sched = make_schedule(name, devs, 7)
+        assert len(sched.programs) == 6
+        for prog in sched.programs:
+            acts = prog.actions()
+            assert (acts[-1] == "AR") == (prog.stage != 1)
+    one = make_schedule("1f1b", [[0], [1], [2]], 4)
+    assert one.programs[0].actions() == ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3"]
+    assert one.programs[2].actions() == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]

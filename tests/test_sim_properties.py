@@ -1,0 +1,102 @@
+"""Properties of the simulator over random graphs, clusters and plans."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeplan.cluster import Cluster, Device
+from pipeplan.graph import Graph, linearize
+from pipeplan.plan import Plan, Stage
+from pipeplan.sim import simulate
+from pipeplan.sim.timeline import ALLREDUCE, BWD, COMM_B, COMM_F, FWD
+
+EPS = 1e-9
+
+
+@st.composite
+def random_plans(draw):
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = draw(st.integers(1, 10))
+    edges = [(i, i + 1) for i in range(n - 1)] if draw(st.booleans()) else []
+    for u in range(n):
+        for v in range(u + 1, n):
+            if rng.random() < 0.25:
+                edges.append((u, v))
+    g = Graph(name="rand", ids=[f"n{i}" for i in range(n)], fwd=rng.uniform(0, 1, n),
+              bwd=rng.uniform(0, 2, n), params=rng.uniform(0, 1e6, n) * (rng.random(n) < 0.7),
+              act=rng.uniform(0, 1e6, n), flops=np.full(n, np.nan), desc=[""] * n, edges=edges)
+    v = draw(st.integers(1, 6))
+    bw = rng.uniform(1e8, 1e9, (v, v))
+    lat = rng.uniform(0, 1e-3, (v, v)) * (rng.random() < 0.5)
+    c = Cluster("rand", [Device(f"d{i}", speed=float(rng.uniform(0.5, 2))) for i in range(v)], bw, lat)
+    lin = linearize(g)
+    s_count = draw(st.integers(1, min(n, v)))
+    cuts = np.sort(rng.choice(np.arange(1, n), size=s_count - 1, replace=False)) if s_count > 1 else []
+    bounds = [0, *[int(x) for x in cuts], n]
+    # give each stage >= 1 device, the rest at random (some may stay unused)
+    perm = list(rng.permutation(v))
+    counts = [1] * s_count
+    for _ in range(int(rng.integers(0, v - s_count + 1))):
+        counts[int(rng.integers(0, s_count))] += 1
+    stages, d = [], 0
+    for k in range(s_count):
+        stages.append(Stage([g.ids[u] for u in lin.interval(bounds[k], bounds[k + 1])],
+                            [c.devices[i].name for i in perm[d:d + counts[k]]]))
+        d += counts[k]
+    m = draw(st.integers(1, 8))
+    sched = draw(st.sampled_from(["gpipe", "1f1b", "dp"]))
+    return Plan(g, c, stages, m, schedule=sched)
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_plans())
+def test_timeline_invariants(plan):
+    r = simulate(plan)
+    tl = r.timeline
+    # no resource (device or channel) does two things at once
+    for res in range(len(tl.resources)):
+        idx = tl.tasks_on(res)
+        assert np.all(tl.start[idx][1:] >= tl.end[idx][:-1] - EPS)
+    assert np.all(tl.end >= tl.start)
+    # dependencies
+    ends: dict = {}
+    starts: dict = {}
+    for k, s, m, a, b in zip(tl.kind, tl.stage, tl.micro, tl.start, tl.end):
+        key = (int(k), int(s), int(m))
+        ends[key] = max(ends.get(key, 0.0), b)
+        starts[key] = min(starts.get(key, np.inf), a)
+    s_count = plan.num_stages
+    for m in range(plan.microbatches):
+        for s in range(s_count):
+            assert starts[(BWD, s, m)] >= ends[(FWD, s, m)] - EPS
+            if s + 1 < s_count:
+                if (COMM_F, s, m) in starts:
+                    assert starts[(COMM_F, s, m)] >= ends[(FWD, s, m)] - EPS
+                    assert starts[(FWD, s + 1, m)] >= ends[(COMM_F, s, m)] - EPS
+                    assert starts[(COMM_B, s + 1, m)] >= ends[(BWD, s + 1, m)] - EPS
+                    assert starts[(BWD, s, m)] >= ends[(COMM_B, s + 1, m)] - EPS
+                else:
+                    assert starts[(FWD, s + 1, m)] >= ends[(FWD, s, m)] - EPS
+                    assert starts[(BWD, s, m)] >= ends[(BWD, s + 1, m)] - EPS
+        for s in range(s_count):
+            if (ALLREDUCE, s, -1) in starts:
+                assert starts[(ALLREDUCE, s, -1)] >= ends[(BWD, s, m)] - EPS
+    # the iteration is never below the lower bound, and is the last task's end
+    assert r.iteration_s >= r.lower_s - EPS
+    assert r.iteration_s == tl.end.max()
+    assert 0 < r.efficiency <= 1 + 1e-9
+    # every microbatch is computed exactly once per stage in total (shares add up to 1)
+    work = np.zeros(s_count)
+    sp = plan.cluster.speed
+    for k, s, res, a, b in zip(tl.kind, tl.stage, tl.resource, tl.start, tl.end):
+        if k in (FWD, BWD):
+            dev = plan.cluster.index[tl.resources[res]]
+            work[s] += (b - a) * sp[dev]
+    owner = plan.stage_of_node()
+    for s in range(s_count):
+        slow = min(sp[plan.cluster.index[d]] for d in plan.stages[s].devices)
+        expected = plan.microbatches * float((plan.graph.fwd + plan.graph.bwd)[owner == s].sum())
+        # lockstep replicas run at the slowest one's pace, so faster ones "spend" more
+        assert work[s] >= expected * (1 - 1e-9) - EPS
+        if all(sp[plan.cluster.index[d]] == slow for d in plan.stages[s].devices):
+            assert np.isclose(work[s], expected)
