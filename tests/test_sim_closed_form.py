@@ -30,16 +30,18 @@ def test_data_parallel(v, m):
     f, b, params, bw = 0.2, 0.5, 1e6, 2e9
     g = uniform_chain(3, f, b, params=params)
     c = one_server(v, bw)
-    p = Plan(g, c, [Stage(g.ids, c.names)], m, schedule="dp")
+    p = Plan(g, c, [Stage(g.ids, c.names)], m, schedule="1f1b", replicas="round-robin")
     r = simulate(p)
     expected = math.ceil(m / v) * 3 * (f + b) + 2 * (v - 1) / v * 3 * params / bw
     assert r.iteration_s == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "dp"])
-def test_one_device(schedule):
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("replicas", ["split", "round-robin"])
+def test_one_device(schedule, replicas):
     g = uniform_chain(5, 0.1, 0.25, params=10.0, act=100.0)
     p = chain_plan(g, one_server(1), [0, 5], [1], 7, schedule)
+    p.replicas = replicas
     assert simulate(p).iteration_s == pytest.approx(7 * 5 * 0.35)
 
 
@@ -104,8 +106,8 @@ def test_zero_bandwidth_between_talking_stages():
 
 def test_schedules_are_well_formed():
     devs = [[0, 1], [2], [3, 4, 5]]
-    for name in ("gpipe", "1f1b", "dp"):
-        sched = make_schedule(name, devs, 7)
+    for name, mode in (("gpipe", "split"), ("1f1b", "split"), ("1f1b", "round-robin")):
+        sched = make_schedule(name, devs, 7, mode)
         assert len(sched.programs) == 6
         for prog in sched.programs:
             acts = prog.actions()
@@ -113,3 +115,8 @@ def test_schedules_are_well_formed():
     one = make_schedule("1f1b", [[0], [1], [2]], 4)
     assert one.programs[0].actions() == ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3"]
     assert one.programs[2].actions() == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
+    # round-robin replicas keep ceil(W_s / k_s) microbatches each in flight (PipeDream's NOAM)
+    rr = make_schedule("1f1b", [[0, 1, 2], [3]], 6, "round-robin")
+    assert rr.programs[0].actions() == ["F0", "F3", "B0", "B3", "AR"]
+    assert rr.programs[1].actions() == ["F1", "F4", "B1", "B4", "AR"]
+    assert rr.programs[3].actions() == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3", "F4", "B4", "F5", "B5"]

@@ -44,8 +44,9 @@ def random_plans(draw):
                             [c.devices[i].name for i in perm[d:d + counts[k]]]))
         d += counts[k]
     m = draw(st.integers(1, 8))
-    sched = draw(st.sampled_from(["gpipe", "1f1b", "dp"]))
-    return Plan(g, c, stages, m, schedule=sched)
+    sched = draw(st.sampled_from(["gpipe", "1f1b"]))
+    replicas = draw(st.sampled_from(["split", "round-robin"]))
+    return Plan(g, c, stages, m, schedule=sched, replicas=replicas)
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,7 +1,8 @@
 """A Plan: ordered stages, each a set of graph nodes and the devices that hold it.
 
 More than one device on a stage = the stage is replicated (data-parallel inside the stage;
-each microbatch is split evenly over the replicas unless the schedule says otherwise).
+each microbatch is split evenly over the replicas, or replicas take whole microbatches in
+turn: ``Plan.replicas``).
 The JSON form (``"format": "pipeplan.plan/1"``) embeds the graph and the cluster, so a plan
 file is self-contained: ``pipeplan simulate plan.json`` needs nothing else.
 """
@@ -20,6 +21,9 @@ from .errors import PipeplanError
 from .graph import Graph, graph_from_dict, graph_to_dict
 
 FORMAT = "pipeplan.plan/1"
+#: "split": every replica takes an even share of each microbatch (SPP §III-B);
+#: "round-robin": replica r of k takes whole microbatches r, r+k, ... (PipeDream, data parallelism).
+REPLICA_MODES = ("split", "round-robin")
 
 
 @dataclass
@@ -38,6 +42,7 @@ class Plan:
     planner: str = "manual"
     search_s: float = 0.0
     optimizer: str = "adam"
+    replicas: str = "split"  # how a stage's replicas share microbatches: "split" or "round-robin"
     prediction: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -69,7 +74,7 @@ class Plan:
     def to_dict(self, embed: bool = True) -> dict:
         d: dict[str, Any] = {
             "format": FORMAT, "planner": self.planner, "schedule": self.schedule,
-            "microbatches": self.microbatches, "optimizer": self.optimizer,
+            "microbatches": self.microbatches, "optimizer": self.optimizer, "replicas": self.replicas,
             "stages": [{"nodes": list(s.nodes), "devices": list(s.devices)} for s in self.stages],
             "iteration_s": self.prediction.get("iteration_s"), "search_s": self.search_s,
         }
@@ -87,7 +92,7 @@ class Plan:
         Path(path).write_text(text)
 
 
-_KNOWN_KEYS = {"format", "planner", "schedule", "microbatches", "optimizer", "stages", "iteration_s",
+_KNOWN_KEYS = {"format", "planner", "schedule", "microbatches", "optimizer", "replicas", "stages", "iteration_s",
                "search_s", "prediction", "graph", "cluster"}
 
 
@@ -112,6 +117,7 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
     return Plan(graph=graph, cluster=cluster, stages=stages, microbatches=m,
                 schedule=str(d.get("schedule", "1f1b")), planner=str(d.get("planner", "manual")),
                 search_s=float(d.get("search_s") or 0.0), optimizer=str(d.get("optimizer", "adam")),
+                replicas=str(d.get("replicas", "split")),
                 prediction=dict(d.get("prediction") or {}),
                 extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS})
 
@@ -133,6 +139,8 @@ def validate(plan: Plan) -> None:
     g, c = plan.graph, plan.cluster
     if not plan.stages:
         raise PipeplanError("plan: no stages")
+    if plan.replicas not in REPLICA_MODES:
+        raise PipeplanError(f"plan: replicas must be one of {', '.join(REPLICA_MODES)}, got {plan.replicas!r}")
     if plan.microbatches < 1:
         raise PipeplanError(f"plan: microbatches must be >= 1, got {plan.microbatches}")
     owner = np.full(len(g), -1, dtype=np.int64)

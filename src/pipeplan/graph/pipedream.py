@@ -7,17 +7,12 @@ activation_size=BYTES, parameter_size=BYTES``, then one tab-indented edge per li
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from ..errors import PipeplanError
 from .model import Graph, NodeSpec
 
 _FIELDS = ("forward_compute_time", "backward_compute_time", "activation_size", "parameter_size")
-
-
-def _natural_key(node_id: str) -> tuple:
-    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", node_id))
 
 
 def _number(value: str) -> float:
@@ -45,7 +40,8 @@ def _parse_attrs(text: str, where: str) -> dict[str, float]:
 
 
 def parse_pipedream(text: str, name: str, source: str = "graph.txt") -> Graph:
-    """Parse the text of a PipeDream ``graph.txt``; node order is by natural id (node2 < node10)."""
+    """Parse the text of a PipeDream ``graph.txt``. Nodes keep the file's order, as PipeDream's
+    own tools read them (its optimizer starts from the first source in that order)."""
     nodes: list[NodeSpec] = []
     edges: list[tuple[str, str]] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -71,8 +67,13 @@ def parse_pipedream(text: str, name: str, source: str = "graph.txt") -> Graph:
                               act=values[2], params=values[3]))
     if not nodes:
         raise PipeplanError(f"{source}: no nodes found")
-    nodes.sort(key=lambda nd: _natural_key(nd.id))
-    return Graph.from_nodes(name, nodes, edges, meta={"source": "pipedream"})
+    # An Input source's time is data loading, which runs in data-loader workers beside the
+    # device (PipeDream's optimizer zeroes it too); keep the measured figure in ``meta``.
+    sources = {nd.id for nd in nodes} - {b for _, b in edges}
+    input_load = {nd.id: nd.fwd + nd.bwd for nd in nodes if nd.id in sources and nd.desc.startswith("Input")}
+    nodes = [NodeSpec(nd.id, 0.0, 0.0, nd.params, nd.act, nd.desc, nd.flops) if nd.id in input_load else nd
+             for nd in nodes]
+    return Graph.from_nodes(name, nodes, edges, meta={"source": "pipedream", "input_load_s": input_load})
 
 
 def load_pipedream(path: Path) -> Graph:

@@ -1,8 +1,8 @@
 """Planners, registered by name: ``get_planner(name).fn(graph, cluster, options) -> Plan``."""
 
-from . import simple
+from . import hetpipe, pipedream, simple
 from .base import REGISTRY, PlanOptions, evaluate, get_planner, run_planner
 
-ALL = (simple,)
+ALL = (simple, pipedream, hetpipe)
 
 __all__ = ["REGISTRY", "PlanOptions", "get_planner", "run_planner", "evaluate"]

@@ -11,10 +11,10 @@ from .base import PlanOptions, register
 
 
 @register("dp", "data parallelism: every device holds the whole model, microbatches "
-          "round-robin, one all-reduce", "dp")
+          "round-robin, one all-reduce", "1f1b")
 def plan_dp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     return Plan(graph, cluster, [Stage(list(graph.ids), cluster.names)], options.microbatches,
-                schedule=options.schedule or "dp", optimizer=options.optimizer)
+                schedule=options.schedule or "1f1b", optimizer=options.optimizer, replicas="round-robin")
 
 
 @register("gpipe", "GPipe: equal numbers of layers per stage, one device per stage", "gpipe")

@@ -1,6 +1,6 @@
 """Schedule IR and generators."""
 
-from .generators import GENERATORS, make_schedule
+from .generators import ORDERS, make_schedule
 from .ir import Program, Schedule
 
-__all__ = ["Program", "Schedule", "GENERATORS", "make_schedule"]
+__all__ = ["Program", "Schedule", "ORDERS", "make_schedule"]

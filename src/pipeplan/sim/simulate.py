@@ -102,7 +102,7 @@ def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True
     stage_devs = plan.stage_devices()
     s_count = len(stage_devs)
     if schedule is None:
-        schedule = make_schedule(plan.schedule, stage_devs, m_count)
+        schedule = make_schedule(plan.schedule, stage_devs, m_count, plan.replicas)
     else:
         schedule.check(s_count, [len(d) for d in stage_devs])
     costs = stage_costs(plan)

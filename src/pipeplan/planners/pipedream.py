@@ -1,0 +1,128 @@
+"""``pipedream``: PipeDream's planner (Narayanan et al., SOSP'19) on pipeplan's inputs.
+
+The topology PipeDream expects — levels, each a worker count and a bandwidth — is derived
+from the cluster: servers of equal size with more than one GPU give two levels (GPUs in a
+server at the slowest intra-server link; servers at the slowest inter-server link);
+anything else is one level of all devices at the slowest link. Stages are mapped in
+device order: an outer stage takes consecutive servers, an inner stage consecutive GPUs in
+each of them. Replicas take whole microbatches in turn (PipeDream's round-robin), and the
+plan runs with the ``1f1b`` schedule (PipeDream-flush, as SPP's evaluation runs it);
+``async-1f1b`` is PipeDream's original pipeline.
+
+Models whose antichain DAG is too large for an exact solve (PipeDream's own program builds
+(states+1) x states tables) have their branches compressed first, as PipeDream does for
+such models (``compress_branches``); the plan says so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..errors import PipeplanError
+from ..graph import Graph
+from ..graph.antichain import AntichainDag, TooManyStates, antichain_dag, compress_branches
+from ..plan import Plan, Stage
+from .base import PlanOptions, register
+from .pipedream_dp import DPOptions, DPResult, Level, solve
+
+MAX_STATES = 5000
+
+
+def levels_of(cluster: Cluster) -> tuple[list[Level], list[list[int]]]:
+    """PipeDream levels (innermost first) and the device groups of the outer level."""
+    servers = cluster.servers()
+    sizes = {len(s) for s in servers}
+    bw = cluster.bandwidth
+    if len(servers) > 1 and len(sizes) == 1 and sizes.pop() > 1:
+        intra = min(float(bw[np.ix_(s, s)][~np.eye(len(s), dtype=bool)].min()) for s in servers)
+        inter = min(float(bw[np.ix_(a, b)].min()) for i, a in enumerate(servers)
+                    for j, b in enumerate(servers) if i != j)
+        return [Level(len(servers[0]), intra), Level(len(servers), inter)], servers
+    v = len(cluster)
+    link = float(bw[~np.eye(v, dtype=bool)].min()) if v > 1 else float("inf")
+    return [Level(v, link)], [list(range(v))]
+
+
+def _dag(graph: Graph) -> tuple[AntichainDag, list[list[int]] | None, Graph]:
+    try:
+        return antichain_dag(graph, MAX_STATES), None, graph
+    except TooManyStates:
+        small, groups = compress_branches(graph)
+        return antichain_dag(small, MAX_STATES), groups, small
+
+
+def stage_nodes(graph: Graph, dag: AntichainDag, groups, result: DPResult) -> list[list[int]]:
+    """Original node indices of each stage; inputs join stage 0, dropped sinks their producer."""
+    out = []
+    for seg in result.stages:
+        mask = dag.ideal[seg.end] & ~(dag.ideal[seg.start] if seg.start >= 0 else 0)
+        nodes = []
+        while mask:
+            b = mask & -mask
+            mask ^= b
+            u = b.bit_length() - 1
+            nodes.extend(groups[u] if groups is not None else [u])
+        out.append(nodes)
+    owner = {u: s for s, nodes in enumerate(out) for u in nodes}
+    view_inputs = [u for u in range(len(graph)) if not graph.pred[u] and graph.desc[u].startswith("Input")]
+    for u in view_inputs:
+        if u not in owner:
+            out[0].append(u)
+            owner[u] = 0
+    for u in graph.topo:  # anything left (dropped sinks): with its latest producer
+        if u not in owner:
+            s = max((owner[p] for p in graph.pred[u] if p in owner), default=len(out) - 1)
+            out[s].append(u)
+            owner[u] = s
+    return [sorted(nodes, key=graph.topo.index) for nodes in out]
+
+
+def run_pipedream(graph: Graph, cluster: Cluster, opts: DPOptions = DPOptions(),
+                  levels: list[Level] | None = None) -> tuple[DPResult, list[list[int]], list[list[int]], dict]:
+    """Solve PipeDream's problem; returns the DP result, each stage's nodes and devices, notes."""
+    derived, groups_of_devices = levels_of(cluster)
+    levels = levels or derived
+    dag, groups, used = _dag(graph)
+    result = solve(dag, levels, opts)
+    if not result.stages:
+        raise PipeplanError(f"pipedream: no partition of {graph.name!r} fits the memory limit")
+    nodes = stage_nodes(graph, dag, groups, result)
+    devices = _map_devices(result, levels, groups_of_devices, cluster)
+    notes = {"levels": [{"workers": lv.workers, "bandwidth": lv.bandwidth} for lv in levels],
+             "antichain_states": dag.n, "compressed_branches": groups is not None}
+    return result, nodes, devices, notes
+
+
+def _map_devices(result: DPResult, levels: list[Level], groups: list[list[int]], cluster: Cluster) -> list[list[int]]:
+    """Single level: consecutive devices. Two levels: outer stage t takes the next r_out
+    servers; its inner stages take consecutive GPUs in each of those servers."""
+    if len(levels) == 1:
+        order, out, d = groups[0], [], 0
+        for seg in result.stages:
+            out.append(order[d:d + seg.workers[0]])
+            d += seg.workers[0]
+        return out
+    out: list[list[int]] = []
+    first_server = 0
+    for t in sorted({seg.outer for seg in result.stages}):
+        inner = [seg for seg in result.stages if seg.outer == t]
+        servers = groups[first_server:first_server + inner[0].workers[1]]
+        used = 0
+        for seg in inner:
+            out.append([d for srv in servers for d in srv[used:used + seg.workers[0]]])
+            used += seg.workers[0]
+        first_server += inner[0].workers[1]
+    return out
+
+
+@register("pipedream", "PipeDream's optimizer: antichain DP with replication over a hierarchical "
+          "topology (SOSP'19)", "1f1b")
+def plan_pipedream(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
+    result, nodes, devices, notes = run_pipedream(graph, cluster)
+    return Plan(graph, cluster,
+                [Stage([graph.ids[u] for u in ns], [cluster.devices[d].name for d in ds])
+                 for ns, ds in zip(nodes, devices)],
+                options.microbatches, schedule=options.schedule or "1f1b", optimizer=options.optimizer,
+                replicas="round-robin",
+                extra={"objective_s": result.objective_s, "pipedream": {**notes, **result.work}})
