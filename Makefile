@@ -26,6 +26,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_throughput.py
+	$(BIN)/python benchmarks/pipedream_speed.py
+	$(BIN)/python benchmarks/baselines_compare.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis

@@ -36,7 +36,7 @@ def test_compare_json_shape(capsys):
     res = run_json(capsys, "compare", "--model", "zoo:gnmt-4", "--cluster", "1080ti-4x2",
                    "--planners", "dp,gpipe", "--microbatches", "4")
     names = {r["planner"] for r in res["results"]}
-    assert names == {"dp", "gpipe"}
+    assert names == {"dp", "gpipe"}  # only the planners asked for
     for r in res["results"]:
         assert r["iteration_s"] > 0 and "search_s" in r and r["plan"]["stages"]
     times = [r["iteration_s"] for r in res["results"]]
@@ -55,14 +55,26 @@ def test_human_output(capsys, tmp_path):
 PRESETS = ["v100x4", "1080ti-4x2", "spp-sim", "automap-a", "automap-b", "automap-c", "drlpp-4gpu"]
 
 
+def check_compare(res: dict) -> None:
+    """Every planner gives a valid plan, or says that nothing fits in memory."""
+    assert {r["planner"] for r in res["results"]} == {"dp", "gpipe", "pipedream", "hetpipe"}
+    for r in res["results"]:
+        if "error" in r:
+            assert "no plan fits in memory" in r["error"] and "over by" in r["error"], r["error"]
+        else:
+            assert r["iteration_s"] > 0 and not r["over_memory"]
+            stages = r["plan"]["stages"]
+            assert sum(len(s["nodes"]) for s in stages) == len({n for s in stages for n in s["nodes"]})
+
+
 @pytest.mark.parametrize("name", [t[0] for t in PROFILE_TABLE])
 def test_every_profile_on_every_preset(name, capsys):
     path = str(profile_path(name))
     for preset in PRESETS:
-        res = run_json(capsys, "compare", "--model", path, "--cluster", preset, "--microbatches", "8")
-        assert {r["planner"] for r in res["results"]} >= {"dp", "gpipe"}
-        for r in res["results"]:
-            assert "error" not in r and r["iteration_s"] > 0
+        check_compare(run_json(capsys, "compare", "--model", path, "--cluster", preset, "--microbatches", "8"))
+        plan = run_json(capsys, "plan", "--model", path, "--cluster", preset, "--planner", "gpipe",
+                        "--microbatches", "2", "--allow-over-memory")
+        assert plan["iteration_s"] > 0
 
 
 def test_every_zoo_model_on_every_preset(capsys):
@@ -70,9 +82,16 @@ def test_every_zoo_model_on_every_preset(capsys):
     assert len(models) >= 15
     for model in models:
         for preset in PRESETS:
-            res = run_json(capsys, "compare", "--model", f"zoo:{model}", "--cluster", preset,
-                           "--microbatches", "4")
-            assert all("error" not in r and r["iteration_s"] > 0 for r in res["results"])
+            check_compare(run_json(capsys, "compare", "--model", f"zoo:{model}", "--cluster", preset,
+                                   "--microbatches", "4"))
+
+
+def test_memory_limit_override(capsys):
+    argv = ["plan", "--model", "zoo:bert-large", "--cluster", "v100x4", "--planner", "dp"]
+    assert run_json(capsys, *argv)["iteration_s"] > 0
+    assert main([*argv, "--memory-limit", "2GiB"]) == 2
+    err = capsys.readouterr().err
+    assert "no plan fits in memory" in err and "of its 2.00 GiB" in err
 
 
 def cli(*argv, cwd=None):

@@ -43,23 +43,38 @@ def _positive_int(text: str) -> int:
 def _load_inputs(args):
     from .cluster import load_cluster
     from .graph import load_graph
+    from .units import parse_bytes
 
-    return load_graph(args.model), load_cluster(args.cluster)
+    graph, cluster = load_graph(args.model), load_cluster(args.cluster)
+    if args.memory_limit is not None:
+        limit = parse_bytes(args.memory_limit, "--memory-limit")
+        if limit <= 0:
+            raise PipeplanError(f"--memory-limit must be > 0, got {args.memory_limit!r}")
+        cluster = cluster.with_memory(limit)
+    return graph, cluster
 
 
 def _options(args):
     from .planners import PlanOptions
 
     return PlanOptions(microbatches=args.microbatches, schedule=getattr(args, "schedule", None),
-                       optimizer=args.optimizer)
+                       optimizer=args.optimizer, allow_over_memory=args.allow_over_memory)
 
 
 def cmd_plan(args) -> int:
-    from .planners import run_planner
+    from .planners import REGISTRY, get_planner, run_planner
     from .report import print_plan
 
     graph, cluster = _load_inputs(args)
-    plan, result = run_planner(args.planner, graph, cluster, _options(args))
+    if args.planner == "best":
+        get_planner("dp")  # loads the registry
+        rows = compare_rows(graph, cluster, sorted(REGISTRY), _options(args))
+        ok = [r for r in rows if "error" not in r]
+        if not ok:
+            raise PipeplanError("; ".join(r["error"] for r in rows))
+        plan, result = ok[0]["_plan"], ok[0]["_result"]
+    else:
+        plan, result = run_planner(args.planner, graph, cluster, _options(args))
     if args.out:
         _atomic_write(args.out, plan.save)
     if args.json:
@@ -211,11 +226,15 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--microbatches", type=_positive_int, default=32, help="microbatches per iteration (default 32)")
         sp.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"],
                         help="optimizer whose state counts in memory (default adam)")
+        sp.add_argument("--memory-limit", help="memory per device, overriding the cluster's (e.g. 16GiB)")
+        sp.add_argument("--allow-over-memory", action="store_true",
+                        help="keep plans that overflow a device's memory (flagged) instead of refusing them")
         sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
 
     sp = sub.add_parser("plan", help="plan one model on one cluster")
     model_cluster(sp)
-    sp.add_argument("--planner", default="gpipe", help="planner name (see compare; default gpipe)")
+    sp.add_argument("--planner", default="best",
+                    help="planner name, or 'best': every planner, keep the fastest plan that fits (default)")
     sp.add_argument("--schedule", default=None, help="schedule (default: the planner's)")
     sp.add_argument("--out", help="write the plan JSON here")
     sp.set_defaults(fn=cmd_plan)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+
+import numpy as np
 from typing import Callable
 
 from ..cluster import Cluster
@@ -15,6 +17,7 @@ from ..errors import PipeplanError
 from ..graph import Graph
 from ..plan import Plan
 from ..sim import SimResult, simulate
+from ..units import fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class PlanOptions:
     optimizer: str = "adam"
     seed: int = 0
     time_budget_s: float = 60.0
+    allow_over_memory: bool = False  # keep a plan that overflows (what-if runs)
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,22 @@ def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions)
     plan = info.fn(graph, cluster, options)
     plan.search_s = time.perf_counter() - t0
     plan.planner = name
-    return plan, evaluate(plan)
+    result = evaluate(plan)
+    if result.over_memory and not options.allow_over_memory:
+        raise PipeplanError(f"{name}: no plan fits in memory: {overflow_text(result)}")
+    return plan, result
+
+
+def overflow_text(result: SimResult) -> str:
+    """Which device overflows most, by how much."""
+    over = result.memory_bytes - result.memory_limit
+    i = int(np.argmax(over))
+    return (f"{result.devices[i]} (stage {result.stage_of_device[i]}) needs {fmt_bytes(result.memory_bytes[i])} "
+            f"of its {fmt_bytes(result.memory_limit[i])} (over by {fmt_bytes(over[i])})")
+
+
+def fits(plan: Plan) -> bool:
+    return not simulate(plan, timeline=False).over_memory
 
 
 def evaluate(plan: Plan) -> SimResult:

@@ -17,7 +17,8 @@ import numpy as np
 from ..cluster import Cluster
 from ..graph import Graph
 from ..plan import Plan, Stage
-from .base import PlanOptions, register
+from ..errors import PipeplanError
+from .base import PlanOptions, fits, register
 from .pipedream import run_pipedream
 from .pipedream_dp import DPOptions, Level
 
@@ -31,13 +32,25 @@ def virtual_workers(cluster: Cluster) -> list[list[int]]:
 @register("hetpipe", "HetPipe: one virtual worker per server pipelines the whole model, "
           "data parallelism across virtual workers (ATC'20)", "1f1b")
 def plan_hetpipe(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
+    """Balanced partition first; HetPipe partitions under the GPUs' memory (Park et al. §4),
+    so if that does not fit, PipeDream's memory-constrained straight DP."""
+    plan = _hetpipe_plan(graph, cluster, options, DPOptions(straight_pipeline=True))
+    if not options.allow_over_memory and not fits(plan):
+        try:
+            plan = _hetpipe_plan(graph, cluster, options, DPOptions(
+                straight_pipeline=True, memory_size=float(cluster.memory.min())))
+        except PipeplanError:
+            pass  # reported as over memory by the caller
+    return plan
+
+
+def _hetpipe_plan(graph: Graph, cluster: Cluster, options: PlanOptions, opts: DPOptions) -> Plan:
     vws = virtual_workers(cluster)
     depth = len(vws[0])
     bw = cluster.bandwidth
     intra = min((float(bw[np.ix_(v, v)][~np.eye(depth, dtype=bool)].min()) for v in vws),
                 default=float("inf")) if depth > 1 else float("inf")
-    result, nodes, _, notes = run_pipedream(graph, cluster, DPOptions(straight_pipeline=True),
-                                            levels=[Level(depth, intra)])
+    result, nodes, _, notes = run_pipedream(graph, cluster, opts, levels=[Level(depth, intra)])
     stages = [Stage([graph.ids[u] for u in ns], [cluster.devices[vw[s]].name for vw in vws])
               for s, ns in enumerate(nodes)]
     return Plan(graph, cluster, stages, options.microbatches, schedule=options.schedule or "1f1b",

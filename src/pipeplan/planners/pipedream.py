@@ -11,7 +11,9 @@ plan runs with the ``1f1b`` schedule (PipeDream-flush, as SPP's evaluation runs 
 
 Models whose antichain DAG is too large for an exact solve (PipeDream's own program builds
 (states+1) x states tables) have their branches compressed first, as PipeDream does for
-such models (``compress_branches``); the plan says so.
+such models (``compress_branches``); the plan says so. The hierarchical DP is cubic in the
+states, so above ``MAX_STATES_HIERARCHICAL`` states a two-level topology is planned as one
+flat level at its slowest link (also noted in the plan).
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ from ..errors import PipeplanError
 from ..graph import Graph
 from ..graph.antichain import AntichainDag, TooManyStates, antichain_dag, compress_branches
 from ..plan import Plan, Stage
-from .base import PlanOptions, register
+from .base import PlanOptions, fits, register
 from .pipedream_dp import DPOptions, DPResult, Level, solve
 
 MAX_STATES = 5000
+#: The hierarchical DP solves the inner level for every pair of nested states (cubic in the
+#: states); above this many states the topology is planned as one flat level instead.
+MAX_STATES_HIERARCHICAL = 400
 
 
 def levels_of(cluster: Cluster) -> tuple[list[Level], list[list[int]]]:
@@ -84,13 +89,18 @@ def run_pipedream(graph: Graph, cluster: Cluster, opts: DPOptions = DPOptions(),
     derived, groups_of_devices = levels_of(cluster)
     levels = levels or derived
     dag, groups, used = _dag(graph)
+    flattened = len(levels) > 1 and dag.n > MAX_STATES_HIERARCHICAL
+    if flattened:
+        levels = [Level(len(cluster), min(lv.bandwidth for lv in levels))]
+        groups_of_devices = [[d for grp in groups_of_devices for d in grp]]
     result = solve(dag, levels, opts)
     if not result.stages:
         raise PipeplanError(f"pipedream: no partition of {graph.name!r} fits the memory limit")
     nodes = stage_nodes(graph, dag, groups, result)
     devices = _map_devices(result, levels, groups_of_devices, cluster)
     notes = {"levels": [{"workers": lv.workers, "bandwidth": lv.bandwidth} for lv in levels],
-             "antichain_states": dag.n, "compressed_branches": groups is not None}
+             "antichain_states": dag.n, "compressed_branches": groups is not None,
+             "levels_flattened": flattened}
     return result, nodes, devices, notes
 
 
@@ -119,10 +129,24 @@ def _map_devices(result: DPResult, levels: list[Level], groups: list[list[int]],
 @register("pipedream", "PipeDream's optimizer: antichain DP with replication over a hierarchical "
           "topology (SOSP'19)", "1f1b")
 def plan_pipedream(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
-    result, nodes, devices, notes = run_pipedream(graph, cluster)
+    """PipeDream's defaults first (no memory constraint); if that plan does not fit, its
+    memory-constrained DP with each device's memory (``--use_memory_constraint``)."""
+    plan = _pipedream_plan(graph, cluster, options, DPOptions())
+    if not options.allow_over_memory and not fits(plan):
+        try:
+            plan = _pipedream_plan(graph, cluster, options,
+                                   DPOptions(memory_size=float(cluster.memory.min())))
+        except PipeplanError:
+            pass  # nothing passes PipeDream's own memory test: keep the best plan, reported as over
+    return plan
+
+
+def _pipedream_plan(graph: Graph, cluster: Cluster, options: PlanOptions, opts: DPOptions) -> Plan:
+    result, nodes, devices, notes = run_pipedream(graph, cluster, opts)
     return Plan(graph, cluster,
                 [Stage([graph.ids[u] for u in ns], [cluster.devices[d].name for d in ds])
                  for ns, ds in zip(nodes, devices)],
                 options.microbatches, schedule=options.schedule or "1f1b", optimizer=options.optimizer,
                 replicas="round-robin",
-                extra={"objective_s": result.objective_s, "pipedream": {**notes, **result.work}})
+                extra={"objective_s": result.objective_s,
+                       "pipedream": {**notes, **result.work, "memory_constraint": opts.memory_size}})

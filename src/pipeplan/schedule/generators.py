@@ -58,24 +58,25 @@ def _warmups(devices: list[list[int]]) -> list[int]:
 
 
 def make_schedule(name: str, stage_devices: list[list[int]], microbatches: int,
-                  replicas: str = "split") -> Schedule:
+                  replicas: str = "split", allreduce: bool = True) -> Schedule:
     entry = ORDERS.get(name)
     if entry is None:
-        raise PipeplanError(f"unknown schedule {name!r} (known: {', '.join(ORDERS)})")
+        known = [*ORDERS, "async-1f1b"]
+        raise PipeplanError(f"unknown schedule {name!r} (known: {', '.join(known)})")
     order = entry[1]
     warm = _warmups(stage_devices)
     progs, devs = [], []
     for s, group in enumerate(stage_devices):
         k = len(group)
         if replicas == "split":
-            prog = _program(s, order(list(range(microbatches)), warm[s]), k > 1)
+            prog = _program(s, order(list(range(microbatches)), warm[s]), allreduce and k > 1)
             for d in group:  # replicas share one program object: they run in lockstep
                 devs.append(d)
                 progs.append(prog)
         else:
             for r, d in enumerate(group):
                 devs.append(d)
-                progs.append(_program(s, order(list(range(r, microbatches, k)), warm[s]), k > 1))
+                progs.append(_program(s, order(list(range(r, microbatches, k)), warm[s]), allreduce and k > 1))
     sched = Schedule(name, microbatches, devs, progs)
     sched.check(len(stage_devices), [len(g) for g in stage_devices])
     return sched

@@ -95,16 +95,34 @@ def _groups(plan: Plan, sched: Schedule) -> list[_Group]:
     return groups
 
 
+ASYNC = "async-1f1b"
+
+
 def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True) -> SimResult:
-    """Run the plan's iteration; ``timeline=False`` skips building the timeline (searches)."""
+    """Run the plan's iteration; ``timeline=False`` skips building the timeline (searches).
+
+    ``async-1f1b`` is PipeDream's original pipeline (no flush, weight stashing): a stream of
+    3M microbatches runs 1F1B without all-reduce barriers and the prediction is the
+    steady-state time of M microbatches (the time between the last backward of microbatch
+    M-1 and of 2M-1 on the first stage), or, if longer, a replicated stage's busy time for
+    M microbatches plus its all-reduce (which overlaps with the pipeline)."""
+    stage_devs = plan.stage_devices()
+    if schedule is not None:
+        schedule.check(len(stage_devs), [len(d) for d in stage_devs])
+        return _simulate(plan, schedule, plan.microbatches, timeline)
+    if plan.schedule == ASYNC:
+        m = plan.microbatches
+        stream = make_schedule("1f1b", stage_devs, 3 * m, plan.replicas, allreduce=False)
+        return _simulate(plan, stream, 3 * m, timeline, steady=m)
+    return _simulate(plan, make_schedule(plan.schedule, stage_devs, plan.microbatches, plan.replicas),
+                     plan.microbatches, timeline)
+
+
+def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
+              steady: int | None = None) -> SimResult:
     cl = plan.cluster
-    m_count = plan.microbatches
     stage_devs = plan.stage_devices()
     s_count = len(stage_devs)
-    if schedule is None:
-        schedule = make_schedule(plan.schedule, stage_devs, m_count, plan.replicas)
-    else:
-        schedule.check(s_count, [len(d) for d in stage_devs])
     costs = stage_costs(plan)
     groups = _groups(plan, schedule)
     g_count = len(groups)
@@ -198,7 +216,7 @@ def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True
     start_a = np.asarray(start)
     end_a = np.asarray(end)
     iteration = float(end_a.max())
-
+    extra: dict = {}
     # -- per-device busy time and peak memory (weights, gradients, optimizer state, stash).
     plan_devs = [d for grp in stage_devs for d in grp]
     pos = {d: i for i, d in enumerate(plan_devs)}
@@ -211,16 +229,35 @@ def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True
         delta = np.where(gr.ops == FWD, 1.0, np.where(gr.ops == BWD, -1.0, 0.0))
         per_mb = costs.stash[s] / share_n[s, np.maximum(gr.micro, 0)]
         peak_act = float(np.max(np.cumsum(delta * per_mb), initial=0.0))
+        weights = 0.0
+        if steady is not None:  # weight stashing: one version per microbatch in flight
+            weights = max(float(np.max(np.cumsum(delta), initial=0.0)) - 1.0, 0.0) * costs.params[s]
+            b *= steady / m_count
         for d in gr.devices:
             busy[pos[d]] = b
-            memory[pos[d]] = state_bytes(costs.params[s], plan.optimizer) + peak_act
+            memory[pos[d]] = state_bytes(costs.params[s], plan.optimizer) + peak_act + weights
+
+    if steady is not None:
+        last_b0 = np.zeros(m_count)
+        sel = (kind_a == BWD) & (stage_a == 0)
+        np.maximum.at(last_b0, micro_a[sel], end_a[sel])
+        iteration = float(last_b0[2 * steady - 1] - last_b0[steady - 1])
+        for s_ in range(s_count):
+            if len(stage_devs[s_]) > 1:
+                spd = float(cl.speed[stage_devs[s_]].min())
+                busy_m = steady * float(costs.fwd[s_] + costs.bwd[s_]) / (len(stage_devs[s_]) * spd)
+                iteration = max(iteration, busy_m + allreduce_time(cl, stage_devs[s_], costs.params[s_]))
+        extra["steady_state_of"] = steady
+        m_count = steady
 
     # -- lower bounds: all work spread over the whole cluster; one microbatch's path.
     work_bound = m_count * float(plan.graph.fwd.sum() + plan.graph.bwd.sum()) / float(cl.speed.sum())
-    per = np.zeros((5, s_count, m_count))
+    per = np.zeros((5, s_count, micro_a.max() + 1))
     mb = micro_a >= 0
     np.maximum.at(per, (kind_a[mb], stage_a[mb], micro_a[mb]), dur_a[mb])
     path_bound = float(per.sum(axis=(0, 1)).max())
+    if steady is not None:
+        path_bound = 0.0  # a steady state has no fill or drain
 
     tl = None
     if timeline:
@@ -231,7 +268,7 @@ def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True
                      devices=[cl.devices[d].name for d in plan_devs],
                      stage_of_device=[s for s, grp in enumerate(stage_devs) for _ in grp],
                      busy_s=busy, memory_bytes=memory, memory_limit=cl.memory[plan_devs],
-                     num_tasks=n, timeline=tl)
+                     num_tasks=n, timeline=tl, extra=extra)
 
 
 def _timeline(cl, stage_devs, groups, chan_names, kind, stage, micro, owner, chan, start, end,

@@ -1,0 +1,201 @@
+"""PipeDream's planner: reference figures of its published program, brute force, structure."""
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeplan.cli import main
+from pipeplan.cluster import hierarchical
+from pipeplan.graph import Graph, NodeSpec, load_graph
+from pipeplan.graph.antichain import antichain_dag, compress_branches
+from pipeplan.planners import PlanOptions, run_planner
+from pipeplan.planners.pipedream_dp import DPOptions, Level, solve
+from pipeplan.sim import simulate
+
+from conftest import profile_path
+from helpers import chain_plan, one_server, uniform_chain
+
+# `optimizer_graph_hierarchical.py -n 4 -b 10000000000 -f <profile>`: (replication, time per stage)
+REFERENCE = {"vgg16": ([3, 1], 0.1701790624), "alexnet": ([2, 1, 1], 0.022186)}
+
+
+@pytest.mark.parametrize("model", sorted(REFERENCE))
+def test_matches_published_program(model, capsys):
+    path = str(profile_path(model))
+    assert main(["plan", "--model", path, "--cluster", "hier:servers=1,gpus=4,intra=10GB/s",
+                 "--planner", "pipedream", "--json", "--allow-over-memory"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    replication, objective = REFERENCE[model]
+    assert [len(s["devices"]) for s in plan["stages"]] == replication
+    assert plan["objective_s"] == pytest.approx(objective, rel=1e-6)
+    assert plan["iteration_s"] > 0 and plan["replicas"] == "round-robin"
+
+
+def stage_cost(c: float, p: float, r: int, bw: float) -> float:
+    return (c + 4 * (r - 1) * p / (bw * r)) / r
+
+
+def brute_force(cost: np.ndarray, params: np.ndarray, workers: int, bw: float,
+                straight: bool = False, memory: float | None = None, acts=None) -> float:
+    """Minimum over every interval partition and every replication using exactly `workers`."""
+    n = cost.size
+    best = math.inf
+    for k in range(1, min(n, workers) + 1):
+        for cuts in itertools.combinations(range(1, n), k - 1):
+            bounds = [0, *cuts, n]
+            segs = list(zip(bounds[:-1], bounds[1:]))
+            rep_choices = [[1]] * k if straight else [range(1, workers + 1)] * k
+            for reps in itertools.product(*rep_choices):
+                if sum(reps) != workers:
+                    continue
+                if memory is not None:
+                    used, ok = 0, True
+                    for (a, b), r in zip(segs, reps):
+                        used += r
+                        stash = (acts[a:b].sum() + params[a:b].sum()) * math.ceil((workers - used) / r)
+                        ok &= stash <= memory
+                    if not ok:
+                        continue
+                best = min(best, max(stage_cost(cost[a:b].sum(), params[a:b].sum(), r, bw)
+                                     for (a, b), r in zip(segs, reps)))
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 10), st.integers(1, 4), st.integers(0, 2**32 - 1), st.booleans())
+def test_dp_equals_brute_force_on_chains(layers, workers, seed, straight):
+    if straight and layers < workers:
+        workers = layers
+    rng = np.random.default_rng(seed)
+    f, b = rng.uniform(0.1, 1, layers), rng.uniform(0.1, 2, layers)
+    params = rng.uniform(0, 5e9, layers) * (rng.random(layers) < 0.6)
+    g = Graph.chain("c", f, b, params=params)
+    dag = antichain_dag(g)
+    assert dag.n == layers  # the states of a chain are its prefixes
+    bw = 1e10
+    res = solve(dag, [Level(workers, bw)], DPOptions(straight_pipeline=straight))
+    expected = brute_force(f + b, params, workers, bw, straight)
+    if math.isinf(expected):
+        assert math.isinf(res.objective_s)
+        return
+    assert res.objective_s == pytest.approx(expected, rel=1e-12)
+    assert sum(s.workers[0] for s in res.stages) == workers
+    got = max(stage_cost((f + b)[s.start + 1:s.end + 1].sum(), params[s.start + 1:s.end + 1].sum(),
+                         s.workers[0], bw) for s in res.stages)
+    assert got == pytest.approx(res.objective_s, rel=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 8), st.integers(2, 4), st.integers(0, 2**32 - 1))
+def test_memory_constraint_equals_brute_force(layers, workers, seed):
+    rng = np.random.default_rng(seed)
+    f, b = rng.uniform(0.1, 1, layers), rng.uniform(0.1, 2, layers)
+    params, acts = rng.uniform(0, 1e9, layers), rng.uniform(0, 1e9, layers)
+    memory = float(rng.uniform(1e9, 6e9))
+    g = Graph.chain("c", f, b, params=params, act=acts)
+    res = solve(antichain_dag(g), [Level(workers, 1e10)], DPOptions(memory_size=memory))
+    expected = brute_force(f + b, params, workers, 1e10, memory=memory, acts=acts)
+    assert res.objective_s == pytest.approx(expected, rel=1e-12) or (math.isinf(expected) and math.isinf(res.objective_s))
+
+
+def reachable_ideals(g: Graph) -> set[frozenset]:
+    """PipeDream's states, written independently with sets: from the first source, add any
+    node with a predecessor inside, together with all its ancestors."""
+    anc = {}
+    for u in g.topo:
+        anc[u] = frozenset({u}).union(*[anc[p] for p in g.pred[u]])
+    start = anc[next(u for u in range(len(g)) if not g.pred[u])]
+    seen, todo = {start}, [start]
+    while todo:
+        cur = todo.pop()
+        for u in cur:
+            for y in g.succ[u]:
+                if y not in cur:
+                    nxt = cur | anc[y]
+                    if nxt not in seen:
+                        seen.add(nxt)
+                        todo.append(nxt)
+    return seen
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 9), st.integers(0, 2**32 - 1))
+def test_antichain_states_are_the_reachable_ideals(n, seed):
+    rng = np.random.default_rng(seed)
+    edges = [(u, v) for u in range(n) for v in range(u + 1, n) if rng.random() < 0.35]
+    nodes = [NodeSpec(f"n{i}", 1.0, 1.0, 0.0, 0.0, desc="Op") for i in range(n)]
+    g = Graph.from_nodes("r", nodes, [(f"n{u}", f"n{v}") for u, v in edges])
+    dag = antichain_dag(g)
+    got = {frozenset(dag.nodes_of(s)) for s in range(dag.n)}
+    assert got == reachable_ideals(g)
+    assert len(got) == dag.n
+    size = [len(dag.nodes_of(s)) for s in range(dag.n)]
+    assert all(size[a] < size[b] for a, b in dag.edges.tolist())  # topological order
+
+
+def test_inputs_and_getitem_sinks_are_set_aside():
+    path = profile_path("gnmt")
+    g = load_graph(str(path))
+    dag = antichain_dag(g)
+    assert dag.view.inputs and all(g.desc[u].startswith("Input") for u in dag.view.inputs)
+    assert all(g.desc[u].startswith("__getitem__") for u in dag.view.dropped_sinks)
+    plan, _ = run_planner("pipedream", g, one_server(4, 10e9), PlanOptions(microbatches=4, allow_over_memory=True))
+    placed = [n for s in plan.stages for n in s.nodes]
+    assert sorted(placed) == sorted(g.ids)  # every node, set-aside ones included, has a stage
+    for u in dag.view.inputs:
+        assert g.ids[u] in plan.stages[0].nodes
+
+
+def test_hierarchical_levels_and_mapping():
+    g = uniform_chain(8, 1.0, 2.0, params=1e6)
+    c = hierarchical("c", 2, 4, 16e9, 1e9)
+    plan, result = run_planner("pipedream", g, c, PlanOptions(microbatches=8))
+    levels = plan.extra["pipedream"]["levels"]
+    assert [lv["workers"] for lv in levels] == [4, 2]
+    devs = [d for s in plan.stages for d in s.devices]
+    assert sorted(devs) == sorted(c.names)
+    # one outer level of one group reduces to the flat problem
+    dag = antichain_dag(load_graph(str(profile_path("vgg16"))))
+    flat = solve(dag, [Level(4, 1e10)])
+    nested = solve(dag, [Level(4, 1e10), Level(1, 1e9)])
+    assert nested.objective_s == pytest.approx(flat.objective_s)
+
+
+def test_compressed_branches_keep_every_node():
+    nodes = [NodeSpec(x, 1.0, 1.0, 0.0, 1.0) for x in ["a", "b1", "b2", "c1", "c2", "d"]]
+    g = Graph.from_nodes("fork", nodes, [("a", "b1"), ("b1", "b2"), ("a", "c1"), ("c1", "c2"),
+                                         ("b2", "d"), ("c2", "d")])
+    small, groups = compress_branches(g)
+    assert len(small) == 4 and sorted(u for grp in groups for u in grp) == list(range(6))
+    assert small.fwd.sum() == g.fwd.sum()
+
+
+def test_hetpipe_virtual_workers():
+    g = uniform_chain(6, 1.0, 2.0, params=1e6, act=1e6)
+    c = hierarchical("c", 3, 2, 16e9, 2e9)
+    plan, result = run_planner("hetpipe", g, c, PlanOptions(microbatches=6))
+    assert plan.replicas == "round-robin"
+    assert [len(s.devices) for s in plan.stages] == [3, 3]  # 3 virtual workers, depth 2
+    for s, st_ in enumerate(plan.stages):  # stage s on GPU s of every server
+        assert st_.devices == [f"s{v}g{s}" for v in range(3)]
+    tl = result.timeline  # a microbatch stays inside its virtual worker
+    names = [r for r in tl.resources if r.startswith("ch:")]
+    assert all(n.split(":")[2].split(">")[0][:2] == n.split(">")[1][:2] for n in names)
+
+
+def test_async_steady_state_closed_form():
+    """Straight uniform pipeline, no communication: M microbatches take M x (f + b)."""
+    s_count, m, f, b, params = 4, 8, 0.25, 0.5, 1e3
+    g = uniform_chain(s_count, f, b, params=params)
+    p = chain_plan(g, one_server(s_count), list(range(s_count + 1)), [1] * s_count, m, "async-1f1b")
+    r = simulate(p)
+    assert r.iteration_s == pytest.approx(m * (f + b))
+    flush = simulate(chain_plan(g, one_server(s_count), list(range(s_count + 1)), [1] * s_count, m, "1f1b"))
+    assert flush.iteration_s == pytest.approx((m + s_count - 1) * (f + b))
+    # weight stashing: stage s keeps S - s versions, one of them the live weights
+    assert np.allclose(r.memory_bytes - flush.memory_bytes, [(s_count - s - 1) * params for s in range(s_count)])
