@@ -199,3 +199,36 @@ def test_async_steady_state_closed_form():
     assert flush.iteration_s == pytest.approx((m + s_count - 1) * (f + b))
     # weight stashing: stage s keeps S - s versions, one of them the live weights
     assert np.allclose(r.memory_bytes - flush.memory_bytes, [(s_count - s - 1) * params for s in range(s_count)])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 8), st.integers(2, 4), st.integers(0, 2**32 - 1))
+def test_compression_ratio_equals_brute_force(layers, workers, seed):
+    """With a compression ratio, a stage after the first must also fit its input and output
+    transfers, 2 x activation / (bandwidth r ratio) (PipeDream's -c)."""
+    from pipeplan.planners.pipedream import output_activations
+
+    rng = np.random.default_rng(seed)
+    f, b = rng.uniform(0.1, 1, layers), rng.uniform(0.1, 2, layers)
+    params, acts = rng.uniform(0, 1e9, layers), rng.uniform(0, 4e10, layers)
+    bw, ratio = 1e10, 2.0
+    g = Graph.chain("c", f, b, params=params, act=acts)
+    dag = antichain_dag(g)
+    res = solve(dag, [Level(workers, bw)], DPOptions(activation_compression_ratio=ratio),
+                output_activations(g, dag))
+    best = math.inf
+    for k in range(1, min(layers, workers) + 1):
+        for cuts in itertools.combinations(range(1, layers), k - 1):
+            bounds = [0, *cuts, layers]
+            for reps in itertools.product(range(1, workers + 1), repeat=k):
+                if sum(reps) != workers:
+                    continue
+                worst = 0.0
+                for t, ((a, e), r) in enumerate(zip(zip(bounds[:-1], bounds[1:]), reps)):
+                    worst = max(worst, stage_cost((f + b)[a:e].sum(), params[a:e].sum(), r, bw))
+                    if t > 0:
+                        worst = max(worst, 2 * acts[a - 1] / (bw * r) / ratio)
+                        if e < layers:
+                            worst = max(worst, 2 * acts[e - 1] / (bw * r) / ratio)
+                best = min(best, worst)
+    assert res.objective_s == pytest.approx(best, rel=1e-12)

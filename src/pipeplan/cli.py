@@ -57,8 +57,15 @@ def _load_inputs(args):
 def _options(args):
     from .planners import PlanOptions
 
+    extra = []
+    for item in args.planner_option or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise PipeplanError(f"-O/--planner-option: expected KEY=VALUE, got {item!r}")
+        extra.append((key, value))
     return PlanOptions(microbatches=args.microbatches, schedule=getattr(args, "schedule", None),
-                       optimizer=args.optimizer, allow_over_memory=args.allow_over_memory)
+                       optimizer=args.optimizer, allow_over_memory=args.allow_over_memory,
+                       extra=tuple(extra))
 
 
 def cmd_plan(args) -> int:
@@ -229,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--memory-limit", help="memory per device, overriding the cluster's (e.g. 16GiB)")
         sp.add_argument("--allow-over-memory", action="store_true",
                         help="keep plans that overflow a device's memory (flagged) instead of refusing them")
+        sp.add_argument("-O", "--planner-option", action="append", metavar="KEY=VALUE",
+                        help="planner-specific option, e.g. straight=1 or compression=10 for pipedream")
         sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
 
     sp = sub.add_parser("plan", help="plan one model on one cluster")

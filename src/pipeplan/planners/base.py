@@ -28,6 +28,19 @@ class PlanOptions:
     seed: int = 0
     time_budget_s: float = 60.0
     allow_over_memory: bool = False  # keep a plan that overflows (what-if runs)
+    extra: tuple[tuple[str, str], ...] = ()  # planner-specific KEY=VALUE options (-O)
+
+    def option(self, key: str, default: str | None = None) -> str | None:
+        return dict(self.extra).get(key, default)
+
+    def float_option(self, key: str) -> float | None:
+        v = self.option(key)
+        if v is None:
+            return None
+        try:
+            return float(v)
+        except ValueError:
+            raise PipeplanError(f"planner option {key}={v!r}: expected a number") from None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ flat level at its slowest link (also noted in the plan).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..cluster import Cluster
@@ -57,6 +59,32 @@ def _dag(graph: Graph) -> tuple[AntichainDag, list[list[int]] | None, Graph]:
         return antichain_dag(small, MAX_STATES), groups, small
 
 
+def output_activations(graph: Graph, dag: AntichainDag) -> np.ndarray:
+    """Per state, PipeDream's ``output_activation_size``: the activations of its augmented
+    antichain — its maximal nodes a, plus every ancestor p of such an a with an edge
+    leaving a's ancestors (p's output is still needed past the cut)."""
+    down: dict[int, int] = {}
+    for u in graph.topo:
+        m = 1 << u
+        for p in graph.pred[u]:
+            m |= down[p]
+        down[u] = m
+    extra = {}
+    for a in range(len(graph)):
+        anc = down[a] & ~(1 << a)
+        extra[a] = sum(1 << p for p in range(len(graph))
+                       if (anc >> p) & 1 and any(not (down[a] >> o) & 1 for o in graph.succ[p]))
+    out = np.zeros(dag.n)
+    for s in range(dag.n):
+        inside = dag.ideal[s]
+        maximal = [u for u in dag.nodes_of(s) if not any((inside >> v) & 1 for v in graph.succ[u])]
+        aug = 0
+        for a in maximal:
+            aug |= (1 << a) | extra[a]
+        out[s] = sum(graph.act[u] for u in range(len(graph)) if (aug >> u) & 1)
+    return out
+
+
 def stage_nodes(graph: Graph, dag: AntichainDag, groups, result: DPResult) -> list[list[int]]:
     """Original node indices of each stage; inputs join stage 0, dropped sinks their producer."""
     out = []
@@ -89,11 +117,12 @@ def run_pipedream(graph: Graph, cluster: Cluster, opts: DPOptions = DPOptions(),
     derived, groups_of_devices = levels_of(cluster)
     levels = levels or derived
     dag, groups, used = _dag(graph)
+    out_act = output_activations(used, dag) if opts.activation_compression_ratio else None
     flattened = len(levels) > 1 and dag.n > MAX_STATES_HIERARCHICAL
     if flattened:
         levels = [Level(len(cluster), min(lv.bandwidth for lv in levels))]
         groups_of_devices = [[d for grp in groups_of_devices for d in grp]]
-    result = solve(dag, levels, opts)
+    result = solve(dag, levels, opts, out_act)
     if not result.stages:
         raise PipeplanError(f"pipedream: no partition of {graph.name!r} fits the memory limit")
     nodes = stage_nodes(graph, dag, groups, result)
@@ -130,12 +159,17 @@ def _map_devices(result: DPResult, levels: list[Level], groups: list[list[int]],
           "topology (SOSP'19)", "1f1b")
 def plan_pipedream(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """PipeDream's defaults first (no memory constraint); if that plan does not fit, its
-    memory-constrained DP with each device's memory (``--use_memory_constraint``)."""
-    plan = _pipedream_plan(graph, cluster, options, DPOptions())
+    memory-constrained DP with each device's memory (``--use_memory_constraint``).
+    Options (``-O KEY=VALUE``): ``straight=1`` (no replication), ``compression=RATIO``
+    (count transfers, PipeDream's activation compression ratio)."""
+    straight = options.option("straight", "0") not in ("0", "false", "no")
+    ratio = options.float_option("compression")
+    base = DPOptions(straight_pipeline=straight, activation_compression_ratio=ratio)
+    plan = _pipedream_plan(graph, cluster, options, base)
     if not options.allow_over_memory and not fits(plan):
         try:
             plan = _pipedream_plan(graph, cluster, options,
-                                   DPOptions(memory_size=float(cluster.memory.min())))
+                                   replace(base, memory_size=float(cluster.memory.min())))
         except PipeplanError:
             pass  # nothing passes PipeDream's own memory test: keep the best plan, reported as over
     return plan
