@@ -1,8 +1,8 @@
 """Planners, registered by name: ``get_planner(name).fn(graph, cluster, options) -> Plan``."""
 
-from . import hetpipe, pipedream, simple
+from . import hetpipe, pipedream, simple, spp
 from .base import REGISTRY, PlanOptions, evaluate, get_planner, run_planner
 
-ALL = (simple, pipedream, hetpipe)
+ALL = (simple, pipedream, hetpipe, spp)
 
 __all__ = ["REGISTRY", "PlanOptions", "get_planner", "run_planner", "evaluate"]

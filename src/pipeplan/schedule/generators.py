@@ -8,6 +8,7 @@
   k_s its stage's replicas (PipeDream's NOAM, §3.2).
 With ``split`` replicas every replica runs every microbatch (an even share); with
 ``round-robin`` replica r of k runs whole microbatches r, r+k, r+2k, ...
+- ``spp-pe``: SPP's PE order (Alg. 1, ``pe.py``), run as soon as ready.
 All end with the stage's all-reduce when it has more than one device.
 """
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..errors import PipeplanError
 from .ir import ALLREDUCE, BWD, FWD, Program, Schedule
+from .pe import pe_orders
 
 
 def _program(stage: int, seq: list[tuple[int, int]], replicated: bool) -> Program:
@@ -28,11 +30,17 @@ def _program(stage: int, seq: list[tuple[int, int]], replicated: bool) -> Progra
     return Program(stage, arr[:, 0].astype(np.int8), arr[:, 1].copy())
 
 
-def gpipe_order(micros: list[int], warmup: int) -> list[tuple[int, int]]:
+def gpipe_order(micros: list[int], warmup: int, stage: int, num_stages: int, m_total: int) -> list[tuple[int, int]]:
     return [(FWD, m) for m in micros] + [(BWD, m) for m in micros]
 
 
-def one_f_one_b_order(micros: list[int], warmup: int) -> list[tuple[int, int]]:
+def pe_order(micros: list[int], warmup: int, stage: int, num_stages: int, m_total: int) -> list[tuple[int, int]]:
+    """SPP's PE order of the stage (Alg. 1), restricted to the replica's microbatches."""
+    mine = set(micros)
+    return [(op, m) for op, m in pe_orders(num_stages, m_total)[stage] if m in mine]
+
+
+def one_f_one_b_order(micros: list[int], warmup: int, stage: int, num_stages: int, m_total: int) -> list[tuple[int, int]]:
     n = len(micros)
     warm = min(warmup, n)
     seq = [(FWD, m) for m in micros[:warm]]
@@ -43,10 +51,11 @@ def one_f_one_b_order(micros: list[int], warmup: int) -> list[tuple[int, int]]:
     return seq
 
 
-OrderFn = Callable[[list[int], int], list[tuple[int, int]]]
+OrderFn = Callable[[list[int], int, int, int, int], list[tuple[int, int]]]
 ORDERS: dict[str, tuple[str, OrderFn]] = {
     "gpipe": ("all forwards then all backwards (GPipe)", gpipe_order),
     "1f1b": ("one-forward-one-backward with a flush (PipeDream-flush / DAPPLE)", one_f_one_b_order),
+    "spp-pe": ("SPP's pipeline execution order (Alg. 1), run as soon as ready", pe_order),
 }
 
 
@@ -69,14 +78,16 @@ def make_schedule(name: str, stage_devices: list[list[int]], microbatches: int,
     for s, group in enumerate(stage_devices):
         k = len(group)
         if replicas == "split":
-            prog = _program(s, order(list(range(microbatches)), warm[s]), allreduce and k > 1)
+            prog = _program(s, order(list(range(microbatches)), warm[s], s, len(stage_devices), microbatches),
+                            allreduce and k > 1)
             for d in group:  # replicas share one program object: they run in lockstep
                 devs.append(d)
                 progs.append(prog)
         else:
             for r, d in enumerate(group):
                 devs.append(d)
-                progs.append(_program(s, order(list(range(r, microbatches, k)), warm[s]), allreduce and k > 1))
+                seq = order(list(range(r, microbatches, k)), warm[s], s, len(stage_devices), microbatches)
+                progs.append(_program(s, seq, allreduce and k > 1))
     sched = Schedule(name, microbatches, devs, progs)
     sched.check(len(stage_devices), [len(g) for g in stage_devices])
     return sched

@@ -1,0 +1,59 @@
+"""``spp``: Synchronous Pipeline Planning (Luo et al., SPP Alg. 3).
+
+RDO orders the devices; for every number of stages xi, PRM finds the partition, replication
+and mapping minimising 𝒲(xi); PE schedules it (schedule ``spp-pe``); the plan with the
+shortest simulated iteration wins. SPP partitions a chain of layers: a branching model is
+linearized along its topological order (``graph.linearize``), whose every cut is a valid
+stage boundary and carries the activations that cross it.
+"""
+
+from __future__ import annotations
+
+from ...cluster import Cluster
+from ...errors import PipeplanError
+from ...graph import Graph, linearize
+from ...plan import Plan, Stage
+from ...sim import simulate
+from ..base import PlanOptions, overflow_text, register
+from .bounds import lemma1, theorem1_ratio
+from .prm import prm
+from .rdo import device_order
+
+
+@register("spp", "SPP: min-cut device order, DP partition/replication/mapping, PE schedule "
+          "with proven bounds", "spp-pe")
+def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
+    lin = linearize(graph)
+    order = device_order(cluster)
+    res = prm(lin, cluster, order, options.microbatches, options.optimizer)
+    schedule = options.schedule or "spp-pe"
+    best: tuple | None = None
+    overflowing = None
+    per_xi = []
+    for xi, (w, parts) in enumerate(zip(res.w, res.stages), start=1):
+        if parts is None:
+            continue
+        stages = [Stage([graph.ids[u] for u in lin.interval(a, b)], [cluster.devices[order[k]].name for k in range(d, e)])
+                  for a, b, d, e in parts]
+        plan = Plan(graph, cluster, stages, options.microbatches, schedule=schedule,
+                    optimizer=options.optimizer, replicas="split")
+        result = simulate(plan, timeline=False)
+        per_xi.append({"stages": xi, "w_prm_s": w, "iteration_s": result.iteration_s})
+        if result.over_memory and not options.allow_over_memory:
+            if overflowing is None or result.iteration_s < overflowing[0]:
+                overflowing = (result.iteration_s, result)
+            continue
+        if best is None or result.iteration_s < best[0]:
+            best = (result.iteration_s, plan, result)
+    if best is None:
+        if overflowing is not None:
+            raise PipeplanError(f"spp: no plan fits in memory: {overflow_text(overflowing[1])}")
+        raise PipeplanError(f"spp: no partition of {graph.name!r} fits the devices' memory")
+    _, plan, result = best
+    ratio = theorem1_ratio(graph, cluster, options.microbatches, lin.cut_bytes)
+    plan.extra = {"w_prm_s": min(res.w), "per_stage_count": per_xi,
+                  "device_order": [cluster.devices[d].name for d in order],
+                  # lower_s: no plan beats it — the simulator's bound, or T_SPP / ratio (Thm. 1)
+                  "bounds": {"lower_s": max(result.lower_s, result.iteration_s / ratio),
+                             "lemma1_s": lemma1(plan), "theorem1_ratio": ratio}}
+    return plan

@@ -1,0 +1,46 @@
+"""SPP's performance bounds (§IV): Lemma 1 (PE's iteration time) and Theorem 1 (SPP's ratio)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...cluster import Cluster
+from ...costmodel import allreduce_time, transfer_time
+from ...graph import Graph
+from ...plan import Plan
+from ...sim.costs import stage_costs
+
+
+def lemma1(plan: Plan) -> float | None:
+    """(1 + (4|S|-4)/M) M C + max_s A_s, with C the largest per-microbatch time of a stage
+    (forward + backward) or of a channel (both directions). Stated for replicas that split
+    each microbatch (SPP's model); None for round-robin plans."""
+    if plan.replicas != "split":
+        return None
+    costs = stage_costs(plan)
+    c = plan.cluster
+    devs = plan.stage_devices()
+    s_count, m = plan.num_stages, plan.microbatches
+    worst = 0.0
+    ar = 0.0
+    for s, group in enumerate(devs):
+        worst = max(worst, float(costs.fwd[s] + costs.bwd[s]) / (len(group) * float(c.speed[group].min())))
+        ar = max(ar, allreduce_time(c, group, float(costs.params[s])))
+        if s + 1 < s_count and costs.crossing[s]:
+            worst = max(worst, 2 * transfer_time(c, group, devs[s + 1], float(costs.boundary[s])))
+    return (1 + (4 * s_count - 4) / m) * m * worst + ar
+
+
+def theorem1_ratio(graph: Graph, cluster: Cluster, microbatches: int, cut_bytes: np.ndarray) -> float:
+    """(2 + (4V-4)/M)(1 + Phi), Phi = max(p_max b_max, d_max) / Gamma x (1/b_min - 1/b_max)."""
+    v = len(cluster)
+    off = ~np.eye(v, dtype=bool)
+    links = cluster.bandwidth[off] if v > 1 else np.array([np.inf])
+    b_min, b_max = float(links.min()), float(links.max())
+    p = graph.fwd + graph.bwd
+    gamma = float(p.sum()) / v
+    d_max = 2.0 * float(cut_bytes[1:-1].max()) if cut_bytes.size > 2 else 0.0
+    phi = 0.0
+    if v > 1 and gamma > 0 and np.isfinite(b_max):
+        phi = max(float(p.max()) * b_max, d_max) / gamma * (1 / b_min - 1 / b_max)
+    return (2 + (4 * v - 4) / microbatches) * (1 + phi)
