@@ -177,10 +177,12 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
             continue
         pair = task_group[fa] * g_count + task_group[fb]
         uniq, inv = np.unique(pair, return_inverse=True)
-        tt = np.empty(uniq.size)
+        tt = np.empty(uniq.size)   # forward: activations src -> dst
+        tb_ = np.empty(uniq.size)  # backward: gradients dst -> src, same channel
         for u, code in enumerate(uniq.tolist()):
             src, dst = groups[code // g_count].devices, groups[code % g_count].devices
             tt[u] = transfer_time(cl, src, dst, costs.boundary[s], where=f"stages {s} -> {s + 1}")
+            tb_[u] = transfer_time(cl, dst, src, costs.boundary[s], where=f"stages {s + 1} -> {s}")
             if len(src) == len(stage_devs[s]) and len(dst) == len(stage_devs[s + 1]):
                 chan_names.append(f"ch:{s}-{s + 1}")
             else:
@@ -188,7 +190,7 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
                                   + ">" + "+".join(cl.devices[d].name for d in dst))
         tf = np.arange(n, n + m_count)
         tb = tf + m_count
-        dur_parts += [tt[inv], tt[inv]]
+        dur_parts += [tt[inv], tb_[inv]]
         kind_parts += [np.full(m_count, COMM_F), np.full(m_count, COMM_B)]
         stage_parts += [np.full(m_count, s), np.full(m_count, s + 1)]
         micro_parts += [np.arange(m_count), np.arange(m_count)]

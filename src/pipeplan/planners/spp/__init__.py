@@ -10,6 +10,8 @@ stage boundary and carries the activations that cross it.
 from __future__ import annotations
 
 from ...cluster import Cluster
+from ...costmodel import state_bytes
+from ...units import fmt_bytes
 from ...errors import PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan, Stage
@@ -48,7 +50,12 @@ def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     if best is None:
         if overflowing is not None:
             raise PipeplanError(f"spp: no plan fits in memory: {overflow_text(overflowing[1])}")
-        raise PipeplanError(f"spp: no partition of {graph.name!r} fits the devices' memory")
+        need = state_bytes(graph.total_params, options.optimizer) / len(cluster)
+        have = float(cluster.memory.max())
+        raise PipeplanError(
+            f"spp: no plan fits in memory: spread over all {len(cluster)} devices, the weights, gradients "
+            f"and optimizer state of {graph.name!r} need {fmt_bytes(need)} per device of "
+            f"{fmt_bytes(have)} (over by {fmt_bytes(max(need - have, 0.0))})")
     _, plan, result = best
     ratio = theorem1_ratio(graph, cluster, options.microbatches, lin.cut_bytes)
     plan.extra = {"w_prm_s": min(res.w), "per_stage_count": per_xi,

@@ -27,7 +27,8 @@ def lemma1(plan: Plan) -> float | None:
         worst = max(worst, float(costs.fwd[s] + costs.bwd[s]) / (len(group) * float(c.speed[group].min())))
         ar = max(ar, allreduce_time(c, group, float(costs.params[s])))
         if s + 1 < s_count and costs.crossing[s]:
-            worst = max(worst, 2 * transfer_time(c, group, devs[s + 1], float(costs.boundary[s])))
+            d = float(costs.boundary[s])
+            worst = max(worst, transfer_time(c, group, devs[s + 1], d) + transfer_time(c, devs[s + 1], group, d))
     return (1 + (4 * s_count - 4) / m) * m * worst + ar
 
 

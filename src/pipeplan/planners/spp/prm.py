@@ -5,7 +5,7 @@ channel when the first l layers form xi stages, the last replicated on r devices
 ordered devices v_1..v_i:
 
   W(l, xi, r, i) = min_{l' < l, r' <= i-r} max{ W(l', xi-1, r', i-r),
-                      M (d^f_{l'} + d^b_{l'}) / (r' r b_{r'r}) ,
+                      M (d^f_{l'} / (r' r b_{r'r}) + d^b_{l'} / (r' r b_{rr'})) ,
                       M sum_{l'+1..l}(p^f+p^b) / r + A_{l'+1..l}(v_{i-r+1}..v_i) }
 
 and 𝒲(xi) = min_r W(L, xi, r, V). Costs come from ``costmodel`` so that the DP and the
@@ -60,16 +60,16 @@ def _range_tables(cluster: Cluster, order: list[int]):
                 b = min(b, bw[a:k, k].min(), bw[k, a:k].min())
                 l_ = max(l_, lat[a:k, k].max(), lat[k, a:k].max())
             smin[a, e], mmin[a, e], bin_[a, e], lin[a, e] = s, m_, b, l_
-    # between [p-r', p) and [p, p+r): bb[p, r', r] (min bandwidth), lb (max latency)
-    bb = np.full((v + 1, v + 1, v + 1), 0.0)
-    lb = np.zeros((v + 1, v + 1, v + 1))
+    # between [p-r', p) and [p, p+r), per direction: min bandwidth and max latency,
+    # as tables [p, r', r]; forward is p-side -> later devices, backward the reverse.
+    shape = (v + 1, v + 1, v + 1)
+    bf, bbk, lf, lbk = np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros(shape)
     for p in range(1, v):
-        blk = np.minimum(bw[:p, p:], bw[p:, :p].T)[::-1]       # rows: r'-1 (from p-1 back)
-        blk = np.minimum.accumulate(np.minimum.accumulate(blk, axis=0), axis=1)
-        bb[p, 1:p + 1, 1:v - p + 1] = blk
-        lbl = np.maximum(lat[:p, p:], lat[p:, :p].T)[::-1]
-        lb[p, 1:p + 1, 1:v - p + 1] = np.maximum.accumulate(np.maximum.accumulate(lbl, axis=0), axis=1)
-    return smin, mmin, bin_, lin, bb, lb
+        for out, blk, red in ((bf, bw[:p, p:], np.minimum), (bbk, bw[p:, :p].T, np.minimum),
+                              (lf, lat[:p, p:], np.maximum), (lbk, lat[p:, :p].T, np.maximum)):
+            acc = red.accumulate(red.accumulate(blk[::-1], axis=0), axis=1)  # rows: r'-1 back from p
+            out[p, 1:p + 1, 1:v - p + 1] = acc
+    return smin, mmin, bin_, lin, (bf, lf), (bbk, lbk)
 
 
 def prm(lin: Linearization, cluster: Cluster, order: list[int], microbatches: int,
@@ -78,7 +78,7 @@ def prm(lin: Linearization, cluster: Cluster, order: list[int], microbatches: in
     m_count = float(microbatches)
     n_layers, v = lin.n, len(order)
     xi_max = min(n_layers, v, max_stages or v)
-    smin, mmin, bin_, lin_in, bb, lb = _range_tables(cluster, order)
+    smin, mmin, bin_, lin_in, (bf, lf), (bbk, lbk) = _range_tables(cluster, order)
     comp = lin.fwd_cum + lin.bwd_cum                      # (L+1,)
     par = lin.params_cum
     cut = lin.cut_bytes                                   # bytes crossing after l layers
@@ -121,11 +121,9 @@ def prm(lin: Linearization, cluster: Cluster, order: list[int], microbatches: in
             # U over (i, l'): min over r' <= p of max(W_prev(l', r', p), comm(l', r', r, p))
             t1 = np.transpose(w_prev[:, :, p], (2, 0, 1))     # (i, l', r')
             rp = np.arange(V1)
-            bwv = bb[p, :, r]                                  # (i, r')
-            lat = lb[p, :, r]
             with np.errstate(divide="ignore", invalid="ignore"):
-                comm = m_count * 2.0 * (cut[None, :, None] / (rp[None, None, :] * r * bwv[:, None, :])
-                                        + lat[:, None, :])
+                comm = m_count * sum(cut[None, :, None] / (rp[None, None, :] * r * bw_[p, :, r][:, None, :])
+                                     + lat_[p, :, r][:, None, :] for bw_, lat_ in ((bf, lf), (bbk, lbk)))
             comm = np.where((rp[None, None, :] >= 1) & (rp[None, None, :] <= p[:, None, None]), comm, INF)
             comm = np.nan_to_num(comm, nan=INF)
             both = np.maximum(t1, comm)
