@@ -120,3 +120,21 @@ def test_schedules_are_well_formed():
     assert rr.programs[0].actions() == ["F0", "F3", "B0", "B3", "AR"]
     assert rr.programs[1].actions() == ["F1", "F4", "B1", "B4", "AR"]
     assert rr.programs[3].actions() == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3", "F4", "B4", "F5", "B5"]
+
+
+@pytest.mark.parametrize("replicas", ["split", "round-robin"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "spp-pe"])
+def test_no_replication_pattern_deadlocks(schedule, replicas):
+    """Every stage count, replication pattern and M up to 8 runs to completion."""
+    import itertools
+
+    g = uniform_chain(4, 1.0, 2.0, act=1e3)
+    c = one_server(10)
+    for s_count in range(1, 5):
+        for reps in itertools.product(range(1, 4), repeat=s_count):
+            cuts = list(range(s_count)) + [4]
+            for m in range(1, 9):
+                p = chain_plan(g, c, cuts, list(reps), m, schedule)
+                p.replicas = replicas
+                r = simulate(p, timeline=False)
+                assert r.iteration_s >= r.lower_s - 1e-9

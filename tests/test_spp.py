@@ -139,3 +139,28 @@ def test_spp_plan_json_has_bounds(capsys):
     assert d["schedule"] == "spp-pe" and d["replicas"] == "split"
     assert b["lower_s"] <= d["iteration_s"] <= b["lemma1_s"] * (1 + 1e-9)
     assert b["theorem1_ratio"] >= 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 3), st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_exact_is_never_beaten(layers, v, m, seed):
+    """On small instances the exhaustive yardstick is at least as fast as every planner."""
+    from pipeplan.errors import PipeplanError
+    from pipeplan.planners import PlanOptions, run_planner
+
+    rng = np.random.default_rng(seed)
+    g = Graph.chain("c", rng.uniform(0.01, 1, layers), rng.uniform(0.01, 2, layers),
+                    params=rng.uniform(0, 4e7, layers), act=rng.uniform(0, 5e8, layers))
+    c = random_cluster(rng, v)
+    opts = PlanOptions(microbatches=m)
+    try:
+        ex, ex_r = run_planner("exact", g, c, opts)
+    except PipeplanError:
+        return  # nothing fits
+    assert ex.extra["exact"]["complete"]
+    for name in ("dp", "gpipe", "pipedream", "hetpipe", "spp"):
+        try:
+            _, r = run_planner(name, g, c, opts)
+        except PipeplanError:
+            continue
+        assert ex_r.iteration_s <= r.iteration_s * (1 + 1e-9), name

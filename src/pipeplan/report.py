@@ -67,18 +67,22 @@ def print_prediction(result: SimResult, console: Console, plan: Plan | None = No
 def print_compare(rows: list[dict], title: str, console: Console | None = None) -> None:
     console = console or make_console()
     table = Table(title=title)
-    for col in ("rank", "planner", "stages", "replication", "iteration", "speedup vs dp",
-                "efficiency", "search", "memory"):
+    gap = any("gap_vs_exact" in r for r in rows)
+    cols = ["rank", "planner", "stages", "replication", "iteration", "speedup vs dp", "efficiency",
+            *(["gap to exact"] if gap else []), "search", "memory"]
+    for col in cols:
         table.add_column(col, justify="left" if col in ("planner", "replication", "memory") else "right")
     for k, r in enumerate(rows, start=1):
         if "error" in r:
-            table.add_row("-", r["planner"], "-", "-", "-", "-", "-", "-", f"[red]{r['error']}[/red]")
+            table.add_row("-", r["planner"], *["-"] * (len(cols) - 3), f"[red]{r['error']}[/red]")
             continue
         rep = r["replication"]
         table.add_row(str(k), r["planner"], str(len(rep)),
                       "-".join(map(str, rep)) if len(rep) <= 12 else f"{'-'.join(map(str, rep[:12]))}-..",
                       fmt_time(r["iteration_s"]),
                       "-" if r.get("speedup_vs_dp") is None else f"{r['speedup_vs_dp']:.2f}x",
-                      f"{r['efficiency']:.1%}", fmt_time(r["search_s"]),
+                      f"{r['efficiency']:.1%}",
+                      *([f"{r['gap_vs_exact']:+.1%}"] if gap else []),
+                      fmt_time(r["search_s"]),
                       "fits" if not r["over_memory"] else f"[red]over on {len(r['over_memory'])}[/red]")
     console.print(table)

@@ -3,9 +3,9 @@
 - ``gpipe``: all forwards, then all backwards (GPipe, Huang et al. 2019).
 - ``1f1b``: PipeDream-flush / DAPPLE: a device runs w warm-up forwards, then alternates one
   forward and one backward, then drains the remaining backwards; the iteration ends with a
-  flush. w = S-s-1 on stage s of S without replication; in general a replica of stage s
-  keeps ceil(W_s / k_s) microbatches in flight, W_s being the devices of stages s..S-1 and
-  k_s its stage's replicas (PipeDream's NOAM, §3.2).
+  flush. w = S-s-1 on stage s of S (also when replicas split each microbatch); a
+  round-robin replica of stage s keeps ceil(W_s / k_s) microbatches in flight, W_s being
+  the devices of stages s..S-1 and k_s its stage's replicas (PipeDream's NOAM, §3.2).
 With ``split`` replicas every replica runs every microbatch (an even share); with
 ``round-robin`` replica r of k runs whole microbatches r, r+k, r+2k, ...
 - ``spp-pe``: SPP's PE order (Alg. 1, ``pe.py``), run as soon as ready.
@@ -59,8 +59,12 @@ ORDERS: dict[str, tuple[str, OrderFn]] = {
 }
 
 
-def _warmups(devices: list[list[int]]) -> list[int]:
-    """Warm-up forwards per replica of each stage: ceil(W_s / k_s) - 1."""
+def _warmups(devices: list[list[int]], replicas: str) -> list[int]:
+    """Warm-up forwards per device of each stage: S-s-1 when replicas split every
+    microbatch (they move in lockstep, like one device); ceil(W_s / k_s) - 1 for round-robin
+    replicas (W_s devices in stages s.., k_s in stage s)."""
+    if replicas == "split":
+        return [len(devices) - s - 1 for s in range(len(devices))]
     sizes = [len(g) for g in devices]
     below = np.cumsum(sizes[::-1])[::-1]
     return [int(-(-int(w) // k)) - 1 for w, k in zip(below, sizes)]
@@ -73,7 +77,7 @@ def make_schedule(name: str, stage_devices: list[list[int]], microbatches: int,
         known = [*ORDERS, "async-1f1b"]
         raise PipeplanError(f"unknown schedule {name!r} (known: {', '.join(known)})")
     order = entry[1]
-    warm = _warmups(stage_devices)
+    warm = _warmups(stage_devices, replicas)
     progs, devs = [], []
     for s, group in enumerate(stage_devices):
         k = len(group)
