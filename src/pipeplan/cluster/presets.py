@@ -14,24 +14,36 @@ from .model import Cluster
 Gbps = 1e9 / 8
 
 
+def spp_like(servers: int = 8, gpus: int = 4, inter: tuple[float, float] = (32, 40),
+             pcie_servers: int | None = None, seed: int = 0, name: str = "spp-sim") -> Cluster:
+    """SPP §V-B's simulated clusters: V100 servers, the first ``pcie_servers`` (default: 3 of
+    8, in proportion) with intra-server links drawn from U[96,128] Gbps (PCIe), the others
+    from U[160,200] Gbps (NVLink), links between servers from U[inter] Gbps. One draw per GPU
+    pair inside a server and per server pair; a fixed seed."""
+    rng = np.random.default_rng(seed)
+    if pcie_servers is None:
+        pcie_servers = round(servers * 3 / 8)
+    c = hierarchical(name, servers, gpus, 1.0, 1.0, kind="V100",
+                     meta={"source": "SPP §V-B", "seed": seed, "inter_gbps": list(inter)})
+    v = servers * gpus
+    bw = np.zeros((v, v))
+    between = rng.uniform(inter[0], inter[1], size=(servers, servers)) * Gbps
+    between = np.triu(between, 1) + np.triu(between, 1).T
+    for a in range(servers):
+        for b in range(servers):
+            bw[gpus * a:gpus * (a + 1), gpus * b:gpus * (b + 1)] = between[a, b]
+    for s in range(servers):
+        lo, hi = (96, 128) if s < pcie_servers else (160, 200)
+        intra = rng.uniform(lo, hi, size=(gpus, gpus)) * Gbps
+        bw[gpus * s:gpus * (s + 1), gpus * s:gpus * (s + 1)] = np.triu(intra, 1) + np.triu(intra, 1).T
+    return Cluster(name, c.devices, bw, c.latency, meta=c.meta)
+
+
 def _spp_sim(seed: int = 0) -> Cluster:
     """SPP §V-B default: 8 servers x 4 V100; servers 0-2 intra-server links drawn from
     U[96,128] Gbps (PCIe), servers 3-7 from U[160,200] Gbps (NVLink), links between servers
-    from U[32,40] Gbps (RDMA). One draw per GPU pair inside a server and per server pair."""
-    rng = np.random.default_rng(seed)
-    c = hierarchical("spp-sim", 8, 4, 1.0, 1.0, kind="V100",
-                     meta={"source": "SPP §V-B", "seed": seed})
-    bw = np.zeros((32, 32))
-    inter = rng.uniform(32, 40, size=(8, 8)) * Gbps
-    inter = np.triu(inter, 1) + np.triu(inter, 1).T
-    for a in range(8):
-        for b in range(8):
-            bw[4 * a:4 * a + 4, 4 * b:4 * b + 4] = inter[a, b]
-    for s in range(8):
-        lo, hi = (96, 128) if s < 3 else (160, 200)
-        intra = rng.uniform(lo, hi, size=(4, 4)) * Gbps
-        bw[4 * s:4 * s + 4, 4 * s:4 * s + 4] = np.triu(intra, 1) + np.triu(intra, 1).T
-    return Cluster("spp-sim", c.devices, bw, c.latency, meta=c.meta)
+    from U[32,40] Gbps (RDMA)."""
+    return spp_like(8, 4, (32, 40), 3, seed)
 
 
 def _automap(servers: int, name: str) -> Cluster:

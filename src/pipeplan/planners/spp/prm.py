@@ -102,19 +102,19 @@ def prm(lin: Linearization, cluster: Cluster, order: list[int], microbatches: in
 
     # W[xi][l, r, i]; choices for reconstruction
     w_prev = np.full((L1, V1, V1), INF)
-    first = stage_term(np.zeros(1, dtype=int), 1)  # placeholder to get shapes
-    del first
     for r in range(1, v + 1):
         t = stage_term(np.array([0]), r)[0, 0]     # layers (0, l] on devices [0, r)
         w_prev[:, r, r] = t
     w_prev[0] = INF
-    tables = [w_prev]
-    choice_l: list[np.ndarray] = [np.full((L1, V1, V1), -1)]
-    choice_r: list[np.ndarray] = [np.full((L1, V1, V1), -1)]
+    last_cols = [w_prev[n_layers, :, v].copy()]  # W(L, xi, r, V) for every xi
+    # the choices are all that is kept per xi (int16: 4 bytes per state)
+    small = np.int16 if max(L1, V1) < 2**15 else np.int32
+    choice_l: list[np.ndarray] = [np.full((L1, V1, V1), -1, dtype=small)]
+    choice_r: list[np.ndarray] = [np.full((L1, V1, V1), -1, dtype=small)]
     for xi in range(2, xi_max + 1):
         w = np.full((L1, V1, V1), INF)
-        ch_l = np.full((L1, V1, V1), -1)
-        ch_r = np.full((L1, V1, V1), -1)
+        ch_l = np.full((L1, V1, V1), -1, dtype=small)
+        ch_r = np.full((L1, V1, V1), -1, dtype=small)
         for r in range(1, v - xi + 2):
             i_all = np.arange(xi - 1 + r, v + 1)             # enough devices before
             p = i_all - r                                     # previous stages end at p
@@ -136,13 +136,13 @@ def prm(lin: Linearization, cluster: Cluster, order: list[int], microbatches: in
             w[:, r, i_all] = val.T
             ch_l[:, r, i_all] = best_lp.T
             ch_r[:, r, i_all] = np.take_along_axis(best_rp, best_lp, axis=1).T
-        tables.append(w)
+        last_cols.append(w[n_layers, :, v].copy())
         choice_l.append(ch_l)
         choice_r.append(ch_r)
         w_prev = w
     out_w, out_stages = [], []
     for xi in range(1, xi_max + 1):
-        col = tables[xi - 1][n_layers, :, v]
+        col = last_cols[xi - 1]
         r_best = int(np.argmin(col))
         best = float(col[r_best])
         out_w.append(best)
