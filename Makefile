@@ -28,6 +28,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_throughput.py
 	$(BIN)/python benchmarks/pipedream_speed.py
 	$(BIN)/python benchmarks/baselines_compare.py
+	$(BIN)/python benchmarks/spp/table3.py
+	$(BIN)/python benchmarks/spp/sweeps.py
+	$(BIN)/python benchmarks/spp/gap.py
+	$(BIN)/python benchmarks/spp/speed.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis

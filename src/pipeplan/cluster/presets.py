@@ -22,7 +22,7 @@ def spp_like(servers: int = 8, gpus: int = 4, inter: tuple[float, float] = (32, 
     pair inside a server and per server pair; a fixed seed."""
     rng = np.random.default_rng(seed)
     if pcie_servers is None:
-        pcie_servers = round(servers * 3 / 8)
+        pcie_servers = int(servers * 3 / 8 + 0.5)  # 3 of 8, rounded half up
     c = hierarchical(name, servers, gpus, 1.0, 1.0, kind="V100",
                      meta={"source": "SPP §V-B", "seed": seed, "inter_gbps": list(inter)})
     v = servers * gpus
