@@ -29,6 +29,8 @@ KINDS: dict[str, Kind] = {k.name.lower(): k for k in (
     Kind("A100", 80 * _GiB, 19.5 / 15.7, "NVIDIA A100 80 GB, 19.5 TFLOP/s FP32"),
     Kind("H100", 80 * _GiB, 67.0 / 15.7, "NVIDIA H100 SXM 80 GB, 67 TFLOP/s FP32"),
     Kind("GPU", 32 * _GiB, 1.0, "a generic device equal to the reference"),
+    Kind("CPU", 8 * _GiB, 1.0, "a CPU worker process (speed relative to the profile's process; "
+         "measure it with pipeplan calibrate)"),
 )}
 
 

@@ -1,0 +1,1 @@
+"""Running plans for real: model specs, profiler, calibration, executor (torch.distributed)."""

@@ -1,0 +1,99 @@
+"""Model specs for the runtime: ``example:NAME`` or ``package.module:factory``.
+
+A factory is a callable returning ``(module, example_input)``; the example input is one
+microbatch (its first dimension is the microbatch size). Built-in examples are small
+``nn.Sequential`` models that run on a CPU in seconds.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..errors import PipeplanError
+
+
+class TransformerBlock(nn.Module):
+    """A pre-norm encoder layer (self-attention + MLP), batch-first."""
+
+    def __init__(self, d: int, heads: int, ffn: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, ffn), nn.GELU(), nn.Linear(ffn, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class MeanPool(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=1)
+
+
+def example_mlp(microbatch: int = 64) -> tuple[nn.Module, torch.Tensor]:
+    width = 512
+    layers: list[nn.Module] = [nn.Linear(256, width), nn.ReLU()]
+    for _ in range(6):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    layers.append(nn.Linear(width, 10))
+    return nn.Sequential(*layers), torch.randn(microbatch, 256)
+
+
+def example_transformer(microbatch: int = 8) -> tuple[nn.Module, torch.Tensor]:
+    d, seq = 128, 64
+    model = nn.Sequential(nn.Linear(32, d), *[TransformerBlock(d, 4, 4 * d) for _ in range(4)],
+                          MeanPool(), nn.Linear(d, 10))
+    return model, torch.randn(microbatch, seq, 32)
+
+
+def example_cnn(microbatch: int = 16) -> tuple[nn.Module, torch.Tensor]:
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1),
+        nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 8 * 8, 256), nn.ReLU(), nn.Linear(256, 10))
+    return model, torch.randn(microbatch, 3, 32, 32)
+
+
+EXAMPLES: dict[str, Callable[..., tuple[nn.Module, torch.Tensor]]] = {
+    "mlp": example_mlp, "transformer": example_transformer, "cnn": example_cnn,
+}
+
+
+def load_model(spec: str, microbatch: int | None = None, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
+    """Build the model of ``spec`` with a fixed seed; resize the example input's batch
+    dimension to ``microbatch`` when given."""
+    torch.manual_seed(seed)
+    if spec.startswith("example:"):
+        name = spec.split(":", 1)[1]
+        if name not in EXAMPLES:
+            raise PipeplanError(f"unknown example model {name!r} (known: {', '.join(EXAMPLES)})")
+        model, x = EXAMPLES[name]()
+    else:
+        mod_name, sep, attr = spec.partition(":")
+        if not sep or not mod_name or not attr:
+            raise PipeplanError(f"model spec {spec!r}: expected example:NAME or package.module:factory")
+        try:
+            factory = getattr(importlib.import_module(mod_name), attr)
+        except ImportError as e:
+            raise PipeplanError(f"model spec {spec!r}: cannot import {mod_name!r} ({e})") from None
+        except AttributeError:
+            raise PipeplanError(f"model spec {spec!r}: {mod_name!r} has no {attr!r}") from None
+        try:
+            model, x = factory()
+        except Exception as e:  # a user's factory: report, don't trace back
+            raise PipeplanError(f"model spec {spec!r}: the factory failed ({type(e).__name__}: {e})") from None
+        if not isinstance(model, nn.Module) or not isinstance(x, torch.Tensor):
+            raise PipeplanError(f"model spec {spec!r}: the factory must return (nn.Module, example input tensor)")
+    if microbatch is not None:
+        if microbatch < 1:
+            raise PipeplanError(f"--microbatch must be >= 1, got {microbatch}")
+        reps = -(-microbatch // x.shape[0])
+        x = x.repeat(reps, *([1] * (x.dim() - 1)))[:microbatch]
+    return model, x
