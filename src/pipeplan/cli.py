@@ -177,6 +177,35 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    from .plan import load_plan
+    from .runtime.executor import RunConfig, max_rel_diff, reference_params, run_plan
+    from .units import fmt_time
+
+    plan = load_plan(args.plan)
+    cfg = RunConfig(spec=args.model, steps=args.steps, warmup=args.warmup, threads=args.threads,
+                    timeout_s=args.timeout)
+    out = run_plan(plan, cfg)
+    staged = out.pop("_params")
+    if args.check:
+        from .runtime.models import load_model
+
+        _, x = load_model(args.model, plan.graph.meta.get("microbatch"), cfg.seed)
+        out["max_rel_diff"] = max_rel_diff(staged, reference_params(plan, cfg, int(x.shape[0])))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{plan.planner} plan, schedule {plan.schedule}, {out['processes']} processes, "
+          f"{args.steps} steps after {args.warmup} warm-up")
+    print(f"measured {fmt_time(out['measured_s'])} per iteration (median), predicted "
+          f"{fmt_time(out['predicted_s'])}: prediction error {out['error']:.1%}")
+    if args.check:
+        verdict = "OK" if out["max_rel_diff"] <= 1e-5 else "MISMATCH"
+        print(f"check against one-process training: largest relative parameter difference "
+              f"{out['max_rel_diff']:.2e} ({verdict})")
+    return 0
+
+
 def cmd_models(args) -> int:
     from rich.table import Table
 
@@ -265,6 +294,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--planners", help="comma-separated planner names (default: all)")
     sp.add_argument("--gantt", help="write the best plan's Gantt chart PNG here")
     sp.set_defaults(fn=cmd_compare)
+
+    sp = sub.add_parser("run", help="train with a plan on torch.distributed; measured vs predicted time")
+    sp.add_argument("plan", help="plan JSON (its nodes must be the model's layers)")
+    sp.add_argument("--model", required=True, help="example:mlp|transformer|cnn or package.module:factory")
+    sp.add_argument("--steps", type=_positive_int, default=5, help="measured iterations (default 5)")
+    sp.add_argument("--warmup", type=int, default=1, help="iterations before measuring (default 1)")
+    sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker process (default 1)")
+    sp.add_argument("--timeout", type=float, default=300.0, help="seconds before a stuck run is ended")
+    sp.add_argument("--check", action="store_true",
+                    help="also train in one process and compare the parameters (max_rel_diff)")
+    sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    sp.set_defaults(fn=cmd_run)
 
     sp = sub.add_parser("models", help="list the zoo models")
     sp.add_argument("--json", action="store_true")
