@@ -210,6 +210,7 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
     times: list[float] = []
     deadline = time.time() + cfg.timeout_s
     s_count = plan.num_stages
+    errors: dict[int, str] = {}
     try:
         while True:
             try:
@@ -218,28 +219,15 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
                 msg = None
             if msg is not None:
                 if msg[0] == "error":
-                    _, rank, stage, text = msg
-                    raise PipeplanError(f"run failed: rank {rank} (stage {rank % s_count}, device "
-                                        f"{_device_of(plan, rank)}) raised {text}")
-                if msg[0] == "params":
+                    errors[msg[1]] = msg[3]
+                elif msg[0] == "params":
                     params[msg[1]] = msg[2]
                 elif msg[0] == "times":
                     times = msg[1]
                 continue
-            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            if dead:
-                time.sleep(0.2)  # let a last error message arrive
-                try:
-                    while True:
-                        msg = results.get_nowait()
-                        if msg[0] == "error":
-                            raise PipeplanError(f"run failed: rank {msg[1]} (stage {msg[1] % s_count}, device "
-                                                f"{_device_of(plan, msg[1])}) raised {msg[3]}")
-                except queue_mod.Empty:
-                    pass
-                r = dead[0]
-                raise PipeplanError(f"run failed: rank {r} (stage {r % s_count}, device {_device_of(plan, r)}) "
-                                    f"died with exit code {procs[r].exitcode}")
+            failed = errors or any(p.exitcode not in (None, 0) for p in procs)
+            if failed:
+                raise PipeplanError(_diagnose(plan, procs, errors, results))
             if all(p.exitcode == 0 for p in procs) and times and len(params) == s_count:
                 break
             if time.time() > deadline:
@@ -256,6 +244,33 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
            "schedule": plan.schedule, "replicas": plan.replicas}
     out["_params"] = params
     return out
+
+
+_PEER_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "Connection refused")
+
+
+def _diagnose(plan: Plan, procs: list, errors: dict[int, str], results) -> str:
+    """Name the rank at the root of a failure: one that died without a word, else one whose
+    error is its own rather than a peer's connection dropping."""
+    time.sleep(0.5)  # let the other workers notice and report
+    try:
+        while True:
+            msg = results.get_nowait()
+            if msg[0] == "error":
+                errors[msg[1]] = msg[3]
+    except queue_mod.Empty:
+        pass
+    s_count = plan.num_stages
+
+    def who(r: int) -> str:
+        return f"rank {r} (stage {r % s_count}, device {_device_of(plan, r)})"
+
+    silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
+    if silent:
+        return f"run failed: {who(silent[0])} died with exit code {procs[silent[0]].exitcode}"
+    own = [r for r, e in sorted(errors.items()) if not any(x in e for x in _PEER_ERRORS)]
+    r = own[0] if own else min(errors)
+    return f"run failed: {who(r)} raised {errors[r][:300]}"
 
 
 def _device_of(plan: Plan, rank: int) -> str:

@@ -1,0 +1,304 @@
+"""Measure this machine as a pipeplan Cluster: worker speeds and loopback links.
+
+``calibrate`` spawns ``workers`` processes joined by ``torch.distributed`` (gloo on CPU, NCCL
+between GPUs; rendezvous on a free TCP port of 127.0.0.1, data over loopback only), each
+with ``torch.set_num_threads(threads)``.
+
+Compute: every worker times a fixed training benchmark (an MLP of 512x512 fp32 Linear+ReLU
+layers, forward+backward of a 64-row batch; larger on a GPU) while ALL workers run at once,
+so contention for cores and memory bandwidth is in the figure. The reference is the same
+benchmark in ONE process (this one) with ``profile_threads`` threads, i.e. the conditions
+of ``pipeplan profile --threads``: ``speed_i = t_reference / t_worker_i``. A profile taken with
+``threads=T`` and workers running with ``threads=T`` agree (the default); if the profile used
+a different thread count, pass it as ``profile_threads`` and the speed ratio accounts for it.
+
+Links: ping-pong between every pair of workers (rank 0 and each other one beyond
+``_ALL_PAIRS_UP_TO`` workers; other pairs then get the slower of their two links to rank 0),
+with a 4-byte message for latency and a large one (16 MiB, 64 MiB on GPUs) for bandwidth:
+one-way time = round trip / 2 (median), ``bandwidth = bytes / (one-way(large) - latency)``.
+
+``seconds`` is the length of each compute phase (reference, then all workers together).
+Workers are always joined or killed before ``calibrate`` returns or raises.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue as queue_mod
+import socket
+import statistics
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from torch import nn
+
+from ..cluster.model import Cluster, Device
+from ..errors import PipeplanError
+
+_SMALL = 4
+_ALL_PAIRS_UP_TO = 8
+_SMALL_REPS, _LARGE_REPS, _WARMUP = 100, 8, 3
+
+
+def _bench_shape(device: str) -> tuple[int, int]:
+    """(width, batch) of the benchmark MLP."""
+    return (4096, 2048) if device == "cuda" else (512, 64)
+
+
+def benchmark_description(device: str) -> str:
+    width, batch = _bench_shape(device)
+    return f"4 x (Linear({width}, {width}) + ReLU), batch {batch}, fp32, forward+backward"
+
+
+def _bench(dev: torch.device, seconds: float, start_barrier: Any = None) -> list[float]:
+    """Per-iteration times of the benchmark, run for about ``seconds`` after warm-up."""
+    torch.manual_seed(0)
+    width, batch = _bench_shape(dev.type)
+    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(width, width), nn.ReLU())]).to(dev)
+    x = torch.randn(batch, width, device=dev)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    for _ in range(_WARMUP):
+        step()
+    if start_barrier is not None:
+        start_barrier()
+    times: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < 3:
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _pairs(workers: int) -> list[tuple[int, int]]:
+    if workers <= _ALL_PAIRS_UP_TO:
+        return [(a, b) for a in range(workers) for b in range(a + 1, workers)]
+    return [(0, b) for b in range(1, workers)]
+
+
+def _ping_pong(rank: int, a: int, b: int, nbytes: int, reps: int, dev: torch.device) -> list[float]:
+    """Round trips a -> b -> a of ``nbytes``; rank a returns their one-way times (halves)."""
+    import torch.distributed as dist
+
+    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=dev)
+    peer = b if rank == a else a
+    out = []
+    for i in range(_WARMUP + reps):
+        t0 = time.perf_counter()
+        if rank == a:
+            dist.send(buf, peer)
+            dist.recv(buf, peer)
+        else:
+            dist.recv(buf, peer)
+            dist.send(buf, peer)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        if i >= _WARMUP:
+            out.append((time.perf_counter() - t0) / 2)
+    return out if rank == a else []
+
+
+def _worker(rank: int, world: int, port: int, device: str, threads: int, seconds: float,
+            large: int, results: Any) -> None:
+    """One calibration process: compute phase with all workers, then its ping-pongs."""
+    import torch.distributed as dist
+
+    try:
+        fail = os.environ.get("PIPEPLAN_CALIBRATE_FAIL", "")  # test hook: "RANK" or "RANK:exit"
+        if fail.split(":")[0] == str(rank):
+            if fail.endswith(":exit"):
+                os._exit(3)
+            raise RuntimeError("injected failure")
+        torch.set_num_threads(threads)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        if device == "cuda":
+            torch.cuda.set_device(rank)
+            dev = torch.device("cuda", rank)
+        else:
+            dev = torch.device("cpu")
+        dist.init_process_group("nccl" if device == "cuda" else "gloo",
+                                init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=120))
+        compute = _bench(dev, seconds, start_barrier=dist.barrier)
+        dist.barrier()  # links are measured only once every worker has stopped computing
+        links = {}
+        for a, b in _pairs(world):
+            if rank in (a, b):
+                small = _ping_pong(rank, a, b, _SMALL, _SMALL_REPS, dev)
+                big = _ping_pong(rank, a, b, large, _LARGE_REPS, dev)
+                if rank == a:
+                    links[(a, b)] = (small, big)
+            dist.barrier()
+        results.put(("ok", rank, {"compute_s": compute, "links": links}))
+    except BaseException as e:
+        where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        line = (str(e).strip().splitlines() or [""])[0]
+        at = f" at {os.path.basename(where.filename)}:{where.lineno}" if where else ""
+        results.put(("error", rank, f"{type(e).__name__}: {line}{at}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _host_memory() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _run_workers(workers: int, device: str, threads: int, seconds: float, large: int) -> dict[int, dict]:
+    """Spawn the workers and collect one result per rank; no process survives this call."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, workers, port, device, threads, seconds, large, results),
+                         daemon=True, name=f"pipeplan-calibrate-{r}") for r in range(workers)]
+    deadline = time.monotonic() + 120 + 3 * seconds + 10 * len(_pairs(workers))
+    got: dict[int, dict] = {}
+    ok = False
+    try:
+        for p in procs:
+            p.start()
+        while len(got) < workers:
+            try:
+                status, rank, payload = results.get(timeout=0.2)
+            except queue_mod.Empty:
+                for r, p in enumerate(procs):
+                    if r not in got and p.exitcode not in (None, 0):
+                        raise PipeplanError(f"calibration worker rank {r} died (exit code {p.exitcode})") from None
+                if time.monotonic() > deadline:
+                    missing = ", ".join(str(r) for r in range(workers) if r not in got)
+                    raise PipeplanError(f"calibration timed out: worker rank(s) {missing} did not report") from None
+                continue
+            if status != "ok":
+                raise PipeplanError(f"calibration worker rank {rank} failed: {payload}")
+            got[rank] = payload
+        ok = True
+    finally:
+        for p in procs:
+            if p.pid is not None:
+                p.join(timeout=10 if ok else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+        results.close()
+        results.cancel_join_thread()
+    return got
+
+
+def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1, seconds: float = 2.0,
+              profile_threads: int | None = None) -> tuple[Cluster, dict]:
+    """Measure ``workers`` local processes; returns the Cluster and the raw measurements."""
+    if device not in ("cpu", "cuda"):
+        raise PipeplanError(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise PipeplanError("--device cuda: no CUDA device")
+    if workers is None:
+        workers = torch.cuda.device_count() if device == "cuda" else 2
+    profile_threads = threads if profile_threads is None else profile_threads
+    if workers < 1 or threads < 1 or profile_threads < 1 or not seconds > 0:
+        raise PipeplanError(f"calibrate: need workers >= 1, threads >= 1 and seconds > 0 "
+                            f"(got {workers}, {threads}, {seconds})")
+    if device == "cuda" and workers > torch.cuda.device_count():
+        raise PipeplanError(f"calibrate: {workers} workers but only {torch.cuda.device_count()} GPUs")
+    large = (64 if device == "cuda" else 16) * 2**20
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(profile_threads)
+    try:
+        reference = _bench(torch.device("cuda", 0) if device == "cuda" else torch.device("cpu"), seconds)
+    finally:
+        torch.set_num_threads(old)
+    got = _run_workers(workers, device, threads, seconds, large)
+
+    med = statistics.median
+    t_ref = med(reference)
+    t_workers = [med(got[r]["compute_s"]) for r in range(workers)]
+    speeds = [t_ref / t for t in t_workers]
+    bw = np.full((workers, workers), np.nan)
+    lat = np.full((workers, workers), np.nan)
+    links = []
+    for r in range(workers):
+        for (a, b), (small, big) in got[r]["links"].items():
+            latency, one_way = med(small), med(big)
+            transfer = one_way - latency if one_way > latency else one_way  # noise guard
+            bw[a, b] = bw[b, a] = large / transfer
+            lat[a, b] = lat[b, a] = latency
+            links.append({"pair": [a, b], "small_bytes": _SMALL, "small_one_way_s": small,
+                          "large_bytes": large, "large_one_way_s": big,
+                          "latency_s": latency, "bandwidth_Bps": large / transfer})
+    for a in range(workers):  # pairs measured only through rank 0 (many workers)
+        for b in range(workers):
+            if a != b and math.isnan(bw[a, b]):
+                bw[a, b] = min(bw[0, a], bw[0, b])
+                lat[a, b] = max(lat[0, a], lat[0, b])
+    if device == "cuda":
+        memory = [float(torch.cuda.get_device_properties(r).total_memory) for r in range(workers)]
+    else:
+        memory = [_host_memory() / workers] * workers
+    kind = "GPU" if device == "cuda" else "CPU"
+    devices = [Device(name=f"worker{r}", kind=kind, memory=memory[r], speed=speeds[r], server="localhost")
+               for r in range(workers)]
+    meta = {"source": "pipeplan calibrate", "device": device, "threads": threads,
+            "profile_threads": profile_threads}
+    cluster = Cluster("localhost", devices, bw, lat, meta=meta)
+    measurements = {**meta, "workers": workers, "seconds": seconds, "torch": torch.__version__,
+                    "benchmark": benchmark_description(device),
+                    "reference_s": t_ref, "reference_times_s": reference,
+                    "worker_s": t_workers, "worker_times_s": [got[r]["compute_s"] for r in range(workers)],
+                    "speed": speeds, "links": sorted(links, key=lambda x: x["pair"])}
+    return cluster, measurements
+
+
+def cluster_to_yaml(cluster: Cluster) -> str:
+    """The cluster in the YAML schema of :func:`pipeplan.cluster.load_cluster`: explicit devices
+    and one link per pair (bandwidth in bytes/s, latency in s, floats written exactly)."""
+    v = len(cluster)
+    off = ~np.eye(v, dtype=bool)
+    if not np.isfinite(cluster.bandwidth[off]).all():
+        raise PipeplanError(f"cluster {cluster.name!r}: cannot write an infinite bandwidth between devices")
+    devices = [{"name": d.name, "kind": d.kind, "memory": float(d.memory), "speed": float(d.speed),
+                "server": d.server} for d in cluster.devices]
+    links: list[dict] = []
+    for a in range(v):
+        for b in range(a + 1, v):
+            fwd = (float(cluster.bandwidth[a, b]), float(cluster.latency[a, b]))
+            back = (float(cluster.bandwidth[b, a]), float(cluster.latency[b, a]))
+            names = cluster.devices[a].name, cluster.devices[b].name
+            if fwd == back:
+                links.append({"from": names[0], "to": names[1], "bandwidth": fwd[0], "latency": fwd[1]})
+            else:
+                links.append({"from": names[0], "to": names[1], "bandwidth": fwd[0], "latency": fwd[1],
+                              "directed": True})
+                links.append({"from": names[1], "to": names[0], "bandwidth": back[0], "latency": back[1],
+                              "directed": True})
+    body = yaml.safe_dump({"name": cluster.name, "devices": devices, "links": links},
+                          sort_keys=False, default_flow_style=None, width=120)
+    return "# pipeplan cluster: memory in bytes, bandwidth in bytes/s, latency in seconds\n" + body

@@ -1,0 +1,243 @@
+"""Profile a PyTorch model into a pipeplan Graph: per-layer times and sizes for one microbatch.
+
+Layers are the children of an ``nn.Sequential`` (node ids "0", "1", ... = the module FQNs the
+runtime looks up), or else the modules called by a ``torch.fx`` trace of ``forward`` in which
+every submodule is a leaf; edges follow the data flow between them. Functional ops between
+modules (``x + y``, ``torch.cat``, ...) pass dependencies through and their cost is attributed
+to no node: it appears only in ``meta["total_s"]`` (the whole model's forward+backward),
+so ``sum(fwd + bwd) / total_s`` shows how much time lies outside the layers.
+
+Timing, per repetition, in three separate forward+backward passes (so that one kind of hook
+does not inflate the other's times): forward hooks time each layer's forward; backward
+hooks time each layer's backward; a pass without hooks gives ``total_s``. The loss is the mean
+of the squared output. A layer's backward runs from the gradient w.r.t. its output arriving
+(full backward pre-hook) to the later of the gradient w.r.t. its input being computed (full
+backward hook) and its last parameter gradient being accumulated (post-accumulate-grad
+hooks). The input does not require grad, as on a pipeline's first stage, so the first
+layer's backward is its weight-gradient work only, measured by the parameter hooks.
+Each time is the median over ``reps``; ``meta["spread"]`` holds per node [min, max] of
+forward+backward over the repetitions.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..errors import PipeplanError
+from ..graph.model import Graph, NodeSpec
+from .models import load_model
+
+_HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
+
+
+class _Clock:
+    """Time marks: ``perf_counter`` on CPU, recorded CUDA events on a GPU (read after a sync)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def between(self, a: Any, b: Any) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for x in obj for t in _tensors(x)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in _tensors(x)]
+    return []
+
+
+def _loss(out: Any) -> torch.Tensor:
+    parts = [t.float().pow(2).mean() for t in _tensors(out) if t.requires_grad]
+    if not parts:
+        raise PipeplanError("the model's output does not require grad: nothing to train")
+    return sum(parts[1:], parts[0])
+
+
+def _device(device: str) -> torch.device:
+    if device == "cpu":
+        return torch.device("cpu")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise PipeplanError(f"--device {device}: no CUDA device")
+        return torch.device(device)
+    raise PipeplanError(f"--device must be cpu or cuda[:N], got {device!r}")
+
+
+def _layers(model: nn.Module) -> tuple[list[str], list[tuple[str, str]]]:
+    """Node ids (module FQNs, in execution order) and data-flow edges between them."""
+    if isinstance(model, nn.Sequential) and type(model).forward is nn.Sequential.forward:
+        ids = [name for name, _ in model.named_children()]
+        return ids, list(zip(ids[:-1], ids[1:]))
+    import torch.fx as fx
+
+    class _Leaves(fx.Tracer):
+        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+            return True
+
+    try:
+        graph = _Leaves().trace(model)
+    except Exception as e:  # any tracing failure: tell the user how to fix it
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise PipeplanError("cannot split the model into layers: wrap the layers in nn.Sequential "
+                            f"or make forward traceable by torch.fx ({reason})") from None
+    ids: list[str] = []
+    edges: list[tuple[str, str]] = []
+    producers: dict[Any, set[str]] = {}  # fx node -> the layers whose outputs flow into it
+    for node in graph.nodes:
+        srcs = set().union(*(producers.get(a, set()) for a in node.all_input_nodes))
+        if node.op == "call_module":
+            if node.target in ids:
+                raise PipeplanError(f"module {node.target!r} is called more than once in forward; "
+                                    "pipeplan needs each layer to run once per microbatch")
+            edges += [(s, node.target) for s in ids if s in srcs]
+            ids.append(node.target)
+            srcs = {node.target}
+        producers[node] = srcs
+    if not ids:
+        raise PipeplanError("the model's forward calls no submodules: nothing to split into layers")
+    return ids, edges
+
+
+def _describe(m: nn.Module) -> str:
+    extra = m.extra_repr()
+    return f"{type(m).__name__}({extra})" if extra and "\n" not in extra else type(m).__name__
+
+
+def _nbytes(tensors: list[torch.Tensor]) -> float:
+    return float(sum(t.numel() * t.element_size() for t in tensors))
+
+
+def _step(model: nn.Module, x: torch.Tensor, clock: _Clock) -> None:
+    model.zero_grad(set_to_none=True)
+    _loss(model(x)).backward()
+    clock.sync()
+
+
+def _hooked_pass(model: nn.Module, x: torch.Tensor, clock: _Clock,
+                 install: Callable[[list], None]) -> None:
+    """One forward+backward with hooks put in place by ``install`` (which appends handles)."""
+    handles: list = []
+    try:
+        install(handles)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_HOOK_WARNING)
+            _step(model, x, clock)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _forward_times(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tensor,
+                   clock: _Clock, act: dict[str, float]) -> dict[str, float]:
+    marks: dict[str, list] = {}
+
+    def install(handles: list) -> None:
+        for nid, m in mods.items():
+            def pre(_m, _args, nid=nid):
+                marks[nid] = [clock.mark()]
+
+            def post(_m, _args, out, nid=nid):
+                marks[nid].append(clock.mark())
+                act[nid] = _nbytes(_tensors(out))
+            handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+
+    _hooked_pass(model, x, clock, install)
+    return {nid: clock.between(*marks[nid]) if nid in marks else 0.0 for nid in mods}
+
+
+def _backward_times(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tensor,
+                    clock: _Clock) -> dict[str, float]:
+    start: dict[str, Any] = {}
+    ends: dict[str, list] = {nid: [] for nid in mods}
+
+    def install(handles: list) -> None:
+        for nid, m in mods.items():
+            def pre(_m, _grad_out, nid=nid):
+                start[nid] = clock.mark()
+
+            def post(_m, _grad_in, _grad_out, nid=nid):
+                ends[nid].append(clock.mark())
+
+            def accumulated(_p, nid=nid):
+                ends[nid].append(clock.mark())
+            handles += [m.register_full_backward_pre_hook(pre), m.register_full_backward_hook(post)]
+            handles += [p.register_post_accumulate_grad_hook(accumulated)
+                        for p in m.parameters() if p.requires_grad]
+
+    _hooked_pass(model, x, clock, install)
+    return {nid: max((clock.between(start[nid], e) for e in ends[nid]), default=0.0)
+            if nid in start else 0.0 for nid in mods}
+
+
+def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu", warmup: int = 3,
+                  reps: int = 10, threads: int = 1) -> Graph:
+    """Measure ``spec`` (see :func:`pipeplan.runtime.models.load_model`) layer by layer."""
+    if reps < 1 or warmup < 0 or threads < 1:
+        raise PipeplanError(f"profile: need reps >= 1, warmup >= 0, threads >= 1 "
+                            f"(got {reps}, {warmup}, {threads})")
+    dev = _device(device)
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model, x = load_model(spec, microbatch, seed=0)
+        torch.manual_seed(0)
+        model, x = model.to(dev).train(), x.to(dev)
+        ids, edges = _layers(model)
+        mods = {nid: model.get_submodule(nid) for nid in ids}
+        clock = _Clock(dev)
+        act: dict[str, float] = {}
+        fwd: dict[str, list[float]] = {nid: [] for nid in ids}
+        bwd: dict[str, list[float]] = {nid: [] for nid in ids}
+        total: list[float] = []
+        try:
+            for r in range(warmup + reps):
+                f = _forward_times(model, mods, x, clock, act)
+                b = _backward_times(model, mods, x, clock)
+                t0 = time.perf_counter()
+                _step(model, x, clock)
+                t = time.perf_counter() - t0
+                if r >= warmup:
+                    total.append(t)
+                    for nid in ids:
+                        fwd[nid].append(f[nid])
+                        bwd[nid].append(b[nid])
+        except PipeplanError:
+            raise
+        except Exception as e:  # e.g. in-place ops that full backward hooks reject
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise PipeplanError(f"model {spec!r}: profiling failed ({type(e).__name__}: {reason})") from None
+        model.zero_grad(set_to_none=True)
+    finally:
+        torch.set_num_threads(old_threads)
+    med = statistics.median
+    nodes = [NodeSpec(id=nid, fwd=med(fwd[nid]), bwd=med(bwd[nid]),
+                      params=_nbytes(list(mods[nid].parameters())), act=act.get(nid, 0.0),
+                      desc=_describe(mods[nid])) for nid in ids]
+    spread = {nid: [min(a + b for a, b in zip(fwd[nid], bwd[nid])),
+                    max(a + b for a, b in zip(fwd[nid], bwd[nid]))] for nid in ids}
+    meta = {"source": "pipeplan profile", "spec": spec, "device": str(dev), "threads": threads,
+            "microbatch": int(x.shape[0]), "torch": torch.__version__, "warmup": warmup, "reps": reps,
+            "total_s": med(total), "spread": spread,
+            "reference": f"this machine, one process, {threads} thread{'s' if threads > 1 else ''}"}
+    return Graph.from_nodes(spec.rsplit(":", 1)[-1], nodes, edges, meta=meta)

@@ -1,0 +1,93 @@
+"""Calibration: 2 local CPU workers over gloo; YAML round trip; worker failures leave no orphans."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeplan.cluster import hierarchical, load_cluster
+from pipeplan.cluster.model import Cluster, Device
+from pipeplan.errors import PipeplanError
+from pipeplan.runtime.calibrate import calibrate, cluster_to_yaml
+
+
+def _workers() -> set[int]:
+    """Live (non-zombie) spawned worker processes of this process, from /proc."""
+    me, out = os.getpid(), set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z" and b"resource_tracker" not in cmdline:
+            out.add(int(proc.name))
+    return out
+
+
+@pytest.fixture(scope="module")
+def calibrated() -> tuple[Cluster, dict]:
+    return calibrate(workers=2, seconds=0.3)
+
+
+def test_two_cpu_workers(calibrated):
+    cluster, m = calibrated
+    assert cluster.names == ["worker0", "worker1"] and len(cluster) == 2
+    assert all(d.kind == "CPU" and d.server == "localhost" and d.memory > 0 for d in cluster.devices)
+    assert (cluster.speed > 0).all() and np.isfinite(cluster.speed).all()
+    off = ~np.eye(2, dtype=bool)
+    assert (cluster.bandwidth[off] > 0).all() and np.isfinite(cluster.bandwidth[off]).all()
+    assert (cluster.latency[off] > 0).all() and np.isfinite(cluster.latency[off]).all()
+    assert m["workers"] == 2 and m["threads"] == m["profile_threads"] == 1
+    assert m["speed"] == list(cluster.speed)
+    assert all(math.isclose(m["reference_s"] / t, s) for t, s in zip(m["worker_s"], m["speed"]))
+    (link,) = m["links"]
+    assert link["pair"] == [0, 1] and link["small_bytes"] == 4 and link["large_bytes"] >= 2**24
+    assert cluster.latency[0, 1] == link["latency_s"] and cluster.bandwidth[0, 1] == link["bandwidth_Bps"]
+
+
+def test_yaml_round_trip(calibrated, tmp_path):
+    path = tmp_path / "local.yaml"
+    path.write_text(cluster_to_yaml(calibrated[0]))
+    assert load_cluster(str(path)) == calibrated[0]
+
+
+def test_yaml_round_trip_asymmetric(tmp_path):
+    devs = [Device("a", kind="CPU", memory=1e9, speed=0.7), Device("b", kind="V100", speed=1 / 3, server="s"),
+            Device("c", kind="GPU", memory=3.5e9, speed=2.0)]
+    bw = np.array([[0, 1e9 / 3, 2e9], [5e8, 0, 7e9], [2e9, 7e9, 0]])
+    lat = np.array([[0, 1e-5, 2e-6], [3e-5, 0, 0.0], [2e-6, 0.0, 0]])
+    cluster = Cluster("odd", devs, bw, lat)
+    path = tmp_path / "odd.yml"
+    path.write_text(cluster_to_yaml(cluster))
+    assert load_cluster(str(path)) == cluster
+    path.write_text(cluster_to_yaml(hierarchical("h", 2, 2, 1e10, 1e9, latency=1e-6)))
+    assert load_cluster(str(path)) == hierarchical("h", 2, 2, 1e10, 1e9, latency=1e-6)
+
+
+@pytest.mark.parametrize("fail, message", [("1", "rank 1 failed: RuntimeError: injected failure"),
+                                           ("1:exit", "rank 1 died \\(exit code 3\\)")])
+def test_worker_failure_names_rank_and_leaves_no_orphans(monkeypatch, fail, message):
+    monkeypatch.setenv("PIPEPLAN_CALIBRATE_FAIL", fail)
+    before = _workers()
+    with pytest.raises(PipeplanError, match=message):
+        calibrate(workers=2, seconds=0.1)
+    assert _workers() <= before
+
+
+def test_bad_arguments():
+    with pytest.raises(PipeplanError, match="workers >= 1"):
+        calibrate(workers=0)
+    with pytest.raises(PipeplanError, match="device"):
+        calibrate(device="tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_absent():
+    with pytest.raises(PipeplanError, match="no CUDA device"):
+        calibrate(device="cuda")

@@ -1,0 +1,154 @@
+"""The profiler: built-in examples, a DAG with a skip edge, untraceable models, bad specs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pipeplan.errors import PipeplanError
+from pipeplan.graph import load_graph, save_graph
+from pipeplan.runtime.models import load_model
+from pipeplan.runtime.profiler import profile_model
+
+FAST = {"warmup": 1, "reps": 3}
+
+
+@pytest.fixture(scope="module")
+def profiles() -> dict:
+    return {name: profile_model(f"example:{name}", **FAST) for name in ("mlp", "transformer", "cnn")}
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer", "cnn"])
+def test_examples_profile_into_valid_graphs(profiles, name):
+    g = profiles[name]
+    model, x = load_model(f"example:{name}")
+    children = dict(model.named_children())
+    assert g.name == name and g.ids == list(children)
+    assert g.edges == [(i, i + 1) for i in range(len(g) - 1)]
+    assert (g.fwd > 0).all() and (g.bwd > 0).all()
+    for i, nid in enumerate(g.ids):
+        assert g.params[i] == 4 * sum(p.numel() for p in children[nid].parameters())
+    with torch.no_grad():
+        for i, child in enumerate(children.values()):
+            x = child(x)
+            assert g.act[i] == x.numel() * x.element_size()
+    ratio = (g.total_fwd + g.total_bwd) / g.meta["total_s"]
+    assert 0.5 < ratio < 2.0, ratio
+    meta = g.meta
+    assert meta["spec"] == f"example:{name}" and meta["threads"] == 1 and meta["reps"] == 3
+    assert meta["microbatch"] == load_model(f"example:{name}")[1].shape[0]
+    assert meta["device"] == "cpu" and meta["torch"] == torch.__version__
+    assert set(meta["spread"]) == set(g.ids)
+    assert all(0 < lo <= hi for lo, hi in meta["spread"].values())
+
+
+def test_json_round_trip(profiles, tmp_path):
+    path = tmp_path / "mlp.json"
+    save_graph(profiles["mlp"], path)
+    assert load_graph(str(path)) == profiles["mlp"]
+
+
+def test_microbatch_scales_activations(profiles):
+    g = profile_model("example:mlp", microbatch=128, **FAST)
+    base = profiles["mlp"]
+    assert g.meta["microbatch"] == 2 * base.meta["microbatch"] == 128
+    assert (g.act == 2 * base.act).all() and (g.params == base.params).all()
+
+
+def test_threads_are_restored():
+    before = torch.get_num_threads()
+    profile_model("example:mlp", threads=2, warmup=0, reps=1)
+    assert torch.get_num_threads() == before
+
+
+# -- models given as package.module:factory (this test module is importable by pytest) ------------
+class Skip(nn.Module):
+    """inp -> a -> b -> c, and a's output added to b's before c (a skip edge a -> c)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        return self.c(self.b(h) + h)
+
+
+class Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # data-dependent Python control flow: not traceable
+            return self.a(x)
+        return x
+
+
+class Reuse(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(self.a(x))
+
+
+def skip_model():
+    return Skip(), torch.randn(4, 16)
+
+
+def branchy_model():
+    return Branchy(), torch.randn(4, 8)
+
+
+def reuse_model():
+    return Reuse(), torch.randn(4, 8)
+
+
+def test_skip_connection_gives_a_dag():
+    g = profile_model(f"{__name__}:skip_model", **FAST)
+    assert g.name == "skip_model" and g.ids == ["a", "b", "c"]
+    assert sorted((g.ids[u], g.ids[v]) for u, v in g.edges) == [("a", "b"), ("a", "c"), ("b", "c")]
+    assert list(g.params) == [4 * (16 * 32 + 32), 4 * (32 * 32 + 32), 4 * (32 * 4 + 4)]
+    assert list(g.act) == [4 * 4 * 32, 4 * 4 * 32, 4 * 4 * 4]
+    assert (g.fwd > 0).all() and (g.bwd > 0).all()
+
+
+def test_untraceable_model_gets_advice():
+    with pytest.raises(PipeplanError, match="nn.Sequential.*torch.fx"):
+        profile_model(f"{__name__}:branchy_model", **FAST)
+
+
+def test_module_called_twice_is_refused():
+    with pytest.raises(PipeplanError, match="called more than once"):
+        profile_model(f"{__name__}:reuse_model", **FAST)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("example:nope", "unknown example"), ("no_colon", "expected example:NAME"),
+    ("no_such_module_xyz:f", "cannot import"), (f"{__name__}:missing", "has no"),
+])
+def test_bad_spec(spec, message):
+    with pytest.raises(PipeplanError, match=message):
+        profile_model(spec, **FAST)
+
+
+def test_bad_arguments():
+    with pytest.raises(PipeplanError, match="reps >= 1"):
+        profile_model("example:mlp", reps=0)
+    with pytest.raises(PipeplanError, match="device"):
+        profile_model("example:mlp", device="tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_absent():
+    with pytest.raises(PipeplanError, match="no CUDA device"):
+        profile_model("example:mlp", device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_profile():
+    g = profile_model("example:mlp", device="cuda", **FAST)
+    assert (g.fwd > 0).all() and (g.bwd > 0).all() and g.meta["device"].startswith("cuda")
