@@ -11,7 +11,7 @@ from pipeplan.graph import load_graph, save_graph
 from pipeplan.runtime.models import load_model
 from pipeplan.runtime.profiler import profile_model
 
-FAST = {"warmup": 1, "reps": 3}
+FAST = {"warmup": 1, "reps": 5}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_examples_profile_into_valid_graphs(profiles, name):
     ratio = (g.total_fwd + g.total_bwd) / g.meta["total_s"]
     assert 0.5 < ratio < 2.0, ratio
     meta = g.meta
-    assert meta["spec"] == f"example:{name}" and meta["threads"] == 1 and meta["reps"] == 3
+    assert meta["spec"] == f"example:{name}" and meta["threads"] == 1 and meta["reps"] == 5
     assert meta["microbatch"] == load_model(f"example:{name}")[1].shape[0]
     assert meta["device"] == "cpu" and meta["torch"] == torch.__version__
     assert set(meta["spread"]) == set(g.ids)
@@ -105,6 +105,15 @@ def branchy_model():
 
 def reuse_model():
     return Reuse(), torch.randn(4, 8)
+
+
+def inplace_model():
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 2)), torch.randn(4, 8)
+
+
+def test_inplace_activations_are_profiled():
+    g = profile_model(f"{__name__}:inplace_model", **FAST)
+    assert g.ids == ["0", "1", "2"] and (g.fwd > 0).all() and (g.bwd > 0).all()
 
 
 def test_skip_connection_gives_a_dag():

@@ -177,6 +177,64 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    from .graph import graph_to_dict, save_graph
+    from .runtime.profiler import profile_model
+    from .units import fmt_bytes, fmt_time
+
+    graph = profile_model(args.model_spec, microbatch=args.microbatch, device=args.device,
+                          warmup=args.warmup, reps=args.reps, threads=args.threads)
+    if args.out:
+        _atomic_write(args.out, lambda p: save_graph(graph, p))
+    if args.json:
+        print(json.dumps(graph_to_dict(graph)))
+        return 0
+    from rich.table import Table
+
+    from .report import make_console
+
+    table = Table(title=f"profile of {args.model_spec} (microbatch {graph.meta.get('microbatch')}, "
+                        f"{args.device}, {args.threads} thread(s), median of {args.reps})")
+    for col in ("layer", "description", "forward", "backward", "params", "output"):
+        table.add_column(col, justify="left" if col in ("layer", "description") else "right")
+    for i, nid in enumerate(graph.ids):
+        table.add_row(nid, graph.desc[i][:40], fmt_time(graph.fwd[i]), fmt_time(graph.bwd[i]),
+                      fmt_bytes(graph.params[i]), fmt_bytes(graph.act[i]))
+    make_console().print(table)
+    total = graph.meta.get("total_s")
+    if total:
+        print(f"sum of layers {fmt_time(graph.total_fwd + graph.total_bwd)}, whole model {fmt_time(total)}")
+    if args.out:
+        print(f"graph written to {args.out}")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from .runtime.calibrate import calibrate, cluster_to_yaml
+    from .units import fmt_bandwidth, fmt_time
+
+    cluster, data = calibrate(workers=args.workers, device=args.device, threads=args.threads,
+                              seconds=args.seconds)
+    text = cluster_to_yaml(cluster)
+    if args.out:
+        def write(p: str) -> None:
+            Path(p).write_text(text)
+        _atomic_write(args.out, write)
+    if args.json:
+        print(json.dumps({"cluster": text, "speeds": [d.speed for d in cluster.devices]}))
+        return 0
+    for d in cluster.devices:
+        print(f"{d.name}: speed {d.speed:.2f} x the profiling process")
+    v = len(cluster)
+    for a in range(v):
+        for b in range(a + 1, v):
+            print(f"{cluster.devices[a].name} <-> {cluster.devices[b].name}: "
+                  f"{fmt_bandwidth(cluster.bandwidth[a, b])}, latency {fmt_time(cluster.latency[a, b])}")
+    if args.out:
+        print(f"cluster written to {args.out}")
+    return 0
+
+
 def cmd_run(args) -> int:
     from .plan import load_plan
     from .runtime.executor import RunConfig, max_rel_diff, reference_params, run_plan
@@ -294,6 +352,26 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--planners", help="comma-separated planner names (default: all)")
     sp.add_argument("--gantt", help="write the best plan's Gantt chart PNG here")
     sp.set_defaults(fn=cmd_compare)
+
+    sp = sub.add_parser("profile", help="measure a PyTorch model's layers on this machine")
+    sp.add_argument("model_spec", help="example:mlp|transformer|cnn or package.module:factory")
+    sp.add_argument("--microbatch", type=_positive_int, help="samples per microbatch (default: the example input's)")
+    sp.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    sp.add_argument("--threads", type=_positive_int, default=1, help="threads (use the runtime's, default 1)")
+    sp.add_argument("--warmup", type=int, default=3)
+    sp.add_argument("--reps", type=_positive_int, default=10, help="repetitions; the median is kept")
+    sp.add_argument("--out", help="write the graph JSON here")
+    sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    sp.set_defaults(fn=cmd_profile)
+
+    sp = sub.add_parser("calibrate", help="measure this machine's worker processes and links")
+    sp.add_argument("--workers", type=_positive_int, help="worker processes (default: the GPUs, else 2)")
+    sp.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker (default 1)")
+    sp.add_argument("--seconds", type=float, default=2.0, help="length of each compute measurement")
+    sp.add_argument("--out", help="write the cluster YAML here")
+    sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    sp.set_defaults(fn=cmd_calibrate)
 
     sp = sub.add_parser("run", help="train with a plan on torch.distributed; measured vs predicted time")
     sp.add_argument("plan", help="plan JSON (its nodes must be the model's layers)")

@@ -15,6 +15,8 @@ of the squared output. A layer's backward runs from the gradient w.r.t. its outp
 backward hook) and its last parameter gradient being accumulated (post-accumulate-grad
 hooks). The input does not require grad, as on a pipeline's first stage, so the first
 layer's backward is its weight-gradient work only, measured by the parameter hooks.
+Modules with an ``inplace`` flag (``nn.ReLU(inplace=True)``, ...) are profiled out of place:
+full backward hooks reject in-place changes of a hooked output, and the cost is the same.
 Each time is the median over ``reps``; ``meta["spread"]`` holds per node [min, max] of
 forward+backward over the repetitions.
 """
@@ -203,6 +205,9 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
         model, x = load_model(spec, microbatch, seed=0)
         torch.manual_seed(0)
         model, x = model.to(dev).train(), x.to(dev)
+        for m in model.modules():
+            if isinstance(getattr(m, "inplace", None), bool):
+                m.inplace = False
         ids, edges = _layers(model)
         mods = {nid: model.get_submodule(nid) for nid in ids}
         clock = _Clock(dev)
