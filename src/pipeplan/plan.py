@@ -43,6 +43,7 @@ class Plan:
     search_s: float = 0.0
     optimizer: str = "adam"
     replicas: str = "split"  # how a stage's replicas share microbatches: "split" or "round-robin"
+    allocation: list[dict[str, float]] | None = None  # per stage: resource -> forward share (fb-parallel)
     prediction: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -75,6 +76,7 @@ class Plan:
         d: dict[str, Any] = {
             "format": FORMAT, "planner": self.planner, "schedule": self.schedule,
             "microbatches": self.microbatches, "optimizer": self.optimizer, "replicas": self.replicas,
+            **({"allocation": self.allocation} if self.allocation else {}),
             "stages": [{"nodes": list(s.nodes), "devices": list(s.devices)} for s in self.stages],
             "iteration_s": self.prediction.get("iteration_s"), "search_s": self.search_s,
         }
@@ -92,7 +94,7 @@ class Plan:
         Path(path).write_text(text)
 
 
-_KNOWN_KEYS = {"format", "planner", "schedule", "microbatches", "optimizer", "replicas", "stages", "iteration_s",
+_KNOWN_KEYS = {"format", "planner", "schedule", "microbatches", "optimizer", "replicas", "allocation", "stages", "iteration_s",
                "search_s", "prediction", "graph", "cluster"}
 
 
@@ -117,7 +119,7 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
     return Plan(graph=graph, cluster=cluster, stages=stages, microbatches=m,
                 schedule=str(d.get("schedule", "1f1b")), planner=str(d.get("planner", "manual")),
                 search_s=float(d.get("search_s") or 0.0), optimizer=str(d.get("optimizer", "adam")),
-                replicas=str(d.get("replicas", "split")),
+                replicas=str(d.get("replicas", "split")), allocation=d.get("allocation"),
                 prediction=dict(d.get("prediction") or {}),
                 extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS})
 
@@ -141,6 +143,12 @@ def validate(plan: Plan) -> None:
         raise PipeplanError("plan: no stages")
     if plan.replicas not in REPLICA_MODES:
         raise PipeplanError(f"plan: replicas must be one of {', '.join(REPLICA_MODES)}, got {plan.replicas!r}")
+    if plan.allocation is not None:
+        if not isinstance(plan.allocation, list) or len(plan.allocation) != len(plan.stages):
+            raise PipeplanError("plan: 'allocation' needs one {resource: forward share} per stage")
+        for k, a in enumerate(plan.allocation):
+            if not isinstance(a, dict) or any(not isinstance(v, (int, float)) or not 0 <= v <= 1 for v in a.values()):
+                raise PipeplanError(f"plan: allocation of stage {k} must map resources to shares in [0, 1]")
     if plan.microbatches < 1:
         raise PipeplanError(f"plan: microbatches must be >= 1, got {plan.microbatches}")
     owner = np.full(len(g), -1, dtype=np.int64)

@@ -20,7 +20,7 @@ __all__ = ["Cluster", "Device", "load_cluster", "hierarchical", "cluster_from_di
 def load_cluster(spec: str) -> Cluster:
     if spec.startswith("hier:"):
         return parse_hier(spec)
-    if spec in PRESETS:
+    if spec in PRESETS or spec.startswith("mobile-hetero-"):
         return preset(spec)
     path = Path(spec)
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():

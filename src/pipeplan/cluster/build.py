@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import PipeplanError
 from ..units import parse_bandwidth, parse_bytes, parse_time
 from .kinds import kind as lookup_kind
-from .model import Cluster, Device
+from .model import Cluster, Device, Resource
 
 
 def hierarchical(name: str, servers: int, gpus: int, intra: float, inter: float,
@@ -21,7 +21,8 @@ def hierarchical(name: str, servers: int, gpus: int, intra: float, inter: float,
         raise PipeplanError(f"cluster {name!r}: servers and gpus must be >= 1")
     k = lookup_kind(kind)
     devices = [Device(name=f"s{s}g{g}", kind=k.name, memory=k.memory if memory is None else memory,
-                      speed=k.speed if speed is None else speed, server=f"s{s}")
+                      speed=k.speed if speed is None else speed, server=f"s{s}",
+                      resources=k.resources if speed is None else ())
                for s in range(servers) for g in range(gpus)]
     server_of = np.repeat(np.arange(servers), gpus)
     same = server_of[:, None] == server_of[None, :]
@@ -31,7 +32,8 @@ def hierarchical(name: str, servers: int, gpus: int, intra: float, inter: float,
 
 
 _TOP_KEYS = {"name", "devices", "servers", "bandwidth", "latency", "intra", "inter", "links"}
-_DEVICE_KEYS = {"name", "kind", "memory", "speed", "server"}
+_DEVICE_KEYS = {"name", "kind", "memory", "speed", "server", "resources"}
+_RESOURCE_KEYS = {"name", "fwd_speed", "bwd_speed"}
 _SERVER_KEYS = {"name", "gpus", "kind", "memory", "speed", "intra"}
 _LINK_KEYS = {"from", "to", "bandwidth", "latency", "directed"}
 
@@ -54,8 +56,20 @@ def _device(d: dict, where: str, server: str = "") -> Device:
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
         raise PipeplanError(f"{where}: speed must be a number > 0, got {speed!r}")
     memory = parse_bytes(d["memory"], f"{where}: memory") if "memory" in d else k.memory
+    resources = k.resources if "speed" not in d else ()
+    if "resources" in d:
+        if not isinstance(d["resources"], list) or not d["resources"]:
+            raise PipeplanError(f"{where}: resources must be a non-empty list")
+        res = []
+        for i, r in enumerate(d["resources"]):
+            _check_keys(r, _RESOURCE_KEYS, f"{where}: resources[{i}]")
+            try:
+                res.append(Resource(str(r["name"]), float(r["fwd_speed"]), float(r["bwd_speed"])))
+            except (KeyError, TypeError, ValueError):
+                raise PipeplanError(f"{where}: resources[{i}] needs name, fwd_speed and bwd_speed (numbers)") from None
+        resources = tuple(res)
     return Device(name=str(d["name"]), kind=k.name, memory=memory, speed=float(speed),
-                  server=str(d.get("server", server)))
+                  server=str(d.get("server", server)), resources=resources)
 
 
 def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
@@ -134,7 +148,10 @@ def cluster_to_dict(c: Cluster) -> dict:
     bw = np.where(np.isinf(c.bandwidth), 0.0, c.bandwidth)
     return {"name": c.name,
             "devices": [{"name": d.name, "kind": d.kind, "memory": d.memory, "speed": d.speed,
-                         "server": d.server} for d in c.devices],
+                         "server": d.server,
+                         **({"resources": [{"name": r.name, "fwd_speed": r.fwd_speed, "bwd_speed": r.bwd_speed}
+                                           for r in d.resources]} if d.resources else {})}
+                        for d in c.devices],
             "bandwidth_matrix": bw.tolist(), "latency_matrix": c.latency.tolist()}
 
 
@@ -142,7 +159,9 @@ def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
     """Inverse of :func:`cluster_to_dict`."""
     try:
         devices = [Device(name=str(x["name"]), kind=str(x.get("kind", "GPU")), memory=float(x["memory"]),
-                          speed=float(x["speed"]), server=str(x.get("server", "")))
+                          speed=float(x["speed"]), server=str(x.get("server", "")),
+                          resources=tuple(Resource(str(r["name"]), float(r["fwd_speed"]), float(r["bwd_speed"]))
+                                          for r in x.get("resources", [])))
                    for x in d["devices"]]
         bw = np.array(d["bandwidth_matrix"], dtype=float)
         lat = np.array(d["latency_matrix"], dtype=float)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import PipeplanError
+from .model import Resource
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,27 @@ class Kind:
     memory: float
     speed: float
     note: str
+    resources: tuple[Resource, ...] = ()
+
+
+# Mobile devices of resalloc.txt §VI, as two resources each (CPU, GPU). Forward speeds are
+# peak FP32 throughput relative to the V100's 15.7 TFLOP/s, from the vendors' figures:
+# i7-10750H 6 cores x 2.6 GHz x 32 FLOP/cycle = 0.50 TFLOP/s; GTX 1650 (laptop) 1024 cores x
+# 1.56 GHz x 2 = 3.2; i5-1135G7 4 x 2.4 GHz x 32 = 0.31; Iris Xe G7 80 EU x 8 x 2 x 1.3 GHz =
+# 1.66; Raspberry Pi 4B Cortex-A72 4 x 1.5 GHz x 8 = 0.048. Backward: a GPU keeps the
+# profile's forward/backward ratio (both measured on GPUs); a CPU's backward is relatively
+# slower: measured on this project's machine (pipeplan profile example:cnn, conv layers),
+# backward/forward = 1.72 on the CPU against 0.87 in PipeDream's V100 AlexNet profile, so a
+# CPU's backward speed is 0.51 x its forward speed.
+CPU_BWD = 0.87 / 1.72
+
+
+def _cpu(name: str, tflops: float) -> Resource:
+    return Resource(name, tflops / 15.7, tflops / 15.7 * CPU_BWD)
+
+
+def _gpu(name: str, tflops: float) -> Resource:
+    return Resource(name, tflops / 15.7, tflops / 15.7)
 
 
 _GiB = 2.0**30
@@ -31,6 +53,12 @@ KINDS: dict[str, Kind] = {k.name.lower(): k for k in (
     Kind("GPU", 32 * _GiB, 1.0, "a generic device equal to the reference"),
     Kind("CPU", 8 * _GiB, 1.0, "a CPU worker process (speed relative to the profile's process; "
          "measure it with pipeplan calibrate)"),
+    Kind("laptop-i7-gtx1650", 32 * _GiB, (0.50 + 3.2) / 15.7, "laptop: Intel i7-10750H + GTX 1650, 32 GB",
+         (_cpu("cpu", 0.50), _gpu("gpu", 3.2))),
+    Kind("laptop-i5-irisxe", 16 * _GiB, (0.31 + 1.66) / 15.7, "laptop: Intel i5-1135G7 + Iris Xe, 16 GB",
+         (_cpu("cpu", 0.31), _gpu("gpu", 1.66))),
+    Kind("rpi4b", 4 * _GiB, 0.048 / 15.7, "Raspberry Pi 4B: Cortex-A72 x 4, 4 GB",
+         (_cpu("cpu", 0.048),)),
 )}
 
 

@@ -15,15 +15,36 @@ from ..errors import PipeplanError
 
 
 @dataclass(frozen=True)
+class Resource:
+    """One compute resource of a device (its CPU, its GPU, ...): forward and backward
+    throughput relative to the reference device (they may differ in ratio per resource)."""
+
+    name: str
+    fwd_speed: float
+    bwd_speed: float
+
+
+@dataclass(frozen=True)
 class Device:
     """One accelerator: ``speed`` is its throughput relative to the reference device on which
-    the model graph's times were measured (2.0 = twice as fast); ``memory`` is bytes."""
+    the model graph's times were measured (2.0 = twice as fast); ``memory`` is bytes.
+    A device with several compute ``resources`` (resalloc.txt §III-B) runs a pass on all of
+    them at once (their rates add), or splits them between forward and backward."""
 
     name: str
     kind: str = "GPU"
     memory: float = 32 * 2.0**30
     speed: float = 1.0
     server: str = ""
+    resources: tuple[Resource, ...] = ()
+
+    @property
+    def fwd_speed(self) -> float:
+        return sum(r.fwd_speed for r in self.resources) if self.resources else self.speed
+
+    @property
+    def bwd_speed(self) -> float:
+        return sum(r.bwd_speed for r in self.resources) if self.resources else self.speed
 
 
 @dataclass(eq=False)
@@ -45,6 +66,10 @@ class Cluster:
                 raise PipeplanError(f"{where}: device name {d.name!r} appears twice")
             if not (d.speed > 0 and np.isfinite(d.speed)):
                 raise PipeplanError(f"{where}: device {d.name!r} has speed {d.speed!r} (must be > 0)")
+            if d.resources and not (d.fwd_speed > 0 and d.bwd_speed > 0):
+                raise PipeplanError(f"{where}: device {d.name!r} has no resource for forward or backward")
+            if any(r.fwd_speed < 0 or r.bwd_speed < 0 for r in d.resources):
+                raise PipeplanError(f"{where}: device {d.name!r} has a negative resource speed")
             if not (d.memory > 0):
                 raise PipeplanError(f"{where}: device {d.name!r} has memory {d.memory!r} (must be > 0)")
             self.index[d.name] = i
@@ -58,6 +83,8 @@ class Cluster:
         if np.any(self.bandwidth < 0) or np.any(self.latency < 0) or np.any(np.isnan(self.latency)):
             raise PipeplanError(f"{where}: negative bandwidth or latency")
         self.speed = np.array([d.speed for d in self.devices])
+        self.fspeed = np.array([d.fwd_speed for d in self.devices])
+        self.bspeed = np.array([d.bwd_speed for d in self.devices])
         self.memory = np.array([d.memory for d in self.devices])
 
     def __len__(self) -> int:

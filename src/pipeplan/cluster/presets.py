@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import PipeplanError
 from ..units import parse_bandwidth, parse_bytes, parse_time
 from .build import hierarchical
-from .model import Cluster
+from .model import Cluster, Device
 
 Gbps = 1e9 / 8
 
@@ -53,7 +53,27 @@ def _automap(servers: int, name: str) -> Cluster:
                         meta={"source": "Auto-MAP Table 2"})
 
 
+MOBILE_KINDS = ("laptop-i7-gtx1650", "laptop-i5-irisxe", "rpi4b")
+
+
+def mobile_hetero(n: int, seed: int = 0) -> Cluster:
+    """resalloc.txt §VI: n devices drawn uniformly (seeded) from the three mobile kinds, 1 Gbps links."""
+    from .kinds import kind as lookup_kind
+
+    rng = np.random.default_rng(seed)
+    devices = []
+    for i, k in enumerate(rng.choice(len(MOBILE_KINDS), size=n)):
+        kd = lookup_kind(MOBILE_KINDS[int(k)])
+        devices.append(Device(f"m{i}", kd.name, kd.memory, kd.speed, f"m{i}", kd.resources))
+    bw = np.full((n, n), 1 * Gbps)
+    return Cluster(f"mobile-hetero-{n}", devices, bw, np.zeros((n, n)),
+                   meta={"source": "resalloc §VI", "seed": seed})
+
+
 PRESETS: dict[str, tuple[str, Callable[[], Cluster]]] = {
+    "mobile-4": ("4 laptops (Intel i7 CPU + GTX 1650 GPU each), 1 Gbps links (resalloc §VI)",
+                 lambda: hierarchical("mobile-4", 4, 1, 1 * Gbps, 1 * Gbps, kind="laptop-i7-gtx1650",
+                                      meta={"source": "resalloc §VI"})),
     "v100x4": ("one server, 4 V100 over PCIe 128 Gbps (SPP testbed 2)",
                lambda: hierarchical("v100x4", 1, 4, 128 * Gbps, 128 * Gbps, kind="V100",
                                     meta={"source": "SPP §V-A testbed 2"})),
@@ -75,8 +95,13 @@ PRESETS: dict[str, tuple[str, Callable[[], Cluster]]] = {
 
 def preset(name: str) -> Cluster:
     entry = PRESETS.get(name)
+    if entry is None and name.startswith("mobile-hetero-") and name[len("mobile-hetero-"):].isdigit():
+        n = int(name[len("mobile-hetero-"):])
+        if n < 1:
+            raise PipeplanError(f"cluster {name!r}: needs at least one device")
+        return mobile_hetero(n)
     if entry is None:
-        raise PipeplanError(f"unknown cluster preset {name!r} (known: {', '.join(PRESETS)})")
+        raise PipeplanError(f"unknown cluster preset {name!r} (known: {', '.join(PRESETS)}, mobile-hetero-N)")
     return entry[1]()
 
 

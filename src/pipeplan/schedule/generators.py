@@ -74,7 +74,7 @@ def make_schedule(name: str, stage_devices: list[list[int]], microbatches: int,
                   replicas: str = "split", allreduce: bool = True) -> Schedule:
     entry = ORDERS.get(name)
     if entry is None:
-        known = [*ORDERS, "async-1f1b"]
+        known = [*ORDERS, "async-1f1b", "fb-parallel"]
         raise PipeplanError(f"unknown schedule {name!r} (known: {', '.join(known)})")
     order = entry[1]
     warm = _warmups(stage_devices, replicas)

@@ -78,6 +78,27 @@ class _Group:
     base: int = 0  # id of its first task
 
 
+def pass_speeds(plan: Plan, lanes: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each device's forward and backward speed. With ``lanes`` (fb-parallel, resalloc.txt
+    §III-B) forward gets beta_j of each resource j and backward the rest (a single resource
+    is time-shared), beta from the plan's allocation (default 0.5); speeds are linear in beta."""
+    cl = plan.cluster
+    if not lanes:
+        return cl.fspeed, cl.bspeed
+    f, b = np.zeros(len(cl)), np.zeros(len(cl))
+    for s, st in enumerate(plan.stages):
+        alloc = (plan.allocation[s] if plan.allocation else None) or {}
+        for d in cl.device_indices(st.devices):
+            dev = cl.devices[d]
+            res = dev.resources or ((dev.name, dev.speed, dev.speed),)
+            for r in res:
+                name, fs, bs = (r.name, r.fwd_speed, r.bwd_speed) if not isinstance(r, tuple) else r
+                beta = float(alloc.get(name, alloc.get("*", 0.5)))
+                f[d] += beta * fs
+                b[d] += (1.0 - beta) * bs
+    return f, b
+
+
 def _groups(plan: Plan, sched: Schedule) -> list[_Group]:
     speed = plan.cluster.speed
     groups: list[_Group] = []
@@ -96,6 +117,7 @@ def _groups(plan: Plan, sched: Schedule) -> list[_Group]:
 
 
 ASYNC = "async-1f1b"
+FB_PARALLEL = "fb-parallel"
 
 
 def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True) -> SimResult:
@@ -110,16 +132,16 @@ def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True
     if schedule is not None:
         schedule.check(len(stage_devs), [len(d) for d in stage_devs])
         return _simulate(plan, schedule, plan.microbatches, timeline)
-    if plan.schedule == ASYNC:
+    if plan.schedule in (ASYNC, FB_PARALLEL):
         m = plan.microbatches
         stream = make_schedule("1f1b", stage_devs, 3 * m, plan.replicas, allreduce=False)
-        return _simulate(plan, stream, 3 * m, timeline, steady=m)
+        return _simulate(plan, stream, 3 * m, timeline, steady=m, lanes=plan.schedule == FB_PARALLEL)
     return _simulate(plan, make_schedule(plan.schedule, stage_devs, plan.microbatches, plan.replicas),
                      plan.microbatches, timeline)
 
 
 def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
-              steady: int | None = None) -> SimResult:
+              steady: int | None = None, lanes: bool = False) -> SimResult:
     cl = plan.cluster
     stage_devs = plan.stage_devices()
     s_count = len(stage_devs)
@@ -128,12 +150,19 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
     g_count = len(groups)
 
     # -- compute tasks: each group's program, in order; a stage's all-reduce is one task
-    # shared by its groups. Devices sharing a (stage, microbatch) split it evenly.
+    # shared by its groups. Devices sharing a (stage, microbatch) split it in proportion to
+    # their speeds, so they finish together (evenly, for identical devices).
+    fspeed, bspeed = pass_speeds(plan, lanes)
     share_n = np.zeros((s_count, m_count))
+    share_f = np.zeros((s_count, m_count))
+    share_b = np.zeros((s_count, m_count))
     f_task = np.zeros((s_count, m_count), dtype=np.int64)
     b_task = np.zeros((s_count, m_count), dtype=np.int64)
     for gr in groups:
-        share_n[gr.stage, gr.micro[gr.ops == FWD]] += len(gr.devices)
+        mics = gr.micro[gr.ops == FWD]
+        share_n[gr.stage, mics] += len(gr.devices)
+        share_f[gr.stage, mics] += float(fspeed[gr.devices].sum())
+        share_b[gr.stage, mics] += float(bspeed[gr.devices].sum())
     ar_task = np.full(s_count, -1)
     dur_parts, kind_parts, stage_parts, micro_parts, owner_parts, chain_parts = [], [], [], [], [], []
     n = 0
@@ -152,15 +181,20 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
         ops, mic = gr.ops[comp], gr.micro[comp]
         gr.base = n
         ids = np.arange(n, n + k)
-        per = np.where(ops == FWD, costs.fwd[s], costs.bwd[s]) / (gr.speed * share_n[s, mic])
+        per = np.where(ops == FWD, costs.fwd[s] / share_f[s, mic], costs.bwd[s] / share_b[s, mic])
         dur_parts.append(per), kind_parts.append(ops), stage_parts.append(np.full(k, s))
         micro_parts.append(mic), owner_parts.append(np.full(k, gi))
         f_task[s, mic[ops == FWD]] = ids[ops == FWD]
         b_task[s, mic[ops == BWD]] = ids[ops == BWD]
-        order = np.empty(gr.ops.size, dtype=np.int64)  # task id of each program position
-        order[comp] = ids
-        order[is_ar] = ar_task[s]
-        chain_parts.append(np.stack([order[:-1], order[1:]]))
+        if lanes:  # forward and backward run side by side, each in program order
+            fi, bi = ids[ops == FWD], ids[ops == BWD]
+            chain_parts += [np.stack([fi[:-1], fi[1:]]), np.stack([bi[:-1], bi[1:]]),
+                            np.stack([fi[np.argsort(mic[ops == FWD])], bi[np.argsort(mic[ops == BWD])]])]
+        else:
+            order = np.empty(gr.ops.size, dtype=np.int64)  # task id of each program position
+            order[comp] = ids
+            order[is_ar] = ar_task[s]
+            chain_parts.append(np.stack([order[:-1], order[1:]]))
         n += k
     task_group = np.concatenate([np.asarray(x, dtype=np.int64) for x in owner_parts])
 
@@ -227,7 +261,12 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
     for gr in groups:
         s = gr.stage
         comp = gr.ops != ALLREDUCE
-        b = float(dur_a[gr.base: gr.base + int(comp.sum())].sum())
+        seg = slice(gr.base, gr.base + int(comp.sum()))
+        if lanes:  # busy = the busier lane
+            gk = kind_a[seg]
+            b = max(float(dur_a[seg][gk == FWD].sum()), float(dur_a[seg][gk == BWD].sum()))
+        else:
+            b = float(dur_a[seg].sum())
         delta = np.where(gr.ops == FWD, 1.0, np.where(gr.ops == BWD, -1.0, 0.0))
         per_mb = costs.stash[s] / share_n[s, np.maximum(gr.micro, 0)]
         peak_act = float(np.max(np.cumsum(delta * per_mb), initial=0.0))
@@ -264,7 +303,7 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
     tl = None
     if timeline:
         tl = _timeline(cl, stage_devs, groups, chan_names, kind_a, stage_a, micro_a,
-                       task_group, chan_a, start_a, end_a, iteration, plan_devs, pos)
+                       task_group, chan_a, start_a, end_a, iteration, plan_devs, pos, lanes)
     return SimResult(iteration_s=iteration, lower_s=max(work_bound, path_bound),
                      work_bound_s=work_bound, path_bound_s=path_bound,
                      devices=[cl.devices[d].name for d in plan_devs],
@@ -274,24 +313,29 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
 
 
 def _timeline(cl, stage_devs, groups, chan_names, kind, stage, micro, owner, chan, start, end,
-              iteration, plan_devs, pos) -> Timeline:
-    """Expand group tasks to each device, all-reduces to each device of the stage."""
+              iteration, plan_devs, pos, lanes: bool = False) -> Timeline:
+    """Expand group tasks to each device, all-reduces to each device of the stage. With
+    lanes (fb-parallel) each device has a forward and a backward row."""
     res_parts, idx_parts = [], []
     for gi, gr in enumerate(groups):
         ids = np.flatnonzero(owner == gi)
         for d in gr.devices:
             idx_parts.append(ids)
-            res_parts.append(np.full(ids.size, pos[d]))
+            res_parts.append(2 * pos[d] + (kind[ids] == BWD) if lanes else np.full(ids.size, pos[d]))
     for t in np.flatnonzero(kind == ALLREDUCE).tolist():
         devs = stage_devs[int(stage[t])]
         idx_parts.append(np.full(len(devs), t))
         res_parts.append(np.array([pos[d] for d in devs]))
     comm = np.flatnonzero(chan >= 0)
     idx_parts.append(comm)
-    res_parts.append(len(plan_devs) + chan[comm])
+    rows = 2 * len(plan_devs) if lanes else len(plan_devs)
+    res_parts.append(rows + chan[comm])
     idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, dtype=np.int64)
     res = np.concatenate(res_parts) if res_parts else np.zeros(0, dtype=np.int64)
-    names = [cl.devices[d].name for d in plan_devs] + chan_names
-    return Timeline(resources=names, resource_is_device=[True] * len(plan_devs) + [False] * len(chan_names),
+    dev_names = [cl.devices[d].name for d in plan_devs]
+    if lanes:
+        dev_names = [f"{n}/{lane}" for n in dev_names for lane in ("fwd", "bwd")]
+    names = dev_names + chan_names
+    return Timeline(resources=names, resource_is_device=[True] * rows + [False] * len(chan_names),
                     kind=kind[idx], stage=stage[idx], micro=micro[idx], resource=res,
                     start=start[idx], end=end[idx], iteration_s=iteration)
