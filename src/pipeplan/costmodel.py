@@ -1,7 +1,7 @@
 """SPP's cost model (§III), shared by planners and the simulator.
 
-- compute of a stage per microbatch: sum of its layers' time / (replicas x slowest replica's speed)
-  (a microbatch is split evenly over the replicas, which run in lockstep);
+- compute of a stage per microbatch: sum of its layers' time / (sum of its replicas' speeds)
+  (a microbatch is split over the replicas in proportion to their speeds);
 - transfer between consecutive stages: bytes / (|F(s)| |F(s+1)| min bandwidth between the two
   device sets) + the largest latency among those links (§III-B2);
 - ring all-reduce of a replicated stage: 2(k-1)/k x parameter bytes / min bandwidth inside the

@@ -1,7 +1,7 @@
 """Simulate one synchronous training iteration of a plan under a schedule (SPP §III cost model).
 
-Replicas of a stage that run the same program form one lockstep group (one resource, at the
-slowest replica's speed). Inter-stage transfers of a microbatch go over the channel between
+Replicas of a stage that run the same program form one group (one resource); they split each
+microbatch in proportion to their speeds. Inter-stage transfers of a microbatch go over the channel between
 the sending and receiving device sets; one channel carries both directions, one transfer at
 a time. Each replicated stage all-reduces its gradients after its last backward. The
 iteration ends with the last backward of stage 0 or the last all-reduce (SPP Eq. 2).
