@@ -67,7 +67,7 @@ def _inputs(rates, q, wf, wg) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
 def worker_cost(rates_sum, wf, wg) -> np.ndarray:
     """cost(V_i) of §V for summed rates ``rates_sum`` (..., m): optimal max(F, G), inf if empty."""
     rates_sum = np.asarray(rates_sum, dtype=float)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         f = np.asarray(wf, dtype=float) / rates_sum
         g = np.asarray(wg, dtype=float) / rates_sum
     return batch_time(f, g)
@@ -115,8 +115,8 @@ def local_search_groups(rates, q: int, wf, wg, improve: bool = False, max_rounds
 
 def _improve(rates, owner, q, wf, wg, max_rounds: int) -> np.ndarray:
     owner = owner.copy()
-    sums = np.array([rates[owner == i].sum(axis=0) for i in range(q)])
-    for _ in range(max_rounds):
+    for _ in range(max_rounds if q > 1 else 0):
+        sums = np.array([rates[owner == k].sum(axis=0) for k in range(q)])   # fresh: no drift
         cost = worker_cost(sums, wf, wg)
         i = int(np.argmax(cost))
         mine = np.nonzero(owner == i)[0]
@@ -124,32 +124,25 @@ def _improve(rates, owner, q, wf, wg, max_rounds: int) -> np.ndarray:
         best, best_val = None, cost[i] * (1 - 1e-12)
         if mine.size > 1:                         # move d from i to worker k (i stays non-empty)
             ks = np.array([k for k in range(q) if k != i])
-            new_i = worker_cost(sums[i] - rates[mine], wf, wg)[:, None]
+            new_i = worker_cost(np.maximum(sums[i] - rates[mine], 0.0), wf, wg)[:, None]
             new_k = worker_cost(sums[ks][None, :, :] + rates[mine][:, None, :], wf, wg)
             val = np.maximum(new_i, new_k)
             a, b = np.unravel_index(int(np.argmin(val)), val.shape)
             if val[a, b] < best_val:
-                best, best_val = ("move", int(mine[a]), int(ks[b])), float(val[a, b])
-        if others.size:                           # swap d (in i) with e (in k)
-            delta = rates[others][None, :, :] - rates[mine][:, None, :]      # (|mine|, |others|, m)
-            new_i = worker_cost(sums[i] + delta, wf, wg)
-            new_k = worker_cost(sums[owner[others]][None, :, :] - delta, wf, wg)
-            val = np.maximum(new_i, new_k)
-            a, b = np.unravel_index(int(np.argmin(val)), val.shape)
-            if val[a, b] < best_val:
-                best = ("swap", int(mine[a]), int(others[b]))
+                best, best_val = (int(mine[a]), int(ks[b]), None), float(val[a, b])
+        delta = rates[others][None, :, :] - rates[mine][:, None, :]          # swap d (in i), e (in k)
+        new_i = worker_cost(np.maximum(sums[i] + delta, 0.0), wf, wg)
+        new_k = worker_cost(np.maximum(sums[owner[others]][None, :, :] - delta, 0.0), wf, wg)
+        val = np.maximum(new_i, new_k)
+        a, b = np.unravel_index(int(np.argmin(val)), val.shape)
+        if val[a, b] < best_val:
+            best = (int(mine[a]), int(owner[others[b]]), int(others[b]))
         if best is None:
             break
-        kind, d, x = best
-        if kind == "move":
-            owner[d] = x
-            sums[i] -= rates[d]
-            sums[x] += rates[d]
-        else:
-            k = int(owner[x])
-            owner[d], owner[x] = k, i
-            sums[i] += rates[x] - rates[d]
-            sums[k] += rates[d] - rates[x]
+        d, k, e = best
+        owner[d] = k
+        if e is not None:
+            owner[e] = i
     return owner
 
 

@@ -139,12 +139,13 @@ def partition(lf, lg, comm, n: int, beta=None, eps: float | None = None,
 
     ``method="exact"`` (default): binary search over the sorted candidate values (every run's
     cost and every h); the optimum is one of them, so the result is exactly optimal.
-    ``method="eps"``: Alg. 1 with granularity ``eps`` (default 1e-6 x the upper bound), the
+    ``method="eps"``: Alg. 1 with granularity ``eps`` (default 1e-6 x the lower bound), the
     branches as the text describes them (the printed pseudo-code swaps lines 6 and 8:
     infeasible -> x = mid + eps, feasible -> y = mid). The printed bounds are not always valid
     (one resource: the whole model takes f + g > max(f, g); m >= 3 identical resources: a layer
     can take less than min_j f_j), so they are widened to [min(x, max single-layer cost),
-    max(y, whole-model cost)]. The result is within eps of the optimum.
+    max(y, whole-model cost)]. The result is within eps of the optimum. Raises PipeplanError
+    when no split into <= n runs can run (a layer, or every run, lacks a resource for a pass).
     """
     lf, lg, comm, n, beta = _inputs(lf, lg, comm, n, beta)
     table = run_costs(lf, lg, beta)
@@ -153,11 +154,15 @@ def partition(lf, lg, comm, n: int, beta=None, eps: float | None = None,
         bad = int(np.nonzero(~np.isfinite(single))[0][0])
         raise PipeplanError(f"partition: layer {bad} cannot run its forward and backward passes "
                             f"{'under the fixed beta' if beta is not None else 'on any resource'}")
-    lower, upper = float(single.max()), float(table[0, -1])
+    lower = float(single.max())                    # every layer lies in some run
+    cand = np.concatenate([table[np.isfinite(table)], comm[:-1]])
+    cand = np.unique(cand[(cand >= lower) & np.isfinite(cand)])
+    if _greedy(table, comm, n, float(cand[-1])) is None:   # feasibility is monotone in the limit
+        raise PipeplanError(f"partition: no split into at most {n} runs gives every run a resource for "
+                            f"each pass (layers need disjoint resources)")
+    whole = float(table[0, -1]) if np.isfinite(table[0, -1]) else float(cand[-1])
     if method == "exact":
-        cand = np.concatenate([table[np.isfinite(table)], comm[:-1]])
-        cand = np.unique(cand[(cand >= lower) & (cand <= upper)])
-        lo, hi = 0, cand.size - 1                  # cand[hi] = upper is feasible (one run)
+        lo, hi = 0, int(np.searchsorted(cand, whole))  # cand[hi] = whole is feasible
         while lo < hi:
             mid = (lo + hi) // 2
             if _greedy(table, comm, n, float(cand[mid])) is not None:
@@ -167,9 +172,8 @@ def partition(lf, lg, comm, n: int, beta=None, eps: float | None = None,
         runs = _greedy(table, comm, n, float(cand[lo]))
     elif method == "eps":
         x, y = paper_bounds(lf, lg, comm)
-        x, y = min(x, lower), max(y, upper)
-        if eps is None:
-            eps = 1e-6 * y
+        x, y = min(x, lower), max(y, whole)
+        eps = 1e-6 * lower if eps is None else eps
         if not eps > 0:
             raise PipeplanError(f"partition: eps must be positive, got {eps}")
         runs = _greedy(table, comm, n, y)
@@ -185,7 +189,7 @@ def partition(lf, lg, comm, n: int, beta=None, eps: float | None = None,
     else:
         raise PipeplanError(f"partition: method must be 'exact' or 'eps', got {method!r}")
     assert runs is not None
-    return _bottleneck(table, comm, runs), runs, _betas(lf, lg, beta, runs)
+    return float(_bottleneck(table, comm, runs)), runs, _betas(lf, lg, beta, runs)
 
 
 def brute_force_partition(lf, lg, comm, n: int, beta=None) -> tuple[float, Runs]:

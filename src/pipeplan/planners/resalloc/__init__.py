@@ -1,0 +1,124 @@
+"""``resalloc``: resource allocation for pipelines on multi-resource and heterogeneous devices
+(Duan & Wu, "Optimizing Resource Allocation in Pipeline Parallelism", ../shared/seeds/resalloc.txt).
+
+For every pipeline depth q (or the one given with ``-O depth=q``):
+
+1. group the devices into q workers (Alg. 2, local search; with one device per worker on a
+   homogeneous cluster this is the identity), a worker's resources being the sum of its
+   devices' (§V);
+2. partition the linearized layers over the workers (Alg. 1: binary search on the
+   bottleneck with the greedy feasibility check), each run's forward/backward split beta
+   from the LP of §IV-A (or fixed with ``-O beta=0.5``, the paper's "without resource
+   allocation"); a worker's resources are those of the weakest worker (Alg. 1 assumes
+   homogeneous workers), and cutting after a layer costs its output over the link;
+3. simulate the plan with the ``fb-parallel`` schedule (forward and backward side by side,
+   steady state, §III-C) and keep the fastest depth.
+
+A worker of several devices is a stage whose replicas split each microbatch in proportion
+to their speeds and all-reduce their gradients — pipeplan's cost model, where the paper's
+§VI assumes devices in a group share resources without overhead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...cluster import Cluster
+from ...costmodel import transfer_time
+from ...errors import PipeplanError
+from ...graph import Graph, linearize
+from ...plan import Plan, Stage
+from ...sim import simulate
+from ..base import PlanOptions, overflow_text, register
+from .grouping import local_search_groups
+from .partition import partition
+
+
+def resource_types(cluster: Cluster) -> list[str]:
+    names: list[str] = []
+    for d in cluster.devices:
+        for r in d.resources or ():
+            if r.name not in names:
+                names.append(r.name)
+    return names or ["*"]
+
+
+def rates(cluster: Cluster, types: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per device and resource type: forward and backward speed (0 where absent)."""
+    f = np.zeros((len(cluster), len(types)))
+    b = np.zeros_like(f)
+    for i, d in enumerate(cluster.devices):
+        for r in d.resources or ():
+            f[i, types.index(r.name)] = r.fwd_speed
+            b[i, types.index(r.name)] = r.bwd_speed
+        if not d.resources:
+            f[i, 0], b[i, 0] = d.speed, d.speed
+    return f, b
+
+
+def group_devices(cluster: Cluster, graph: Graph, q: int, types: list[str]) -> list[list[int]]:
+    """Alg. 2 on the whole model as the reference workload (work = time x rate, per type)."""
+    fr, br = rates(cluster, types)
+    if q == len(cluster):
+        return [[i] for i in range(len(cluster))]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.nanmax(np.where(br > 0, fr / br, np.nan), axis=0)  # fwd/bwd speed per type
+    ratio = np.nan_to_num(ratio, nan=1.0)
+    wf = np.full(len(types), graph.total_fwd)
+    wg = graph.total_bwd * ratio
+    return local_search_groups(fr, q, wf, wg)
+
+
+def plan_for_depth(graph: Graph, cluster: Cluster, q: int, options: PlanOptions,
+                   beta: float | None) -> Plan:
+    types = resource_types(cluster)
+    lin = linearize(graph)
+    groups = group_devices(cluster, graph, q, types)
+    fr, br = rates(cluster, types)
+    cap_f = np.array([fr[g].sum(axis=0) for g in groups]).min(axis=0)  # the weakest worker
+    cap_b = np.array([br[g].sum(axis=0) for g in groups]).min(axis=0)
+    fwd = graph.fwd[lin.order]
+    bwd = graph.bwd[lin.order]
+    with np.errstate(divide="ignore"):
+        lf = fwd[:, None] / cap_f[None, :]
+        lg = bwd[:, None] / cap_b[None, :]
+    link = [groups[0], groups[1]] if len(groups) > 1 else [groups[0], groups[0]]
+    comm = np.array([transfer_time(cluster, link[0], link[1], float(lin.cut_bytes[k + 1]))
+                     if len(groups) > 1 and k + 1 < lin.n else 0.0 for k in range(lin.n)])
+    fixed = None if beta is None else np.full(len(types), beta)
+    _, runs, betas = partition(lf, lg, comm, q, beta=fixed)
+    stages = [Stage([graph.ids[u] for u in lin.interval(a, b + 1)], [cluster.devices[d].name for d in grp])
+              for (a, b), grp in zip(runs, groups)]
+    allocation = [{t: float(x) for t, x in zip(types, bt)} for bt in betas]
+    return Plan(graph, cluster, stages, options.microbatches, schedule=options.schedule or "fb-parallel",
+                optimizer=options.optimizer, replicas="split", allocation=allocation,
+                extra={"resalloc": {"depth": q, "groups": [[cluster.devices[d].name for d in g] for g in groups],
+                                    "beta": "optimal (LP)" if beta is None else beta}})
+
+
+@register("resalloc", "resource allocation: forward/backward split of each device's resources, "
+          "binary-search partition, grouping of heterogeneous devices", "fb-parallel")
+def plan_resalloc(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
+    beta = options.float_option("beta")
+    if beta is not None and not 0 < beta < 1:
+        raise PipeplanError(f"resalloc: beta must be in (0, 1), got {beta}")
+    depth = options.option("depth")
+    n_layers = len(graph)
+    if depth is not None:
+        if not depth.isdigit() or not 1 <= int(depth) <= min(len(cluster), n_layers):
+            raise PipeplanError(f"resalloc: depth must be an integer in 1..{min(len(cluster), n_layers)}")
+        depths = [int(depth)]
+    else:
+        depths = list(range(1, min(len(cluster), n_layers) + 1))
+    best, over = None, None
+    for q in depths:
+        plan = plan_for_depth(graph, cluster, q, options, beta)
+        r = simulate(plan, timeline=False)
+        if r.over_memory and not options.allow_over_memory:
+            over = r if over is None or r.iteration_s < over.iteration_s else over
+            continue
+        if best is None or r.iteration_s < best[0]:
+            best = (r.iteration_s, plan)
+    if best is None:
+        raise PipeplanError(f"resalloc: no plan fits in memory: {overflow_text(over)}")
+    return best[1]
