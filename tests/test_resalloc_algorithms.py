@@ -175,7 +175,7 @@ def test_partition_errors():
 
 # --- §V: grouping -----------------------------------------------------------------------
 
-KINDS = np.array(list(EXAMPLE_DEVICE_KINDS.values()))     # placeholders, see grouping.py
+KINDS = np.array(list(EXAMPLE_DEVICE_KINDS.values()))     # pipeplan's device kinds, see grouping.py
 WF, WG = (np.array(w) for w in EXAMPLE_WORKLOAD)
 
 
@@ -233,7 +233,7 @@ def test_alg2_seeds_every_worker_with_the_strongest_devices():
 
 
 def test_local_search_close_to_brute_force_and_better_than_sorting():
-    """200 random sets of the paper's three device kinds (placeholder rates), 4..10 devices,
+    """200 random sets of the paper's three device kinds (pipeplan's device kinds), 4..10 devices,
     q = 4: ratio of the bottleneck cost to the optimum."""
     rng = np.random.default_rng(2024)
     ratios = {"local": [], "local+improve": [], "sorting": []}

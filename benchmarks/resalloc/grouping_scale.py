@@ -7,8 +7,8 @@
    +-20% jitter per device and resource.
 
 Devices are drawn from grouping.EXAMPLE_DEVICE_KINDS (§VI's three kinds: laptop i7+GTX1650,
-laptop i5+Iris Xe, Raspberry Pi 4B) with the reference workload EXAMPLE_WORKLOAD - both
-PLACEHOLDERS, not measurements. Writes benchmarks/results/resalloc/grouping.{json,md}.
+laptop i5+Iris Xe, Raspberry Pi 4B: pipeplan's device kinds, from vendor peak figures) with
+the reference workload EXAMPLE_WORKLOAD (AlexNet). Writes benchmarks/results/resalloc/grouping.{json,md}.
 
     python benchmarks/resalloc/grouping_scale.py [--sets N] [--seed S]
 """
@@ -80,8 +80,8 @@ def ratios(rng: np.random.Generator, sets: int) -> list[dict]:
 def markdown(args, scale_rows, ratio_rows) -> str:
     out = ["# Device grouping (Alg. 2): scale and gap to brute force", "",
            f"`python benchmarks/resalloc/grouping_scale.py --sets {args.sets} --seed {args.seed}`", "",
-           "Device kinds and reference workload are PLACEHOLDERS (grouping.EXAMPLE_DEVICE_KINDS, "
-           "EXAMPLE_WORKLOAD); cost = bottleneck worker's optimal max(F, G).", "",
+           "Device kinds from pipeplan's kinds (vendor peak figures; grouping.EXAMPLE_DEVICE_KINDS), "
+           "reference workload AlexNet (grouping.EXAMPLE_WORKLOAD); cost = bottleneck worker's optimal max(F, G).", "",
            "## 1,000 devices (+-20% jitter)", "",
            "| q | Alg. 2 (s) | Alg. 2 cost | + improve (s) | + improve cost | sorting (s) | sorting cost |",
            "|---|---|---|---|---|---|---|"]
@@ -109,7 +109,7 @@ def main() -> None:
     ratio_rows = ratios(rng, args.sets)
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {"seed": args.seed, "sets": args.sets, "device_kinds": EXAMPLE_DEVICE_KINDS,
-               "workload": {"wf": WF.tolist(), "wg": WG.tolist()}, "placeholder": True,
+               "workload": {"wf": WF.tolist(), "wg": WG.tolist()}, "rates_source": "cluster/kinds.py (vendor peak figures)",
                "scale": scale_rows, "ratios": ratio_rows}
     (RESULTS / "grouping.json").write_text(json.dumps(payload, indent=2) + "\n")
     (RESULTS / "grouping.md").write_text(markdown(args, scale_rows, ratio_rows))

@@ -79,13 +79,17 @@ def main() -> None:
     (RESULTS / "accuracy.json").write_text(json.dumps({
         "median_error": med, "cases": rows,
         "calibration": {"speeds": [d.speed for d in cluster.devices],
+                        "solo_speeds": [d.solo_speed for d in cluster.devices],
+                        "allreduce_efficiency": cluster.meta.get("allreduce_efficiency"),
                         "bandwidth_Bps": float(cluster.bandwidth[0, 1]), "latency_s": float(cluster.latency[0, 1])}},
         indent=1) + "\n")
     md = ["# Prediction error on this machine", "",
           f"`python benchmarks/runtime/accuracy.py --steps {args.steps} --microbatches {args.microbatches}`: "
           "2 worker processes (gloo, 1 thread each) on this 2-core machine; measured = median iteration "
           "after 2 warm-up steps.", "",
-          f"Calibration: speeds {', '.join(f'{d.speed:.2f}' for d in cluster.devices)}; link "
+          f"Calibration: speeds {', '.join(f'{d.speed:.2f}' for d in cluster.devices)} with both busy, "
+          f"{', '.join(f'{d.solo_speed:.2f}' for d in cluster.devices)} alone; all-reduce efficiency "
+          f"{cluster.meta.get('allreduce_efficiency', 1.0):.2f}; link "
           f"{cluster.bandwidth[0, 1] * 8 / 1e9:.1f} Gbps, latency {cluster.latency[0, 1] * 1e6:.0f} us.", "",
           "| model | plan | measured (ms) | predicted (ms) | error (predicted - measured) |", "|---|---|---|---|---|"]
     md += [f"| {r['model']} | {r['plan']} | {r['measured_s'] * 1e3:.2f} | {r['predicted_s'] * 1e3:.2f} | "

@@ -5,7 +5,9 @@
 - transfer between consecutive stages: bytes / (|F(s)| |F(s+1)| min bandwidth between the two
   device sets) + the largest latency among those links (§III-B2);
 - ring all-reduce of a replicated stage: 2(k-1)/k x parameter bytes / min bandwidth inside the
-  group (Eq. 1), plus 2(k-1) link latencies (the ring's steps);
+  group (Eq. 1), plus 2(k-1) link latencies (the ring's steps); a calibrated cluster also
+  carries the collective's measured efficiency against its links (gloo's ring reaches a
+  fraction of the point-to-point bandwidth);
 - memory per device: parameters x (1 weights + 1 gradients + optimizer-state factor) plus the
   activations stashed for backward (see ``stash_bytes``).
 """
@@ -45,7 +47,8 @@ def allreduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float,
         a, b = _slowest_pair(cluster, group, group)
         raise PipeplanError(f"{where}: zero bandwidth between {a} and {b}, which must all-reduce")
     lat = float(cluster.latency[np.ix_(list(group), list(group))].max())
-    return 2.0 * (k - 1) / k * param_bytes / bw + 2 * (k - 1) * lat
+    eff = float(cluster.meta.get("allreduce_efficiency", 1.0))  # measured by calibrate
+    return 2.0 * (k - 1) / k * param_bytes / (bw * eff) + 2 * (k - 1) * lat
 
 
 def state_bytes(param_bytes: float, optimizer: str = DEFAULT_OPTIMIZER) -> float:

@@ -31,8 +31,9 @@ def hierarchical(name: str, servers: int, gpus: int, intra: float, inter: float,
     return Cluster(name, devices, bw, lat, meta=dict(meta or {}))
 
 
-_TOP_KEYS = {"name", "devices", "servers", "bandwidth", "latency", "intra", "inter", "links"}
-_DEVICE_KEYS = {"name", "kind", "memory", "speed", "server", "resources"}
+_TOP_KEYS = {"name", "devices", "servers", "bandwidth", "latency", "intra", "inter", "links",
+             "allreduce_efficiency"}
+_DEVICE_KEYS = {"name", "kind", "memory", "speed", "server", "resources", "solo_speed"}
 _RESOURCE_KEYS = {"name", "fwd_speed", "bwd_speed"}
 _SERVER_KEYS = {"name", "gpus", "kind", "memory", "speed", "intra"}
 _LINK_KEYS = {"from", "to", "bandwidth", "latency", "directed"}
@@ -68,8 +69,12 @@ def _device(d: dict, where: str, server: str = "") -> Device:
             except (KeyError, TypeError, ValueError):
                 raise PipeplanError(f"{where}: resources[{i}] needs name, fwd_speed and bwd_speed (numbers)") from None
         resources = tuple(res)
+    solo = d.get("solo_speed")
+    if solo is not None and (isinstance(solo, bool) or not isinstance(solo, (int, float)) or not solo > 0):
+        raise PipeplanError(f"{where}: solo_speed must be a number > 0, got {solo!r}")
     return Device(name=str(d["name"]), kind=k.name, memory=memory, speed=float(speed),
-                  server=str(d.get("server", server)), resources=resources)
+                  server=str(d.get("server", server)), resources=resources,
+                  solo_speed=None if solo is None else float(solo))
 
 
 def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
@@ -136,11 +141,17 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
             if "latency" in link:
                 lat[i, j] = parse_time(link["latency"], f"{where}: latency")
     np.fill_diagonal(bw, np.inf)
+    meta = {}
+    if "allreduce_efficiency" in d:
+        eff = d["allreduce_efficiency"]
+        if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
+            raise PipeplanError(f"{source}: allreduce_efficiency must be in (0, 1], got {eff!r}")
+        meta["allreduce_efficiency"] = float(eff)
     if np.isnan(bw).any():
         i, j = map(int, np.argwhere(np.isnan(bw))[0])
         raise PipeplanError(f"{source}: no bandwidth for {devices[i].name} -> {devices[j].name} "
                             "(set 'bandwidth', 'inter' or a link)")
-    return Cluster(name, devices, bw, lat)
+    return Cluster(name, devices, bw, lat, meta=meta)
 
 
 def cluster_to_dict(c: Cluster) -> dict:
@@ -150,8 +161,10 @@ def cluster_to_dict(c: Cluster) -> dict:
             "devices": [{"name": d.name, "kind": d.kind, "memory": d.memory, "speed": d.speed,
                          "server": d.server,
                          **({"resources": [{"name": r.name, "fwd_speed": r.fwd_speed, "bwd_speed": r.bwd_speed}
-                                           for r in d.resources]} if d.resources else {})}
+                                           for r in d.resources]} if d.resources else {}),
+                         **({"solo_speed": d.solo_speed} if d.solo_speed else {})}
                         for d in c.devices],
+            **({"allreduce_efficiency": c.meta["allreduce_efficiency"]} if "allreduce_efficiency" in c.meta else {}),
             "bandwidth_matrix": bw.tolist(), "latency_matrix": c.latency.tolist()}
 
 
@@ -161,10 +174,12 @@ def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
         devices = [Device(name=str(x["name"]), kind=str(x.get("kind", "GPU")), memory=float(x["memory"]),
                           speed=float(x["speed"]), server=str(x.get("server", "")),
                           resources=tuple(Resource(str(r["name"]), float(r["fwd_speed"]), float(r["bwd_speed"]))
-                                          for r in x.get("resources", [])))
+                                          for r in x.get("resources", [])),
+                          solo_speed=None if x.get("solo_speed") is None else float(x["solo_speed"]))
                    for x in d["devices"]]
         bw = np.array(d["bandwidth_matrix"], dtype=float)
         lat = np.array(d["latency_matrix"], dtype=float)
-        return Cluster(str(d.get("name", "cluster")), devices, bw, lat)
+        meta = {"allreduce_efficiency": float(d["allreduce_efficiency"])} if "allreduce_efficiency" in d else {}
+        return Cluster(str(d.get("name", "cluster")), devices, bw, lat, meta=meta)
     except (KeyError, TypeError, ValueError) as e:
         raise PipeplanError(f"{source}: malformed cluster ({e.__class__.__name__}: {e})") from None

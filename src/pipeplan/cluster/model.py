@@ -29,7 +29,10 @@ class Device:
     """One accelerator: ``speed`` is its throughput relative to the reference device on which
     the model graph's times were measured (2.0 = twice as fast); ``memory`` is bytes.
     A device with several compute ``resources`` (resalloc.txt §III-B) runs a pass on all of
-    them at once (their rates add), or splits them between forward and backward."""
+    them at once (their rates add), or splits them between forward and backward.
+    ``speed`` is measured with every device of its server busy; ``solo_speed``, when known
+    (``pipeplan calibrate``), alone — devices that share cores or memory bandwidth slow each
+    other down, and the simulator interpolates between the two."""
 
     name: str
     kind: str = "GPU"
@@ -37,6 +40,7 @@ class Device:
     speed: float = 1.0
     server: str = ""
     resources: tuple[Resource, ...] = ()
+    solo_speed: float | None = None  # speed when the other devices of its server are idle
 
     @property
     def fwd_speed(self) -> float:
@@ -70,6 +74,8 @@ class Cluster:
                 raise PipeplanError(f"{where}: device {d.name!r} has no resource for forward or backward")
             if any(r.fwd_speed < 0 or r.bwd_speed < 0 for r in d.resources):
                 raise PipeplanError(f"{where}: device {d.name!r} has a negative resource speed")
+            if d.solo_speed is not None and not d.solo_speed > 0:
+                raise PipeplanError(f"{where}: device {d.name!r} has solo_speed {d.solo_speed!r} (must be > 0)")
             if not (d.memory > 0):
                 raise PipeplanError(f"{where}: device {d.name!r} has memory {d.memory!r} (must be > 0)")
             self.index[d.name] = i

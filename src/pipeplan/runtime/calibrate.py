@@ -133,6 +133,23 @@ def _worker(rank: int, world: int, port: int, device: str, threads: int, seconds
                                 init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=120))
         compute = _bench(dev, seconds, start_barrier=dist.barrier)
+        solo: list[float] = []
+        for r in range(world):  # each worker alone: no contention from the others
+            dist.barrier()
+            if rank == r:
+                solo = _bench(dev, seconds / 2)
+        dist.barrier()
+        allreduce = []
+        if world > 1:  # one flattened all-reduce of `large` bytes over every worker (ring)
+            buf = torch.zeros(large // 4, device=dev)
+            for _ in range(2 + _LARGE_REPS):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(buf)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                allreduce.append(time.perf_counter() - t0)
+            allreduce = allreduce[2:]
         dist.barrier()  # links are measured only once every worker has stopped computing
         links = {}
         for a, b in _pairs(world):
@@ -142,7 +159,7 @@ def _worker(rank: int, world: int, port: int, device: str, threads: int, seconds
                 if rank == a:
                     links[(a, b)] = (small, big)
             dist.barrier()
-        results.put(("ok", rank, {"compute_s": compute, "links": links}))
+        results.put(("ok", rank, {"compute_s": compute, "solo_s": solo, "links": links, "allreduce_s": allreduce}))
     except BaseException as e:
         where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
         line = (str(e).strip().splitlines() or [""])[0]
@@ -242,6 +259,7 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     t_ref = med(reference)
     t_workers = [med(got[r]["compute_s"]) for r in range(workers)]
     speeds = [t_ref / t for t in t_workers]
+    solo_speeds = [t_ref / med(got[r]["solo_s"]) for r in range(workers)]
     bw = np.full((workers, workers), np.nan)
     lat = np.full((workers, workers), np.nan)
     links = []
@@ -264,16 +282,24 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     else:
         memory = [_host_memory() / workers] * workers
     kind = "GPU" if device == "cuda" else "CPU"
-    devices = [Device(name=f"worker{r}", kind=kind, memory=memory[r], speed=speeds[r], server="localhost")
+    devices = [Device(name=f"worker{r}", kind=kind, memory=memory[r], speed=speeds[r], server="localhost",
+                      solo_speed=solo_speeds[r])
                for r in range(workers)]
     meta = {"source": "pipeplan calibrate", "device": device, "threads": threads,
             "profile_threads": profile_threads}
+    if workers > 1:
+        # ring all-reduce: 2(k-1)/k x bytes cross the slowest link; its measured time against
+        # what the point-to-point bandwidth predicts is the collective's efficiency
+        t_ar = med(got[0]["allreduce_s"])
+        ideal = 2 * (workers - 1) / workers * large / float(np.nanmin(np.where(np.eye(workers) > 0, np.nan, bw)))
+        meta["allreduce_efficiency"] = min(1.0, ideal / t_ar)
     cluster = Cluster("localhost", devices, bw, lat, meta=meta)
     measurements = {**meta, "workers": workers, "seconds": seconds, "torch": torch.__version__,
                     "benchmark": benchmark_description(device),
                     "reference_s": t_ref, "reference_times_s": reference,
                     "worker_s": t_workers, "worker_times_s": [got[r]["compute_s"] for r in range(workers)],
-                    "speed": speeds, "links": sorted(links, key=lambda x: x["pair"])}
+                    "speed": speeds, "solo_speed": solo_speeds, "links": sorted(links, key=lambda x: x["pair"]),
+                    "allreduce_s": got[0]["allreduce_s"]}
     return cluster, measurements
 
 
@@ -285,7 +311,8 @@ def cluster_to_yaml(cluster: Cluster) -> str:
     if not np.isfinite(cluster.bandwidth[off]).all():
         raise PipeplanError(f"cluster {cluster.name!r}: cannot write an infinite bandwidth between devices")
     devices = [{"name": d.name, "kind": d.kind, "memory": float(d.memory), "speed": float(d.speed),
-                "server": d.server} for d in cluster.devices]
+                "server": d.server, **({"solo_speed": float(d.solo_speed)} if d.solo_speed else {})}
+               for d in cluster.devices]
     links: list[dict] = []
     for a in range(v):
         for b in range(a + 1, v):
@@ -299,6 +326,9 @@ def cluster_to_yaml(cluster: Cluster) -> str:
                               "directed": True})
                 links.append({"from": names[1], "to": names[0], "bandwidth": back[0], "latency": back[1],
                               "directed": True})
-    body = yaml.safe_dump({"name": cluster.name, "devices": devices, "links": links},
+    top: dict = {"name": cluster.name, "devices": devices, "links": links}
+    if "allreduce_efficiency" in cluster.meta:
+        top["allreduce_efficiency"] = float(cluster.meta["allreduce_efficiency"])
+    body = yaml.safe_dump(top,
                           sort_keys=False, default_flow_style=None, width=120)
     return "# pipeplan cluster: memory in bytes, bandwidth in bytes/s, latency in seconds\n" + body

@@ -159,15 +159,19 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
             args = (xs[sel],) if first else ()
             kwargs = {"target": ys[sel]} if last else {}
             sched.step(*args, **kwargs)
-            if k > 1:
-                for prm in stage_mod.parameters():
-                    if prm.grad is not None:
-                        dist.all_reduce(prm.grad, group=dp_groups[stage_index])
+            if k > 1:  # one all-reduce of all the stage's gradients, flattened (as DDP buckets)
+                grads = [prm.grad for prm in stage_mod.parameters() if prm.grad is not None]
+                flat = torch._utils._flatten_dense_tensors(grads)
+                dist.all_reduce(flat, group=dp_groups[stage_index])
+                for g_, new in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+                    g_.copy_(new)
             opt.step()
             dist.barrier()
             times.append(time.perf_counter() - t0)
         if pipe == 0:
-            results.put(("params", stage_index, {n: t.detach().clone() for n, t in stage_mod.state_dict().items()}))
+            # plain arrays: torch's shared-memory tensors would need this process to outlive the read
+            results.put(("params", stage_index, {n: t.detach().cpu().numpy().copy()
+                                                 for n, t in stage_mod.state_dict().items()}))
         if rank == 0:
             results.put(("times", times))
         dist.barrier()
@@ -296,6 +300,7 @@ def max_rel_diff(staged: dict[int, dict], ref: dict[str, torch.Tensor]) -> float
     worst = 0.0
     for stage_params in staged.values():
         for name, t in stage_params.items():
+            t = torch.as_tensor(t)
             r = ref[name]
             scale = float(r.abs().max()) or 1.0
             worst = max(worst, float((t - r).abs().max()) / scale)

@@ -215,8 +215,18 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
         fwd: dict[str, list[float]] = {nid: [] for nid in ids}
         bwd: dict[str, list[float]] = {nid: [] for nid in ids}
         total: list[float] = []
+        half = x[: max(1, x.shape[0] // 2)]
+        fwd_half: dict[str, list[float]] = {nid: [] for nid in ids}
+        bwd_half: dict[str, list[float]] = {nid: [] for nid in ids}
         try:
             for r in range(warmup + reps):
+                if x.shape[0] >= 2:  # half a microbatch: what a 2-way split replica runs
+                    fh = _forward_times(model, mods, half, clock, {})
+                    bh = _backward_times(model, mods, half, clock)
+                    if r >= warmup:
+                        for nid in ids:
+                            fwd_half[nid].append(fh[nid])
+                            bwd_half[nid].append(bh[nid])
                 f = _forward_times(model, mods, x, clock, act)
                 b = _backward_times(model, mods, x, clock)
                 t0 = time.perf_counter()
@@ -241,7 +251,19 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
                       desc=_describe(mods[nid])) for nid in ids]
     spread = {nid: [min(a + b for a, b in zip(fwd[nid], bwd[nid])),
                     max(a + b for a, b in zip(fwd[nid], bwd[nid]))] for nid in ids}
+    # Time of a share phi of the microbatch: fixed + phi x (t - fixed), fitted from the full
+    # and the half microbatch (weights read once per call do not shrink with the batch).
+    fixed = {}
+    if x.shape[0] >= 2:
+        phi = half.shape[0] / x.shape[0]
+        for nid in ids:
+            pair = []
+            for full_t, half_t in ((med(fwd[nid]), med(fwd_half[nid])), (med(bwd[nid]), med(bwd_half[nid]))):
+                c = (half_t - phi * full_t) / (1 - phi)
+                pair.append(min(max(c, 0.0), full_t))
+            fixed[nid] = pair
     meta = {"source": "pipeplan profile", "spec": spec, "device": str(dev), "threads": threads,
+            "fixed_s": fixed,
             "microbatch": int(x.shape[0]), "torch": torch.__version__, "warmup": warmup, "reps": reps,
             "total_s": med(total), "spread": spread,
             "reference": f"this machine, one process, {threads} thread{'s' if threads > 1 else ''}"}

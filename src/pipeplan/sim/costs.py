@@ -19,6 +19,8 @@ class StageCosts:
 
     fwd: np.ndarray
     bwd: np.ndarray
+    fwd_fixed: np.ndarray  # the part of fwd/bwd that a share of the microbatch still pays
+    bwd_fixed: np.ndarray
     params: np.ndarray
     stash: np.ndarray
     boundary: np.ndarray
@@ -48,4 +50,11 @@ def stage_costs(plan: Plan) -> StageCosts:
     boundary = np.cumsum(diff)[: s_count - 1]
     crossing = np.cumsum(edge_diff)[: s_count - 1] > 0
     received = np.concatenate(([0.0], boundary))
-    return StageCosts(fwd, bwd, params, outputs + received, boundary, crossing)
+    fixed = np.zeros((2, len(g)))
+    for nid, pair in (g.meta.get("fixed_s") or {}).items():
+        i = g.index.get(nid)
+        if i is not None:
+            fixed[:, i] = pair
+    fwd_fixed = np.bincount(owner, weights=fixed[0], minlength=s_count)
+    bwd_fixed = np.bincount(owner, weights=fixed[1], minlength=s_count)
+    return StageCosts(fwd, bwd, fwd_fixed, bwd_fixed, params, outputs + received, boundary, crossing)

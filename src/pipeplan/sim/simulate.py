@@ -127,21 +127,46 @@ def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True
     3M microbatches runs 1F1B without all-reduce barriers and the prediction is the
     steady-state time of M microbatches (the time between the last backward of microbatch
     M-1 and of 2M-1 on the first stage), or, if longer, a replicated stage's busy time for
-    M microbatches plus its all-reduce (which overlaps with the pipeline)."""
+    M microbatches plus its all-reduce (which overlaps with the pipeline). ``fb-parallel``
+    is the same steady state with forward and backward side by side on each device
+    (resalloc.txt §III-B).
+
+    Devices that know their ``solo_speed`` (calibrated) are simulated twice: first alone,
+    then at a speed between alone and all-busy by how much of their time the other devices
+    of their server are busy (probability that at least one is, from their utilization)."""
     stage_devs = plan.stage_devices()
+    steady, lanes = None, False
     if schedule is not None:
         schedule.check(len(stage_devs), [len(d) for d in stage_devs])
-        return _simulate(plan, schedule, plan.microbatches, timeline)
-    if plan.schedule in (ASYNC, FB_PARALLEL):
-        m = plan.microbatches
-        stream = make_schedule("1f1b", stage_devs, 3 * m, plan.replicas, allreduce=False)
-        return _simulate(plan, stream, 3 * m, timeline, steady=m, lanes=plan.schedule == FB_PARALLEL)
-    return _simulate(plan, make_schedule(plan.schedule, stage_devs, plan.microbatches, plan.replicas),
-                     plan.microbatches, timeline)
+        m_count = plan.microbatches
+    elif plan.schedule in (ASYNC, FB_PARALLEL):
+        steady, lanes = plan.microbatches, plan.schedule == FB_PARALLEL
+        m_count = 3 * plan.microbatches
+        schedule = make_schedule("1f1b", stage_devs, m_count, plan.replicas, allreduce=False)
+    else:
+        m_count = plan.microbatches
+        schedule = make_schedule(plan.schedule, stage_devs, m_count, plan.replicas)
+    cl = plan.cluster
+    if all(d.solo_speed is None for d in cl.devices):
+        return _simulate(plan, schedule, m_count, timeline, steady, lanes)
+    solo = np.array([d.solo_speed or d.speed for d in cl.devices])
+    first = _simulate(plan, schedule, m_count, False, steady, lanes, scale=solo / cl.speed)
+    util = dict(zip((cl.index[n] for n in first.devices), first.utilization))
+    scale = np.ones(len(cl))
+    for i, d in enumerate(cl.devices):
+        if i not in util:
+            continue
+        others = [util[j] for j, e in enumerate(cl.devices) if j != i and j in util and e.server == d.server]
+        overlap = 1.0 - float(np.prod([1.0 - min(u, 1.0) for u in others])) if others else 0.0
+        eff = 1.0 / ((1.0 - overlap) / solo[i] + overlap / d.speed)
+        scale[i] = eff / d.speed
+    result = _simulate(plan, schedule, m_count, timeline, steady, lanes, scale=scale)
+    result.extra["contention"] = {cl.devices[i].name: float(scale[i] * cl.devices[i].speed) for i in util}
+    return result
 
 
 def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
-              steady: int | None = None, lanes: bool = False) -> SimResult:
+              steady: int | None = None, lanes: bool = False, scale: np.ndarray | None = None) -> SimResult:
     cl = plan.cluster
     stage_devs = plan.stage_devices()
     s_count = len(stage_devs)
@@ -153,6 +178,8 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
     # shared by its groups. Devices sharing a (stage, microbatch) split it in proportion to
     # their speeds, so they finish together (evenly, for identical devices).
     fspeed, bspeed = pass_speeds(plan, lanes)
+    if scale is not None:  # contention: the effective speed of each device
+        fspeed, bspeed = fspeed * scale, bspeed * scale
     share_n = np.zeros((s_count, m_count))
     share_f = np.zeros((s_count, m_count))
     share_b = np.zeros((s_count, m_count))
@@ -181,7 +208,11 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
         ops, mic = gr.ops[comp], gr.micro[comp]
         gr.base = n
         ids = np.arange(n, n + k)
-        per = np.where(ops == FWD, costs.fwd[s] / share_f[s, mic], costs.bwd[s] / share_b[s, mic])
+        # the varying part is shared in proportion to speed; the fixed part is paid in full
+        slow_f, slow_b = float(fspeed[gr.devices].min()), float(bspeed[gr.devices].min())
+        per = np.where(ops == FWD,
+                       (costs.fwd[s] - costs.fwd_fixed[s]) / share_f[s, mic] + costs.fwd_fixed[s] / slow_f,
+                       (costs.bwd[s] - costs.bwd_fixed[s]) / share_b[s, mic] + costs.bwd_fixed[s] / slow_b)
         dur_parts.append(per), kind_parts.append(ops), stage_parts.append(np.full(k, s))
         micro_parts.append(mic), owner_parts.append(np.full(k, gi))
         f_task[s, mic[ops == FWD]] = ids[ops == FWD]

@@ -27,15 +27,24 @@ from .allocation import batch_time
 __all__ = ["worker_cost", "groups_cost", "local_search_groups", "brute_force_groups",
            "sorting_groups", "EXAMPLE_DEVICE_KINDS", "EXAMPLE_WORKLOAD"]
 
-# PLACEHOLDERS (not measured; the lead replaces them with profiled values): §VI's three device
-# kinds as (cpu_rate, gpu_rate) in one arbitrary unit, and a reference workload's (cpu, gpu)
-# forward/backward work, the GPU relatively better at the forward pass.
-EXAMPLE_DEVICE_KINDS: dict[str, tuple[float, float]] = {
-    "laptop-i7-gtx1650": (1.0, 4.0),
-    "laptop-i5-irisxe": (0.6, 1.5),
-    "raspberry-pi-4b": (0.15, 0.0),      # Cortex-A72 only: no GPU usable for training
-}
-EXAMPLE_WORKLOAD: tuple[tuple[float, float], tuple[float, float]] = ((1.0, 0.8), (2.0, 2.0))  # (wf, wg)
+def _kind_rates() -> dict[str, tuple[float, float]]:
+    """§VI's three device kinds as (cpu, gpu) forward rates, from pipeplan's device kinds
+    (``cluster/kinds.py``: vendor peak figures; see the sources there)."""
+    from ...cluster.kinds import kind
+
+    out = {}
+    for name in ("laptop-i7-gtx1650", "laptop-i5-irisxe", "rpi4b"):
+        res = {r.name: r.fwd_speed for r in kind(name).resources}
+        out[name] = (res.get("cpu", 0.0), res.get("gpu", 0.0))
+    return out
+
+
+EXAMPLE_DEVICE_KINDS: dict[str, tuple[float, float]] = _kind_rates()
+# A reference workload per resource type (time x forward rate): AlexNet's forward and
+# backward time in PipeDream's V100 profile (44.8 ms, 40.5 ms); a CPU's backward runs at
+# 0.51 x its forward rate (measured, cluster/kinds.py), hence the larger backward work there.
+_CPU_BWD = 0.87 / 1.72
+EXAMPLE_WORKLOAD: tuple[tuple[float, float], tuple[float, float]] = ((0.0448, 0.0448), (0.0405 / _CPU_BWD, 0.0405))
 
 Groups = list[list[int]]
 

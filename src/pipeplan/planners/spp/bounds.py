@@ -24,7 +24,9 @@ def lemma1(plan: Plan) -> float | None:
     worst = 0.0
     ar = 0.0
     for s, group in enumerate(devs):
-        worst = max(worst, float(costs.fwd[s] + costs.bwd[s]) / (len(group) * float(c.speed[group].min())))
+        spd = float(c.speed[group].min())
+        fixed = float(costs.fwd_fixed[s] + costs.bwd_fixed[s])  # paid in full by each replica
+        worst = max(worst, (float(costs.fwd[s] + costs.bwd[s]) - fixed) / (len(group) * spd) + fixed / spd)
         ar = max(ar, allreduce_time(c, group, float(costs.params[s])))
         if s + 1 < s_count and costs.crossing[s]:
             d = float(costs.boundary[s])
