@@ -45,7 +45,10 @@ def test_two_cpu_workers(calibrated):
     assert (cluster.latency[off] > 0).all() and np.isfinite(cluster.latency[off]).all()
     assert m["workers"] == 2 and m["threads"] == m["profile_threads"] == 1
     assert m["speed"] == list(cluster.speed)
-    assert all(math.isclose(m["reference_s"] / t, s) for t, s in zip(m["worker_s"], m["speed"]))
+    # same threads as the profile: a worker alone is the profiling process (speed 1); with
+    # the others busy it is slower by its own measured ratio
+    assert m["solo_speed"] == [1.0, 1.0]
+    assert all(0 < s <= 1.0 for s in m["speed"])
     (link,) = m["links"]
     assert link["pair"] == [0, 1] and link["small_bytes"] == 4 and link["large_bytes"] >= 2**24
     assert cluster.latency[0, 1] == link["latency_s"] and cluster.bandwidth[0, 1] == link["bandwidth_Bps"]

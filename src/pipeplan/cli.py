@@ -69,13 +69,12 @@ def _options(args):
 
 
 def cmd_plan(args) -> int:
-    from .planners import REGISTRY, get_planner, run_planner
+    from .planners import run_planner
     from .report import print_plan
 
     graph, cluster = _load_inputs(args)
     if args.planner == "best":
-        get_planner("dp")  # loads the registry
-        rows = compare_rows(graph, cluster, sorted(REGISTRY), _options(args))
+        rows = compare_rows(graph, cluster, default_planners(cluster), _options(args))
         ok = [r for r in rows if "error" not in r]
         if not ok:
             raise PipeplanError("; ".join(r["error"] for r in rows))
@@ -148,14 +147,22 @@ def compare_rows(graph, cluster, planners: list[str], options) -> list[dict]:
     return ok + [r for r in rows if "error" in r]
 
 
-def cmd_compare(args) -> int:
+def default_planners(cluster) -> list[str]:
+    """Every planner but the exhaustive yardstick (``--planners ...,exact``); ``resalloc``
+    (an asynchronous fb-parallel steady state) where some device has several resources."""
     from .planners import REGISTRY, get_planner
+
+    get_planner("dp")  # loads the registry
+    multi = any(len(d.resources) > 1 for d in cluster.devices)
+    return sorted(n for n in REGISTRY if n != "exact" and (n != "resalloc" or multi))
+
+
+def cmd_compare(args) -> int:
+    from .planners import get_planner
     from .report import print_compare
 
     graph, cluster = _load_inputs(args)
-    get_planner("dp")  # loads the registry
-    # the exhaustive yardstick runs when asked for (--planners ...,exact)
-    names = args.planners.split(",") if args.planners else sorted(n for n in REGISTRY if n != "exact")
+    names = args.planners.split(",") if args.planners else default_planners(cluster)
     for n in names:
         get_planner(n)
     rows = compare_rows(graph, cluster, names, _options(args))

@@ -77,7 +77,7 @@ def print_compare(rows: list[dict], title: str, console: Console | None = None) 
             table.add_row("-", r["planner"], *["-"] * (len(cols) - 3), f"[red]{r['error']}[/red]")
             continue
         rep = r["replication"]
-        table.add_row(str(k), r["planner"], str(len(rep)),
+        table.add_row(str(k), f"{r['planner']} ({r['plan']['schedule']})", str(len(rep)),
                       "-".join(map(str, rep)) if len(rep) <= 12 else f"{'-'.join(map(str, rep[:12]))}-..",
                       fmt_time(r["iteration_s"]),
                       "-" if r.get("speedup_vs_dp") is None else f"{r['speedup_vs_dp']:.2f}x",

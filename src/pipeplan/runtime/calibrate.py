@@ -258,8 +258,15 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     med = statistics.median
     t_ref = med(reference)
     t_workers = [med(got[r]["compute_s"]) for r in range(workers)]
-    speeds = [t_ref / t for t in t_workers]
-    solo_speeds = [t_ref / med(got[r]["solo_s"]) for r in range(workers)]
+    t_solo = [med(got[r]["solo_s"]) for r in range(workers)]
+    if device == "cpu" and threads == profile_threads:
+        # A worker alone is the profiling process (same machine, same threads): its speed is 1
+        # by construction, and t_ref / t_solo would only add the machine's drift between the
+        # two measurements. Contention is the ratio measured inside each worker, close in time.
+        solo_speeds = [1.0] * workers
+    else:
+        solo_speeds = [t_ref / t for t in t_solo]
+    speeds = [min(s, s * ts / tc) for s, ts, tc in zip(solo_speeds, t_solo, t_workers)]
     bw = np.full((workers, workers), np.nan)
     lat = np.full((workers, workers), np.nan)
     links = []

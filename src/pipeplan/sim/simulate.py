@@ -120,6 +120,13 @@ ASYNC = "async-1f1b"
 FB_PARALLEL = "fb-parallel"
 
 
+def fixed_part(fixed: float, speeds: np.ndarray) -> float:
+    """A microbatch share's fixed time on the slowest working replica (a device with no
+    speed for a pass takes no share of it)."""
+    working = speeds[speeds > 0]
+    return fixed / float(working.min()) if fixed > 0 and working.size else 0.0
+
+
 def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True) -> SimResult:
     """Run the plan's iteration; ``timeline=False`` skips building the timeline (searches).
 
@@ -209,10 +216,10 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
         gr.base = n
         ids = np.arange(n, n + k)
         # the varying part is shared in proportion to speed; the fixed part is paid in full
-        slow_f, slow_b = float(fspeed[gr.devices].min()), float(bspeed[gr.devices].min())
-        per = np.where(ops == FWD,
-                       (costs.fwd[s] - costs.fwd_fixed[s]) / share_f[s, mic] + costs.fwd_fixed[s] / slow_f,
-                       (costs.bwd[s] - costs.bwd_fixed[s]) / share_b[s, mic] + costs.bwd_fixed[s] / slow_b)
+        ff, bf = fixed_part(costs.fwd_fixed[s], fspeed[gr.devices]), fixed_part(costs.bwd_fixed[s], bspeed[gr.devices])
+        with np.errstate(divide="ignore"):
+            per = np.where(ops == FWD, (costs.fwd[s] - costs.fwd_fixed[s]) / share_f[s, mic] + ff,
+                           (costs.bwd[s] - costs.bwd_fixed[s]) / share_b[s, mic] + bf)
         dur_parts.append(per), kind_parts.append(ops), stage_parts.append(np.full(k, s))
         micro_parts.append(mic), owner_parts.append(np.full(k, gi))
         f_task[s, mic[ops == FWD]] = ids[ops == FWD]
