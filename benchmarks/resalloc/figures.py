@@ -29,7 +29,7 @@ from pipeplan.cluster import hierarchical
 from pipeplan.cluster.presets import mobile_hetero
 from pipeplan.graph import load_graph
 from pipeplan.planners import PlanOptions
-from pipeplan.planners.resalloc import plan_for_depth, rates, resource_types
+from pipeplan.planners.resalloc import per_resource_times, plan_for_depth, rates, resource_types
 from pipeplan.planners.resalloc.grouping import brute_force_groups, local_search_groups, sorting_groups
 from pipeplan.planners.resalloc.partition import partition
 from pipeplan.sim import simulate
@@ -46,24 +46,26 @@ def models() -> dict:
     return {"AlexNet": alex, "GoogLeNet": load_graph("zoo:googlenet?microbatch=32")}
 
 
-def laptops(q: int):
-    return hierarchical(f"laptops-{q}", q, 1, 1e9 / 8, 1e9 / 8, kind="laptop-i7-gtx1650")
+def laptops(q: int, gbps: float = 1.0):
+    return hierarchical(f"laptops-{q}", q, 1, gbps * 1e9 / 8, gbps * 1e9 / 8, kind="laptop-i7-gtx1650")
 
 
-def iteration(graph, q: int, beta: float | None) -> float:
-    plan = plan_for_depth(graph, laptops(q), q, PlanOptions(microbatches=M, allow_over_memory=True), beta)
+def iteration(graph, q: int, beta: float | None, gbps: float = 1.0) -> float:
+    plan = plan_for_depth(graph, laptops(q, gbps), q, PlanOptions(microbatches=M, allow_over_memory=True), beta)
     return simulate(plan, timeline=False).iteration_s
 
 
 def fig5(graphs) -> dict:
+    """At the paper's 1 Gbps, and at 10 Gbps (where transfers stop capping the depth)."""
     out = {}
-    for name, g in graphs.items():
-        rows = []
-        for q in range(1, 9):
-            with_alloc, without = iteration(g, q, None), iteration(g, q, 0.5)
-            rows.append({"depth": q, "with_s": with_alloc, "without_s": without,
-                         "improvement": (without - with_alloc) / without})
-        out[name] = rows
+    for gbps in (1.0, 10.0):
+        for name, g in graphs.items():
+            rows = []
+            for q in range(1, 9):
+                with_alloc, without = iteration(g, q, None, gbps), iteration(g, q, 0.5, gbps)
+                rows.append({"depth": q, "with_s": with_alloc, "without_s": without,
+                             "improvement": (without - with_alloc) / without})
+            out[f"{name} ({gbps:g} Gbps)"] = rows
     return out
 
 
@@ -80,10 +82,9 @@ def grouped_time(graph, cluster, groups: list[list[int]]) -> float:
     lin = linearize(graph)
     cap_f = np.array([fr[g].sum(axis=0) for g in groups]).min(axis=0)
     cap_b = np.array([br[g].sum(axis=0) for g in groups]).min(axis=0)
-    with np.errstate(divide="ignore"):
-        lf = graph.fwd[lin.order][:, None] / cap_f[None, :]
-        lg = graph.bwd[lin.order][:, None] / cap_b[None, :]
-    comm = lin.cut_bytes[1:] / (1e9 / 8)
+    lf = per_resource_times(graph.fwd[lin.order], cap_f)
+    lg = per_resource_times(graph.bwd[lin.order], cap_b)
+    comm = 2 * lin.cut_bytes[1:] / (1e9 / 8)  # activations forward and gradients back
     limit, _, _ = partition(lf, lg, comm, len(groups))
     return M * limit
 
@@ -117,7 +118,7 @@ def plots(f5, f6, f7) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = plt.subplots(1, 4, figsize=(18, 3.6))
     for ax, (name, rows) in zip(axes, f5.items()):
         d = [r["depth"] for r in rows]
         ax.plot(d, [r["without_s"] for r in rows], "o-", label="without allocation (beta = 0.5)")

@@ -224,10 +224,13 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
         micro_parts.append(mic), owner_parts.append(np.full(k, gi))
         f_task[s, mic[ops == FWD]] = ids[ops == FWD]
         b_task[s, mic[ops == BWD]] = ids[ops == BWD]
-        if lanes:  # forward and backward run side by side, each in program order
+        if lanes:  # forward and backward run side by side, each in program order, with the
+            # microbatches in flight: the extra data of Fig. 2 keep both lanes busy
             fi, bi = ids[ops == FWD], ids[ops == BWD]
-            chain_parts += [np.stack([fi[:-1], fi[1:]]), np.stack([bi[:-1], bi[1:]]),
-                            np.stack([fi[np.argsort(mic[ops == FWD])], bi[np.argsort(mic[ops == BWD])]])]
+            fo, bo = fi[np.argsort(mic[ops == FWD])], bi[np.argsort(mic[ops == BWD])]
+            window = 2 * int(np.argmax(ops == BWD)) + 2  # twice 1F1B's, so F and B overlap (Fig. 2)
+            chain_parts += [np.stack([fi[:-1], fi[1:]]), np.stack([bi[:-1], bi[1:]]), np.stack([fo, bo]),
+                            np.stack([bo[:-window], fo[window:]])]
         else:
             order = np.empty(gr.ops.size, dtype=np.int64)  # task id of each program position
             order[comp] = ids

@@ -56,6 +56,15 @@ def rates(cluster: Cluster, types: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return f, b
 
 
+def per_resource_times(times: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """(layers, resources): each layer's time on all of each resource type; a layer with no
+    work takes 0 anywhere, a resource with no capacity takes inf."""
+    out = np.full((times.size, capacity.size), np.inf)
+    np.divide(times[:, None], capacity[None, :], out=out, where=capacity[None, :] > 0)
+    out[times == 0] = 0.0
+    return out
+
+
 def group_devices(cluster: Cluster, graph: Graph, q: int, types: list[str]) -> list[list[int]]:
     """Alg. 2 on the whole model as the reference workload (work = time x rate, per type)."""
     fr, br = rates(cluster, types)
@@ -79,11 +88,13 @@ def plan_for_depth(graph: Graph, cluster: Cluster, q: int, options: PlanOptions,
     cap_b = np.array([br[g].sum(axis=0) for g in groups]).min(axis=0)
     fwd = graph.fwd[lin.order]
     bwd = graph.bwd[lin.order]
-    with np.errstate(divide="ignore"):
-        lf = fwd[:, None] / cap_f[None, :]
-        lg = bwd[:, None] / cap_b[None, :]
-    link = [groups[0], groups[1]] if len(groups) > 1 else [groups[0], groups[0]]
-    comm = np.array([transfer_time(cluster, link[0], link[1], float(lin.cut_bytes[k + 1]))
+    lf = per_resource_times(fwd, cap_f)
+    lg = per_resource_times(bwd, cap_b)
+    # a cut's channel carries the activations forward and their gradients back (pipeplan's
+    # simulator: one channel per pair of stages), so h is both transfers
+    a, b = (groups[0], groups[1]) if len(groups) > 1 else (groups[0], groups[0])
+    comm = np.array([transfer_time(cluster, a, b, float(lin.cut_bytes[k + 1]))
+                     + transfer_time(cluster, b, a, float(lin.cut_bytes[k + 1]))
                      if len(groups) > 1 and k + 1 < lin.n else 0.0 for k in range(lin.n)])
     fixed = None if beta is None else np.full(len(types), beta)
     _, runs, betas = partition(lf, lg, comm, q, beta=fixed)
