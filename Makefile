@@ -31,7 +31,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/spp/table3.py
 	$(BIN)/python benchmarks/spp/sweeps.py
 	$(BIN)/python benchmarks/spp/gap.py
-	$(BIN)/python benchmarks/spp/speed.py
+	$(BIN)/python benchmarks/spp/speed.py --limit 120
+	$(BIN)/python benchmarks/resalloc/figures.py
+	$(BIN)/python benchmarks/resalloc/grouping_scale.py
+	$(BIN)/python benchmarks/runtime/accuracy.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis
