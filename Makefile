@@ -18,7 +18,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/pipeplan compare --model zoo:bert-large --cluster spp-sim --microbatches 32 --gantt $(OUT)/demo-gantt.png
-	$(BIN)/pipeplan plan --model zoo:bert-large --cluster spp-sim --planner gpipe --microbatches 32 --out $(OUT)/demo-plan.json
+	$(BIN)/pipeplan plan --model zoo:bert-large --cluster spp-sim --microbatches 32 --out $(OUT)/demo-plan.json
 	$(BIN)/pipeplan simulate $(OUT)/demo-plan.json --trace $(OUT)/demo-trace.json --gantt $(OUT)/demo-plan-gantt.png
 
 test: $(STAMP)
