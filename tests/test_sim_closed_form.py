@@ -138,3 +138,15 @@ def test_no_replication_pattern_deadlocks(schedule, replicas):
                 p.replicas = replicas
                 r = simulate(p, timeline=False)
                 assert r.iteration_s >= r.lower_s - 1e-9
+
+
+def test_optimizer_step_closes_each_device():
+    """A profiled update rate adds rate x stage params / speed after each device's last action."""
+    s_count, m, f, b, params, rate = 3, 4, 0.1, 0.2, 1e6, 2e-8
+    g = uniform_chain(s_count, f, b, params=params)
+    base = simulate(chain_plan(g, one_server(s_count), list(range(s_count + 1)), [1] * s_count, m, "1f1b"))
+    g.meta["update_s_per_byte"] = rate
+    r = simulate(chain_plan(g, one_server(s_count), list(range(s_count + 1)), [1] * s_count, m, "1f1b"))
+    assert r.iteration_s == pytest.approx(base.iteration_s + rate * params)
+    updates = [k for k in r.timeline.kind if k == 5]
+    assert len(updates) == s_count

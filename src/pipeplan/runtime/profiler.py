@@ -192,6 +192,29 @@ def _backward_times(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tenso
             if nid in start else 0.0 for nid in mods}
 
 
+def _update_rate(model: nn.Module, x: torch.Tensor, clock: "_Clock", warmup: int, reps: int) -> float:
+    """Seconds per parameter byte of the runtime's optimizer step (SGD with momentum)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    nbytes = _nbytes(params)
+    if not nbytes:
+        return 0.0
+    _step(model, x, clock)  # gradients to apply
+    saved = [p.detach().clone() for p in params]
+    opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    times = []
+    for r in range(warmup + reps):
+        t0 = time.perf_counter()
+        opt.step()
+        if x.device.type == "cuda":
+            torch.cuda.synchronize(x.device)
+        if r >= warmup:
+            times.append(time.perf_counter() - t0)
+    with torch.no_grad():  # leave the model as it was
+        for p, s in zip(params, saved):
+            p.copy_(s)
+    return statistics.median(times) / nbytes
+
+
 def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu", warmup: int = 3,
                   reps: int = 10, threads: int = 1) -> Graph:
     """Measure ``spec`` (see :func:`pipeplan.runtime.models.load_model`) layer by layer."""
@@ -242,6 +265,7 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
         except Exception as e:  # e.g. in-place ops that full backward hooks reject
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise PipeplanError(f"model {spec!r}: profiling failed ({type(e).__name__}: {reason})") from None
+        update_rate = _update_rate(model, x, clock, warmup, reps)
         model.zero_grad(set_to_none=True)
     finally:
         torch.set_num_threads(old_threads)
@@ -263,7 +287,7 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
                 pair.append(min(max(c, 0.0), full_t))
             fixed[nid] = pair
     meta = {"source": "pipeplan profile", "spec": spec, "device": str(dev), "threads": threads,
-            "fixed_s": fixed,
+            "fixed_s": fixed, "update_s_per_byte": update_rate,
             "microbatch": int(x.shape[0]), "torch": torch.__version__, "warmup": warmup, "reps": reps,
             "total_s": med(total), "spread": spread,
             "reference": f"this machine, one process, {threads} thread{'s' if threads > 1 else ''}"}

@@ -20,7 +20,7 @@ from ..schedule import Schedule, make_schedule
 from ..schedule.ir import ALLREDUCE, BWD, FWD
 from .costs import StageCosts, stage_costs
 from .engine import run_tasks
-from .timeline import COMM_B, COMM_F, Timeline
+from .timeline import COMM_B, COMM_F, KIND_NAMES, UPDATE, Timeline
 
 
 @dataclass
@@ -198,6 +198,7 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
         share_f[gr.stage, mics] += float(fspeed[gr.devices].sum())
         share_b[gr.stage, mics] += float(bspeed[gr.devices].sum())
     ar_task = np.full(s_count, -1)
+    last_task: list[int] = []  # each group's last action
     dur_parts, kind_parts, stage_parts, micro_parts, owner_parts, chain_parts = [], [], [], [], [], []
     n = 0
     for gi, gr in enumerate(groups):
@@ -236,7 +237,19 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
             order[comp] = ids
             order[is_ar] = ar_task[s]
             chain_parts.append(np.stack([order[:-1], order[1:]]))
+            last_task.append(int(order[-1]))
         n += k
+    # The optimizer step closes each device's iteration, after its last action (profiled
+    # rate per parameter byte on the reference device, graph meta ``update_s_per_byte``).
+    rate = float(plan.graph.meta.get("update_s_per_byte") or 0.0)
+    if rate > 0 and steady is None:
+        for gi, gr in enumerate(groups):
+            t = n
+            dur_parts.append([rate * costs.params[gr.stage] / float(cl.speed[gr.devices].min())])
+            kind_parts.append([UPDATE]), stage_parts.append([gr.stage]), micro_parts.append([-1])
+            owner_parts.append([gi])
+            chain_parts.append(np.array([[last_task[gi]], [t]]))
+            n += 1
     task_group = np.concatenate([np.asarray(x, dtype=np.int64) for x in owner_parts])
 
     # -- transfers between consecutive stages, one channel per (sender group, receiver group).
@@ -334,7 +347,7 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
 
     # -- lower bounds: all work spread over the whole cluster; one microbatch's path.
     work_bound = m_count * float(plan.graph.fwd.sum() + plan.graph.bwd.sum()) / float(cl.speed.sum())
-    per = np.zeros((5, s_count, micro_a.max() + 1))
+    per = np.zeros((len(KIND_NAMES), s_count, micro_a.max() + 1))
     mb = micro_a >= 0
     np.maximum.at(per, (kind_a[mb], stage_a[mb], micro_a[mb]), dur_a[mb])
     path_bound = float(per.sum(axis=(0, 1)).max())

@@ -14,8 +14,8 @@ import numpy as np
 from ..schedule.ir import ALLREDUCE, BWD, FWD
 
 # Task kinds: the schedule's actions plus the transfers the simulator places.
-COMM_F, COMM_B = 2, 3
-KIND_NAMES = ("forward", "backward", "send-forward", "send-backward", "allreduce")
+COMM_F, COMM_B, UPDATE = 2, 3, 5
+KIND_NAMES = ("forward", "backward", "send-forward", "send-backward", "allreduce", "update")
 
 
 @dataclass

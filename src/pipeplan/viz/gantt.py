@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ..sim.timeline import ALLREDUCE, BWD, COMM_B, COMM_F, FWD, Timeline
+from ..sim.timeline import ALLREDUCE, BWD, COMM_B, COMM_F, FWD, UPDATE, Timeline
 
 # kind: (legend label, face colour, edge colour, hatch, hatch colour, label text colour).
 # Edges are a darker shade of the face so that narrow bars keep their colour.
@@ -27,6 +27,7 @@ _STYLE = {
     COMM_F: ("send forward", "#eeeeee", "#7a7a7a", "////", "#bbbbbb", "black"),
     COMM_B: ("send backward", "#bdbdbd", "#555555", "\\\\\\\\", "#8c8c8c", "black"),
     ALLREDUCE: ("all-reduce", "#e6550d", "#8c2d04", "", "", "white"),
+    UPDATE: ("optimizer step", "#74c476", "#238b45", "", "", "black"),
 }
 _DPI = 110
 _BAR_H = 0.8          # bar height, in rows
@@ -79,7 +80,7 @@ def _label_sizes(width_px: np.ndarray, n_chars: np.ndarray, group: np.ndarray,
 
 
 def _bar_label(kind: int, micro: int) -> str:
-    return "AR" if kind == ALLREDUCE else str(micro)
+    return "AR" if kind == ALLREDUCE else "U" if kind == UPDATE else str(micro)
 
 
 def draw_gantt(tl: Timeline, path: str | os.PathLike, title: str = "",

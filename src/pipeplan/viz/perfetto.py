@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..sim.timeline import ALLREDUCE, BWD, COMM_B, COMM_F, FWD, KIND_NAMES, Timeline
+from ..sim.timeline import ALLREDUCE, BWD, COMM_B, COMM_F, FWD, KIND_NAMES, UPDATE, Timeline
 
 _PID = 1
 _TID0 = 10  # tids start here so that no track is taken for the process's main thread (tid == pid)
@@ -27,6 +27,8 @@ def _us(seconds: np.ndarray) -> np.ndarray:
 def _task_name(kind: int, stage: int, micro: int) -> str:
     if kind == ALLREDUCE:
         return f"allreduce s{stage}"
+    if kind == UPDATE:
+        return f"update s{stage}"
     return f"{_PREFIX[kind]}{micro}"
 
 
