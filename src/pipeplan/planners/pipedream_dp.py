@@ -96,7 +96,7 @@ def ancestor_matrix(dag: AntichainDag) -> np.ndarray:
 def _solve(init_t: np.ndarray, init_p: np.ndarray, init_stash: np.ndarray,
            pairs: _Pairs, seg_t: np.ndarray, seg_p: np.ndarray, seg_stash: np.ndarray,
            out_act: np.ndarray | None, last_state: int, level: Level, below: int,
-           opts: DPOptions, final: bool, work: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+           opts: DPOptions, work: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One level's DP over states; returns A (n, W), chosen ancestor and chosen r (or -1)."""
     n, w, bw = init_t.size, level.workers, level.bandwidth
     a = np.full((n, w), INF)
@@ -176,7 +176,7 @@ def solve(dag: AntichainDag, levels: list[Level], opts: DPOptions = DPOptions(),
             sp = par[pj] - par[pk]
             a, pick_k, pick_r = _solve(seg[s + 1], init_p, init_stash, _Pairs.of(pj, pk),
                                        seg[pk + 1, pj], sp, (acts[pj] - acts[pk]) + sp, out_act, full,
-                                       level, below, opts, final, work)
+                                       level, below, opts, work)
             level_choice[s] = (a, pick_k, pick_r)
             new_seg[s + 1] = a[:, -1]
         choices.append(level_choice)

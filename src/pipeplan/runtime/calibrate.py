@@ -56,12 +56,19 @@ def benchmark_description(device: str) -> str:
     return f"4 x (Linear({width}, {width}) + ReLU), batch {batch}, fp32, forward+backward"
 
 
-def _bench(dev: torch.device, seconds: float, start_barrier: Any = None) -> list[float]:
-    """Per-iteration times of the benchmark, run for about ``seconds`` after warm-up."""
+def _bench(dev: torch.device, seconds: float, start_barrier: Any = None, model_spec: str | None = None) -> list[float]:
+    """Per-iteration times of the benchmark (a fixed MLP, or one microbatch of ``model_spec``
+    forward and backward), run for about ``seconds`` after warm-up."""
     torch.manual_seed(0)
-    width, batch = _bench_shape(dev.type)
-    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(width, width), nn.ReLU())]).to(dev)
-    x = torch.randn(batch, width, device=dev)
+    if model_spec:
+        from .models import load_model
+
+        model, x = load_model(model_spec)
+        model, x = model.to(dev), x.to(dev)
+    else:
+        width, batch = _bench_shape(dev.type)
+        model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(width, width), nn.ReLU())]).to(dev)
+        x = torch.randn(batch, width, device=dev)
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
@@ -110,7 +117,7 @@ def _ping_pong(rank: int, a: int, b: int, nbytes: int, reps: int, dev: torch.dev
     return out if rank == a else []
 
 
-def _worker(rank: int, world: int, port: int, device: str, threads: int, seconds: float,
+def _worker(rank: int, world: int, port: int, device: str, threads: int, seconds: float, model_spec: str | None,
             large: int, results: Any) -> None:
     """One calibration process: compute phase with all workers, then its ping-pongs."""
     import torch.distributed as dist
@@ -132,12 +139,12 @@ def _worker(rank: int, world: int, port: int, device: str, threads: int, seconds
         dist.init_process_group("nccl" if device == "cuda" else "gloo",
                                 init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=120))
-        compute = _bench(dev, seconds, start_barrier=dist.barrier)
+        compute = _bench(dev, seconds, start_barrier=dist.barrier, model_spec=model_spec)
         solo: list[float] = []
         for r in range(world):  # each worker alone: no contention from the others
             dist.barrier()
             if rank == r:
-                solo = _bench(dev, seconds / 2)
+                solo = _bench(dev, seconds / 2, model_spec=model_spec)
         dist.barrier()
         allreduce = []
         if world > 1:  # one flattened all-reduce of `large` bytes over every worker (ring)
@@ -187,14 +194,15 @@ def _host_memory() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def _run_workers(workers: int, device: str, threads: int, seconds: float, large: int) -> dict[int, dict]:
+def _run_workers(workers: int, device: str, threads: int, seconds: float, large: int,
+                 model_spec: str | None = None) -> dict[int, dict]:
     """Spawn the workers and collect one result per rank; no process survives this call."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, workers, port, device, threads, seconds, large, results),
+    procs = [ctx.Process(target=_worker, args=(r, workers, port, device, threads, seconds, model_spec, large, results),
                          daemon=True, name=f"pipeplan-calibrate-{r}") for r in range(workers)]
     deadline = time.monotonic() + 120 + 3 * seconds + 10 * len(_pairs(workers))
     got: dict[int, dict] = {}
@@ -231,8 +239,10 @@ def _run_workers(workers: int, device: str, threads: int, seconds: float, large:
 
 
 def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1, seconds: float = 2.0,
-              profile_threads: int | None = None) -> tuple[Cluster, dict]:
-    """Measure ``workers`` local processes; returns the Cluster and the raw measurements."""
+              profile_threads: int | None = None, model_spec: str | None = None) -> tuple[Cluster, dict]:
+    """Measure ``workers`` local processes; returns the Cluster and the raw measurements.
+    With ``model_spec`` the compute benchmark is that model's own training step, so the
+    measured contention between workers is that of the workload to be planned."""
     if device not in ("cpu", "cuda"):
         raise PipeplanError(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
@@ -250,10 +260,11 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     old = torch.get_num_threads()
     torch.set_num_threads(profile_threads)
     try:
-        reference = _bench(torch.device("cuda", 0) if device == "cuda" else torch.device("cpu"), seconds)
+        reference = _bench(torch.device("cuda", 0) if device == "cuda" else torch.device("cpu"), seconds,
+                           model_spec=model_spec)
     finally:
         torch.set_num_threads(old)
-    got = _run_workers(workers, device, threads, seconds, large)
+    got = _run_workers(workers, device, threads, seconds, large, model_spec)
 
     med = statistics.median
     t_ref = med(reference)
@@ -293,7 +304,7 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
                       solo_speed=solo_speeds[r])
                for r in range(workers)]
     meta = {"source": "pipeplan calibrate", "device": device, "threads": threads,
-            "profile_threads": profile_threads}
+            "profile_threads": profile_threads, "benchmark_model": model_spec or "built-in MLP"}
     if workers > 1:
         # ring all-reduce: 2(k-1)/k x bytes cross the slowest link; its measured time against
         # what the point-to-point bandwidth predicts is the collective's efficiency
