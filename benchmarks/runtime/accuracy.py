@@ -64,8 +64,9 @@ def main() -> None:
     rows, calibrations = [], {}
     for spec in MODELS:
         graph = profile_model(spec, reps=20, threads=1)
-        cluster, _ = calibrate(workers=2, threads=1, seconds=3.0, model_spec=spec)
+        cluster, _ = calibrate(workers=2, threads=1, seconds=3.0, model_spec=spec, overhead=True)
         calibrations[spec] = {"speeds": [d.speed for d in cluster.devices],
+                              "action_overhead_s": cluster.meta.get("action_overhead_s"),
                               "allreduce_efficiency": cluster.meta.get("allreduce_efficiency"),
                               "bandwidth_Bps": float(cluster.bandwidth[0, 1]), "latency_s": float(cluster.latency[0, 1])}
         for label, plan in plans_for(graph, cluster, args.microbatches).items():
@@ -88,7 +89,8 @@ def main() -> None:
           "after 2 warm-up steps.", "",
           "Each model is calibrated with its own training step (`calibrate --model`): speeds with both "
           "workers busy (1.0 alone by construction), all-reduce efficiency, loopback link:", "",
-          *[f"- {spec}: speeds {', '.join(f'{x:.2f}' for x in c['speeds'])}, all-reduce efficiency "
+          *[f"- {spec}: speeds {', '.join(f'{x:.2f}' for x in c['speeds'])}, runtime overhead "
+            f"{c['action_overhead_s'] * 1e3:.2f} ms per action, all-reduce efficiency "
             f"{c['allreduce_efficiency']:.2f}, {c['bandwidth_Bps'] * 8 / 1e9:.1f} Gbps, "
             f"{c['latency_s'] * 1e6:.0f} us" for spec, c in calibrations.items()], "",
           "| model | plan | measured (ms) | predicted (ms) | error (predicted - measured) |", "|---|---|---|---|---|"]

@@ -221,7 +221,7 @@ def cmd_calibrate(args) -> int:
     from .units import fmt_bandwidth, fmt_time
 
     cluster, data = calibrate(workers=args.workers, device=args.device, threads=args.threads,
-                              seconds=args.seconds, model_spec=args.model)
+                              seconds=args.seconds, model_spec=args.model, overhead=not args.no_runtime)
     text = cluster_to_yaml(cluster)
     if args.out:
         def write(p: str) -> None:
@@ -377,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker (default 1)")
     sp.add_argument("--seconds", type=float, default=2.0, help="length of each compute measurement")
     sp.add_argument("--model", help="benchmark this model's training step (MODEL_SPEC) instead of a fixed MLP")
+    sp.add_argument("--no-runtime", action="store_true",
+                    help="skip measuring the executor's per-action overhead (a short real run)")
     sp.add_argument("--out", help="write the cluster YAML here")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_calibrate)

@@ -32,7 +32,7 @@ def hierarchical(name: str, servers: int, gpus: int, intra: float, inter: float,
 
 
 _TOP_KEYS = {"name", "devices", "servers", "bandwidth", "latency", "intra", "inter", "links",
-             "allreduce_efficiency"}
+             "allreduce_efficiency", "action_overhead_s"}
 _DEVICE_KEYS = {"name", "kind", "memory", "speed", "server", "resources", "solo_speed"}
 _RESOURCE_KEYS = {"name", "fwd_speed", "bwd_speed"}
 _SERVER_KEYS = {"name", "gpus", "kind", "memory", "speed", "intra"}
@@ -147,6 +147,8 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
         if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
             raise PipeplanError(f"{source}: allreduce_efficiency must be in (0, 1], got {eff!r}")
         meta["allreduce_efficiency"] = float(eff)
+    if "action_overhead_s" in d:
+        meta["action_overhead_s"] = parse_time(d["action_overhead_s"], f"{source}: action_overhead_s")
     if np.isnan(bw).any():
         i, j = map(int, np.argwhere(np.isnan(bw))[0])
         raise PipeplanError(f"{source}: no bandwidth for {devices[i].name} -> {devices[j].name} "
@@ -164,7 +166,7 @@ def cluster_to_dict(c: Cluster) -> dict:
                                            for r in d.resources]} if d.resources else {}),
                          **({"solo_speed": d.solo_speed} if d.solo_speed else {})}
                         for d in c.devices],
-            **({"allreduce_efficiency": c.meta["allreduce_efficiency"]} if "allreduce_efficiency" in c.meta else {}),
+            **{k: c.meta[k] for k in ("allreduce_efficiency", "action_overhead_s") if k in c.meta},
             "bandwidth_matrix": bw.tolist(), "latency_matrix": c.latency.tolist()}
 
 
@@ -179,7 +181,7 @@ def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
                    for x in d["devices"]]
         bw = np.array(d["bandwidth_matrix"], dtype=float)
         lat = np.array(d["latency_matrix"], dtype=float)
-        meta = {"allreduce_efficiency": float(d["allreduce_efficiency"])} if "allreduce_efficiency" in d else {}
+        meta = {k: float(d[k]) for k in ("allreduce_efficiency", "action_overhead_s") if k in d}
         return Cluster(str(d.get("name", "cluster")), devices, bw, lat, meta=meta)
     except (KeyError, TypeError, ValueError) as e:
         raise PipeplanError(f"{source}: malformed cluster ({e.__class__.__name__}: {e})") from None

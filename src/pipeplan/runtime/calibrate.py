@@ -239,7 +239,8 @@ def _run_workers(workers: int, device: str, threads: int, seconds: float, large:
 
 
 def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1, seconds: float = 2.0,
-              profile_threads: int | None = None, model_spec: str | None = None) -> tuple[Cluster, dict]:
+              profile_threads: int | None = None, model_spec: str | None = None,
+              overhead: bool = False) -> tuple[Cluster, dict]:
     """Measure ``workers`` local processes; returns the Cluster and the raw measurements.
     With ``model_spec`` the compute benchmark is that model's own training step, so the
     measured contention between workers is that of the workload to be planned."""
@@ -312,6 +313,9 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
         ideal = 2 * (workers - 1) / workers * large / float(np.nanmin(np.where(np.eye(workers) > 0, np.nan, bw)))
         meta["allreduce_efficiency"] = min(1.0, ideal / t_ar)
     cluster = Cluster("localhost", devices, bw, lat, meta=meta)
+    if overhead and workers >= 2 and device == "cpu":
+        meta["action_overhead_s"] = runtime_overhead(cluster, threads)
+        cluster = Cluster("localhost", devices, bw, lat, meta=meta)
     measurements = {**meta, "workers": workers, "seconds": seconds, "torch": torch.__version__,
                     "benchmark": benchmark_description(device),
                     "reference_s": t_ref, "reference_times_s": reference,
@@ -319,6 +323,25 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
                     "speed": speeds, "solo_speed": solo_speeds, "links": sorted(links, key=lambda x: x["pair"]),
                     "allreduce_s": got[0]["allreduce_s"]}
     return cluster, measurements
+
+
+def runtime_overhead(cluster: Cluster, threads: int = 1, microbatches: int = 8, steps: int = 6) -> float:
+    """Seconds of framework work per compute action of the executor (pipelining's bookkeeping,
+    P2P set-up, autograd around each stage call), measured by running a 2-stage 1F1B plan of
+    a model with negligible compute (``example:tiny``) for real: (measured - simulated) /
+    the actions on a device's path ((M + 1) per stage and pass)."""
+    from ..plan import Plan, Stage
+    from .executor import RunConfig, run_plan
+    from .profiler import profile_model
+
+    graph = profile_model("example:tiny", reps=5, threads=threads)
+    half = len(graph.ids) // 2
+    names = cluster.names[:2]
+    plan = Plan(graph, cluster, [Stage(graph.ids[:half], names[:1]), Stage(graph.ids[half:], names[1:2])],
+                microbatches, schedule="1f1b")
+    out = run_plan(plan, RunConfig("example:tiny", steps=steps, warmup=2, threads=threads))
+    actions = 2 * (microbatches + 1)
+    return max(0.0, (out["measured_s"] - out["predicted_s"]) / actions)
 
 
 def cluster_to_yaml(cluster: Cluster) -> str:
@@ -345,8 +368,9 @@ def cluster_to_yaml(cluster: Cluster) -> str:
                 links.append({"from": names[1], "to": names[0], "bandwidth": back[0], "latency": back[1],
                               "directed": True})
     top: dict = {"name": cluster.name, "devices": devices, "links": links}
-    if "allreduce_efficiency" in cluster.meta:
-        top["allreduce_efficiency"] = float(cluster.meta["allreduce_efficiency"])
+    for key in ("allreduce_efficiency", "action_overhead_s"):
+        if key in cluster.meta:
+            top[key] = float(cluster.meta[key])
     body = yaml.safe_dump(top,
                           sort_keys=False, default_flow_style=None, width=120)
     return "# pipeplan cluster: memory in bytes, bandwidth in bytes/s, latency in seconds\n" + body

@@ -61,8 +61,13 @@ def example_cnn(microbatch: int = 16) -> tuple[nn.Module, torch.Tensor]:
     return model, torch.randn(microbatch, 3, 32, 32)
 
 
+def example_tiny(microbatch: int = 4) -> tuple[nn.Module, torch.Tensor]:
+    """Negligible compute: what a step costs beyond the layers (calibration of the runtime)."""
+    return nn.Sequential(*[nn.Linear(16, 16) for _ in range(4)]), torch.randn(microbatch, 16)
+
+
 EXAMPLES: dict[str, Callable[..., tuple[nn.Module, torch.Tensor]]] = {
-    "mlp": example_mlp, "transformer": example_transformer, "cnn": example_cnn,
+    "mlp": example_mlp, "transformer": example_transformer, "cnn": example_cnn, "tiny": example_tiny,
 }
 
 

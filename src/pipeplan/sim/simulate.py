@@ -185,6 +185,7 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
     # shared by its groups. Devices sharing a (stage, microbatch) split it in proportion to
     # their speeds, so they finish together (evenly, for identical devices).
     fspeed, bspeed = pass_speeds(plan, lanes)
+    overhead = float(cl.meta.get("action_overhead_s", 0.0))  # the runtime's, per compute action
     if scale is not None:  # contention: the effective speed of each device
         fspeed, bspeed = fspeed * scale, bspeed * scale
     share_n = np.zeros((s_count, m_count))
@@ -218,6 +219,7 @@ def _simulate(plan: Plan, schedule: Schedule, m_count: int, timeline: bool,
         ids = np.arange(n, n + k)
         # the varying part is shared in proportion to speed; the fixed part is paid in full
         ff, bf = fixed_part(costs.fwd_fixed[s], fspeed[gr.devices]), fixed_part(costs.bwd_fixed[s], bspeed[gr.devices])
+        ff, bf = ff + overhead, bf + overhead
         with np.errstate(divide="ignore"):
             per = np.where(ops == FWD, (costs.fwd[s] - costs.fwd_fixed[s]) / share_f[s, mic] + ff,
                            (costs.bwd[s] - costs.bwd_fixed[s]) / share_b[s, mic] + bf)
