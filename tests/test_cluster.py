@@ -93,3 +93,15 @@ def test_bad_yaml(tmp_path, body, fragment):
     f.write_text(body)
     with pytest.raises(PipeplanError, match=fragment):
         load_cluster(str(f))
+
+
+def test_calibrated_keys_round_trip(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("devices: [{name: a, solo_speed: 1.0, speed: 0.8}, {name: b}]\nbandwidth: 1Gbps\n"
+                 "allreduce_efficiency: 0.4\naction_overhead_s: 0.5ms\n")
+    c = load_cluster(str(f))
+    assert c.meta == {"allreduce_efficiency": 0.4, "action_overhead_s": pytest.approx(5e-4)}
+    assert c.devices[0].solo_speed == 1.0 and c.devices[0].speed == 0.8
+    f.write_text("devices: [{name: a}]\nallreduce_efficiency: 2\n")
+    with pytest.raises(PipeplanError, match="allreduce_efficiency"):
+        load_cluster(str(f))

@@ -150,3 +150,13 @@ def test_optimizer_step_closes_each_device():
     assert r.iteration_s == pytest.approx(base.iteration_s + rate * params)
     updates = [k for k in r.timeline.kind if k == 5]
     assert len(updates) == s_count
+
+
+def test_runtime_overhead_per_action():
+    """A calibrated per-action overhead o adds to every forward and backward: (M+S-1)(f+b+2o)."""
+    s_count, m, f, b, o = 3, 5, 0.1, 0.2, 0.01
+    g = uniform_chain(s_count, f, b)
+    c = one_server(s_count)
+    c.meta["action_overhead_s"] = o
+    r = simulate(chain_plan(g, c, list(range(s_count + 1)), [1] * s_count, m, "1f1b"))
+    assert r.iteration_s == pytest.approx((m + s_count - 1) * (f + b + 2 * o))
