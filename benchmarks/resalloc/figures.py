@@ -29,11 +29,10 @@ from pipeplan.cluster import hierarchical
 from pipeplan.cluster.presets import mobile_hetero
 from pipeplan.graph import load_graph
 from pipeplan.planners import PlanOptions
-from pipeplan.planners.resalloc import per_resource_times, plan_for_depth, rates, resource_types
+from pipeplan.planners.resalloc import layer_times, plan_for_depth, rates, resource_types
 from pipeplan.planners.resalloc.grouping import brute_force_groups, local_search_groups, sorting_groups
 from pipeplan.planners.resalloc.partition import partition
 from pipeplan.sim import simulate
-from pipeplan.graph import linearize
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "resalloc"
@@ -77,13 +76,7 @@ def fig6(graphs) -> dict:
 
 def grouped_time(graph, cluster, groups: list[list[int]]) -> float:
     """Paper's model: a worker's resources are the sum of its devices'; Alg. 1 on the weakest."""
-    types = resource_types(cluster)
-    fr, br = rates(cluster, types)
-    lin = linearize(graph)
-    cap_f = np.array([fr[g].sum(axis=0) for g in groups]).min(axis=0)
-    cap_b = np.array([br[g].sum(axis=0) for g in groups]).min(axis=0)
-    lf = per_resource_times(graph.fwd[lin.order], cap_f)
-    lg = per_resource_times(graph.bwd[lin.order], cap_b)
+    lin, lf, lg = layer_times(graph, cluster, groups, resource_types(cluster))
     comm = 2 * lin.cut_bytes[1:] / (1e9 / 8)  # activations forward and gradients back
     limit, _, _ = partition(lf, lg, comm, len(groups))
     return M * limit

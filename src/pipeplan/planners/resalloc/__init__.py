@@ -78,18 +78,21 @@ def group_devices(cluster: Cluster, graph: Graph, q: int, types: list[str]) -> l
     return local_search_groups(fr, q, wf, wg)
 
 
+def layer_times(graph: Graph, cluster: Cluster, groups: list[list[int]], types: list[str]):
+    """Alg. 1's inputs: each layer's forward and backward time (linearized order) on all of
+    each resource type of the weakest worker (Alg. 1 assumes homogeneous workers)."""
+    lin = linearize(graph)
+    fr, br = rates(cluster, types)
+    cap_f = np.array([fr[g].sum(axis=0) for g in groups]).min(axis=0)
+    cap_b = np.array([br[g].sum(axis=0) for g in groups]).min(axis=0)
+    return lin, per_resource_times(graph.fwd[lin.order], cap_f), per_resource_times(graph.bwd[lin.order], cap_b)
+
+
 def plan_for_depth(graph: Graph, cluster: Cluster, q: int, options: PlanOptions,
                    beta: float | None) -> Plan:
     types = resource_types(cluster)
-    lin = linearize(graph)
     groups = group_devices(cluster, graph, q, types)
-    fr, br = rates(cluster, types)
-    cap_f = np.array([fr[g].sum(axis=0) for g in groups]).min(axis=0)  # the weakest worker
-    cap_b = np.array([br[g].sum(axis=0) for g in groups]).min(axis=0)
-    fwd = graph.fwd[lin.order]
-    bwd = graph.bwd[lin.order]
-    lf = per_resource_times(fwd, cap_f)
-    lg = per_resource_times(bwd, cap_b)
+    lin, lf, lg = layer_times(graph, cluster, groups, types)
     # a cut's channel carries the activations forward and their gradients back (pipeplan's
     # simulator: one channel per pair of stages), so h is both transfers
     a, b = (groups[0], groups[1]) if len(groups) > 1 else (groups[0], groups[0])
