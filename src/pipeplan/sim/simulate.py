@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..cluster.model import Resource
 from ..costmodel import allreduce_time, state_bytes, transfer_time
 from ..errors import PipeplanError
 from ..plan import Plan
@@ -74,7 +75,6 @@ class _Group:
     devices: list[int]
     ops: np.ndarray
     micro: np.ndarray
-    speed: float
     base: int = 0  # id of its first task
 
 
@@ -90,17 +90,14 @@ def pass_speeds(plan: Plan, lanes: bool) -> tuple[np.ndarray, np.ndarray]:
         alloc = (plan.allocation[s] if plan.allocation else None) or {}
         for d in cl.device_indices(st.devices):
             dev = cl.devices[d]
-            res = dev.resources or ((dev.name, dev.speed, dev.speed),)
-            for r in res:
-                name, fs, bs = (r.name, r.fwd_speed, r.bwd_speed) if not isinstance(r, tuple) else r
-                beta = float(alloc.get(name, alloc.get("*", 0.5)))
-                f[d] += beta * fs
-                b[d] += (1.0 - beta) * bs
+            for r in dev.resources or (Resource("*", dev.speed, dev.speed),):
+                beta = float(alloc.get(r.name, alloc.get("*", 0.5)))
+                f[d] += beta * r.fwd_speed
+                b[d] += (1.0 - beta) * r.bwd_speed
     return f, b
 
 
 def _groups(plan: Plan, sched: Schedule) -> list[_Group]:
-    speed = plan.cluster.speed
     groups: list[_Group] = []
     progs: list = []
     for d, p in zip(sched.devices, sched.programs):
@@ -110,9 +107,7 @@ def _groups(plan: Plan, sched: Schedule) -> list[_Group]:
                 break
         else:
             progs.append(p)
-            groups.append(_Group(p.stage, [d], p.ops, p.micro, 0.0))
-    for gr in groups:
-        gr.speed = float(speed[gr.devices].min())
+            groups.append(_Group(p.stage, [d], p.ops, p.micro))
     return groups
 
 
