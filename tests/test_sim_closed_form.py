@@ -95,12 +95,12 @@ def test_memory_flags_devices_over_their_limit():
 
 
 def test_zero_bandwidth_between_talking_stages():
-    from pipeplan.errors import PipeplanError
+    from pipeplan.errors import Infeasible
 
     g = uniform_chain(2, act=1.0)
     c = one_server(2)
     c.bandwidth[0, 1] = c.bandwidth[1, 0] = 0.0
-    with pytest.raises(PipeplanError, match="zero bandwidth between s0g0 and s0g1"):
+    with pytest.raises(Infeasible, match="zero bandwidth between s0g0 and s0g1"):
         simulate(chain_plan(g, c, [0, 1, 2], [1, 1], 2, "1f1b"))
 
 

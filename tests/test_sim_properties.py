@@ -8,7 +8,8 @@ from pipeplan.cluster import Cluster, Device
 from pipeplan.graph import Graph, linearize
 from pipeplan.plan import Plan, Stage
 from pipeplan.sim import simulate
-from pipeplan.sim.timeline import ALLREDUCE, BWD, COMM_B, COMM_F, FWD
+from pipeplan.schedule import Kind
+ALLREDUCE, BWD, COMM_B, COMM_F, FWD = Kind.AR, Kind.B, Kind.SEND_B, Kind.SEND_F, Kind.F
 
 EPS = 1e-9
 

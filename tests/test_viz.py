@@ -7,7 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from pipeplan.sim.timeline import ALLREDUCE, BWD, COMM_B, COMM_F, FWD, KIND_NAMES, Timeline
+from pipeplan.schedule import Kind
+from pipeplan.sim.timeline import KIND_NAMES, Timeline
+
+ALLREDUCE, BWD, COMM_B, COMM_F, FWD = Kind.AR, Kind.B, Kind.SEND_B, Kind.SEND_F, Kind.F
 from pipeplan.viz import draw_gantt, to_trace, write_trace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -99,7 +102,7 @@ def test_trace_names_and_categories(small: Timeline) -> None:
     slices = _slices(to_trace(small))
     names = {e["name"] for e in slices}
     assert {"F0", "F2", "B1", "send F0", "send B2", "allreduce s0", "allreduce s1"} <= names
-    assert {e["cat"] for e in slices} == set(KIND_NAMES) - {"update"}  # the synthetic timeline has no update
+    assert {e["cat"] for e in slices} == {KIND_NAMES[k] for k in (FWD, BWD, COMM_F, COMM_B, ALLREDUCE)}  # the synthetic timeline has no update
     assert sum(e["name"] == "allreduce s0" for e in slices) == 2   # one per replica
     assert sum(e["name"] == "F1" for e in slices) == 3             # 2 replicas + stage 1
 

@@ -3,7 +3,8 @@
 - compute of a stage per microbatch: sum of its layers' time / (sum of its replicas' speeds)
   (a microbatch is split over the replicas in proportion to their speeds);
 - transfer between consecutive stages: bytes / (|F(s)| |F(s+1)| min bandwidth between the two
-  device sets) + the largest latency among those links (§III-B2);
+  device sets) + the largest latency among those links (§III-B2), each direction over its
+  own links (full duplex) unless the cluster says ``duplex: half``;
 - ring all-reduce of a replicated stage: 2(k-1)/k x parameter bytes / min bandwidth inside the
   group (Eq. 1), plus 2(k-1) link latencies (the ring's steps); a calibrated cluster also
   carries the collective's measured efficiency against its links (gloo's ring reaches a
@@ -19,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from .cluster import Cluster
-from .errors import PipeplanError
+from .errors import Infeasible, PipeplanError
 
 #: Optimizer state as a multiple of the parameter bytes (Adam keeps two moments).
 OPTIMIZER_STATE = {"sgd": 0.0, "momentum": 1.0, "adam": 2.0}
@@ -32,7 +33,7 @@ def transfer_time(cluster: Cluster, src: Sequence[int], dst: Sequence[int], nbyt
     bw = cluster.min_bandwidth(src, dst)
     if bw <= 0:
         a, b = _slowest_pair(cluster, src, dst)
-        raise PipeplanError(f"{where}: zero bandwidth between {a} and {b}, which must exchange data")
+        raise Infeasible(f"{where}: zero bandwidth between {a} and {b}, which must exchange data")
     return nbytes / (len(src) * len(dst) * bw) + cluster.max_latency(src, dst)
 
 
@@ -45,7 +46,7 @@ def allreduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float,
     bw = cluster.group_min_bandwidth(group)
     if bw <= 0:
         a, b = _slowest_pair(cluster, group, group)
-        raise PipeplanError(f"{where}: zero bandwidth between {a} and {b}, which must all-reduce")
+        raise Infeasible(f"{where}: zero bandwidth between {a} and {b}, which must all-reduce")
     lat = float(cluster.latency[np.ix_(list(group), list(group))].max())
     eff = float(cluster.meta.get("allreduce_efficiency", 1.0))  # measured by calibrate
     return 2.0 * (k - 1) / k * param_bytes / (bw * eff) + 2 * (k - 1) * lat

@@ -44,6 +44,9 @@ class Plan:
     optimizer: str = "adam"
     replicas: str = "split"  # how a stage's replicas share microbatches: "split" or "round-robin"
     allocation: list[dict[str, float]] | None = None  # per stage: resource -> forward share (fb-parallel)
+    #: per stage: re-materialize activations (GPipe §2.3): keep only the stage inputs of the
+    #: microbatches in flight, run the stage's forward again before each backward
+    recompute: list[bool] | None = None
     prediction: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -68,6 +71,9 @@ class Plan:
             owner[idx] = k
         return owner
 
+    def recomputes(self, stage: int) -> bool:
+        return bool(self.recompute and self.recompute[stage])
+
     def replication(self) -> list[int]:
         return [len(s.devices) for s in self.stages]
 
@@ -77,6 +83,7 @@ class Plan:
             "format": FORMAT, "planner": self.planner, "schedule": self.schedule,
             "microbatches": self.microbatches, "optimizer": self.optimizer, "replicas": self.replicas,
             **({"allocation": self.allocation} if self.allocation else {}),
+            **({"recompute": list(self.recompute)} if self.recompute and any(self.recompute) else {}),
             "stages": [{"nodes": list(s.nodes), "devices": list(s.devices)} for s in self.stages],
             "iteration_s": self.prediction.get("iteration_s"), "search_s": self.search_s,
         }
@@ -94,7 +101,7 @@ class Plan:
         Path(path).write_text(text)
 
 
-_KNOWN_KEYS = {"format", "planner", "schedule", "microbatches", "optimizer", "replicas", "allocation", "stages", "iteration_s",
+_KNOWN_KEYS = {"format", "planner", "schedule", "microbatches", "optimizer", "replicas", "allocation", "recompute", "stages", "iteration_s",
                "search_s", "prediction", "graph", "cluster"}
 
 
@@ -120,6 +127,7 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
                 schedule=str(d.get("schedule", "1f1b")), planner=str(d.get("planner", "manual")),
                 search_s=float(d.get("search_s") or 0.0), optimizer=str(d.get("optimizer", "adam")),
                 replicas=str(d.get("replicas", "split")), allocation=d.get("allocation"),
+                recompute=d.get("recompute"),
                 prediction=dict(d.get("prediction") or {}),
                 extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS})
 
@@ -149,6 +157,10 @@ def validate(plan: Plan) -> None:
         for k, a in enumerate(plan.allocation):
             if not isinstance(a, dict) or any(not isinstance(v, (int, float)) or not 0 <= v <= 1 for v in a.values()):
                 raise PipeplanError(f"plan: allocation of stage {k} must map resources to shares in [0, 1]")
+    if plan.recompute is not None:
+        if (not isinstance(plan.recompute, list) or len(plan.recompute) != len(plan.stages)
+                or any(not isinstance(r, bool) for r in plan.recompute)):
+            raise PipeplanError("plan: 'recompute' needs one true/false per stage")
     if plan.microbatches < 1:
         raise PipeplanError(f"plan: microbatches must be >= 1, got {plan.microbatches}")
     owner = np.full(len(g), -1, dtype=np.int64)

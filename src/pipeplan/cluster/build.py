@@ -32,7 +32,7 @@ def hierarchical(name: str, servers: int, gpus: int, intra: float, inter: float,
 
 
 _TOP_KEYS = {"name", "devices", "servers", "bandwidth", "latency", "intra", "inter", "links",
-             "allreduce_efficiency", "action_overhead_s"}
+             "allreduce_efficiency", "action_overhead_s", "duplex"}
 _DEVICE_KEYS = {"name", "kind", "memory", "speed", "server", "resources", "solo_speed"}
 _RESOURCE_KEYS = {"name", "fwd_speed", "bwd_speed"}
 _SERVER_KEYS = {"name", "gpus", "kind", "memory", "speed", "intra"}
@@ -149,6 +149,10 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
         meta["allreduce_efficiency"] = float(eff)
     if "action_overhead_s" in d:
         meta["action_overhead_s"] = parse_time(d["action_overhead_s"], f"{source}: action_overhead_s")
+    if "duplex" in d:
+        if d["duplex"] not in ("full", "half"):
+            raise PipeplanError(f"{source}: duplex must be 'full' or 'half', got {d['duplex']!r}")
+        meta["duplex"] = d["duplex"]
     if np.isnan(bw).any():
         i, j = map(int, np.argwhere(np.isnan(bw))[0])
         raise PipeplanError(f"{source}: no bandwidth for {devices[i].name} -> {devices[j].name} "
@@ -166,7 +170,7 @@ def cluster_to_dict(c: Cluster) -> dict:
                                            for r in d.resources]} if d.resources else {}),
                          **({"solo_speed": d.solo_speed} if d.solo_speed else {})}
                         for d in c.devices],
-            **{k: c.meta[k] for k in ("allreduce_efficiency", "action_overhead_s") if k in c.meta},
+            **{k: c.meta[k] for k in ("allreduce_efficiency", "action_overhead_s", "duplex") if k in c.meta},
             "bandwidth_matrix": bw.tolist(), "latency_matrix": c.latency.tolist()}
 
 
@@ -182,6 +186,8 @@ def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
         bw = np.array(d["bandwidth_matrix"], dtype=float)
         lat = np.array(d["latency_matrix"], dtype=float)
         meta = {k: float(d[k]) for k in ("allreduce_efficiency", "action_overhead_s") if k in d}
+        if d.get("duplex") in ("full", "half"):
+            meta["duplex"] = d["duplex"]
         return Cluster(str(d.get("name", "cluster")), devices, bw, lat, meta=meta)
     except (KeyError, TypeError, ValueError) as e:
         raise PipeplanError(f"{source}: malformed cluster ({e.__class__.__name__}: {e})") from None

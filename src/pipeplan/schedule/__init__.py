@@ -1,6 +1,6 @@
 """Schedule IR and generators."""
 
-from .generators import ORDERS, make_schedule
-from .ir import Program, Schedule
+from .generators import SCHEDULES, make_schedule
+from .ir import Kind, Program, Schedule
 
-__all__ = ["Program", "Schedule", "ORDERS", "make_schedule"]
+__all__ = ["Kind", "Program", "Schedule", "SCHEDULES", "make_schedule"]

@@ -1,109 +1,123 @@
 """The schedule IR, shared by the simulator and the runtime.
 
-For each device, an ordered list of actions: forward or backward of its stage on microbatch m,
-or the all-reduce of its (replicated) stage's gradients. Each device holds exactly one stage,
-so an action is (op, microbatch) and the stage is the device's. This maps one-to-one onto
-torch.distributed.pipelining's per-rank action lists (``_Action(stage, FORWARD|BACKWARD, mb)``);
-transfers are implied by the data dependencies and are placed by the simulator or runtime.
+For each device, an ordered list of actions ``(kind, stage, microbatch)``: forward (F), full
+backward (B), the backward's input-gradient and weight-gradient halves (I and W, as torch's
+pipelining splits them for zero-bubble schedules), or the all-reduce (AR) of the stage's
+gradients. A device may hold several stages (interleaved schedules). Transfers are not
+listed: they follow from the data dependencies, and the simulator or runtime places them.
+This maps one-to-one onto torch.distributed.pipelining's per-rank action lists.
 
-If several devices of a stage list the same (op, m), that microbatch is split evenly over
-them (SPP's replication); if one device lists it, it processes the whole microbatch
-(PipeDream-style round-robin replicas, and data parallelism).
+If several devices of a stage list the same (stage, microbatch), they split that microbatch
+in proportion to their speeds and must run the same program (SPP §III-B replication); if
+one device lists it, it processes the whole microbatch (PipeDream's round-robin replicas,
+data parallelism).
+
+How an iteration is evaluated is a property of the schedule, not of its name:
+
+- ``steady_state = N``: the programs run a stream of microbatches with no flush (PipeDream's
+  asynchronous pipeline, weight stashing); the iteration is the steady-state time of N
+  microbatches (``sim/steady.py``).
+- ``lanes``: forward and backward run side by side on each device, on the shares of its
+  resources the plan allocates to each (resalloc.txt §III-B).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 import numpy as np
 
 from ..errors import PipeplanError
-#: Action codes (the simulator adds its transfer kinds 2 and 3 to these).
-FWD, BWD, ALLREDUCE = 0, 1, 4
 
-OP_CODES = {"F": FWD, "B": BWD, "AR": ALLREDUCE}
-OP_NAMES = {FWD: "F", BWD: "B", ALLREDUCE: "AR"}
+
+class Kind(IntEnum):
+    """Action and task kinds. The schedule lists F, B, I, W and AR; the simulator adds the
+    transfers (SEND_F, SEND_B) and the optimizer step (UPDATE)."""
+
+    F = 0
+    B = 1
+    SEND_F = 2
+    SEND_B = 3
+    AR = 4
+    UPDATE = 5
+    I = 6  # noqa: E741  (torch's name) backward, input gradient only
+    W = 7  # backward, weight gradient only
+
+
+#: Kinds a program may list; the backward of a microbatch is either B, or I then W.
+ACTION_KINDS = (Kind.F, Kind.B, Kind.I, Kind.W, Kind.AR)
+BACKWARD_KINDS = (Kind.B, Kind.I)  # the kinds that send the input gradient upstream
+_LETTERS = {Kind.F: "F", Kind.B: "B", Kind.I: "I", Kind.W: "W"}
+_FROM_LETTER = {v: k for k, v in _LETTERS.items()}
 
 
 @dataclass(frozen=True, eq=False)
 class Program:
-    """One device's actions: ``ops[i]`` in {FWD, BWD, ALLREDUCE}, ``micro[i]`` (-1 for AR)."""
+    """One device's actions: ``kinds[i]``, ``stages[i]`` and ``micro[i]`` (-1 for AR).
+    ``stage`` is the device's first stage (its only one, outside interleaved schedules)."""
 
     stage: int
-    ops: np.ndarray
+    kinds: np.ndarray
     micro: np.ndarray
+    stages: np.ndarray
+
+    @classmethod
+    def of(cls, seq: list[tuple[int, int, int]]) -> "Program":
+        """From ``[(kind, stage, microbatch), ...]``."""
+        arr = np.array(seq, dtype=np.int64).reshape(-1, 3)
+        return cls(int(arr[0, 1]) if len(arr) else 0, arr[:, 0].astype(np.int8), arr[:, 2].copy(),
+                   arr[:, 1].copy())
 
     def __len__(self) -> int:
-        return int(self.ops.size)
+        return int(self.kinds.size)
 
     def same_as(self, other: "Program") -> bool:
-        return self is other or (self.stage == other.stage and np.array_equal(self.ops, other.ops)
-                                 and np.array_equal(self.micro, other.micro))
+        return self is other or (np.array_equal(self.kinds, other.kinds) and np.array_equal(self.micro, other.micro)
+                                 and np.array_equal(self.stages, other.stages))
 
     def actions(self) -> list[str]:
-        """Human-readable: ``["F0", "F1", "B0", ..., "AR"]``."""
-        return [OP_NAMES[int(o)] + ("" if o == ALLREDUCE else str(int(m)))
-                for o, m in zip(self.ops, self.micro)]
+        """Human-readable: ``["F0", "F1", "B0", ..., "AR"]`` (``F0@2`` for another stage)."""
+        out = []
+        for k, s, m in zip(self.kinds.tolist(), self.stages.tolist(), self.micro.tolist()):
+            name = "AR" if k == Kind.AR else _LETTERS[Kind(k)] + str(m)
+            out.append(name if s == self.stage else f"{name}@{s}")
+        return out
 
     @classmethod
     def from_actions(cls, stage: int, actions: list[str]) -> "Program":
-        ops, micro = [], []
+        seq = []
         for a in actions:
-            if a == "AR":
-                ops.append(ALLREDUCE)
-                micro.append(-1)
-            elif a[:1] in ("F", "B") and a[1:].isdigit():
-                ops.append(OP_CODES[a[0]])
-                micro.append(int(a[1:]))
+            body, _, at = a.partition("@")
+            s = int(at) if at.isdigit() else stage
+            if at and not at.isdigit():
+                raise PipeplanError(f"schedule: cannot read action {a!r} (stage after @ must be a number)")
+            if body == "AR":
+                seq.append((Kind.AR, s, -1))
+            elif body[:1] in _FROM_LETTER and body[1:].isdigit():
+                seq.append((_FROM_LETTER[body[0]], s, int(body[1:])))
             else:
-                raise PipeplanError(f"schedule: cannot read action {a!r} (expected F<m>, B<m> or AR)")
-        return cls(stage, np.array(ops, dtype=np.int8), np.array(micro, dtype=np.int64))
+                raise PipeplanError(f"schedule: cannot read action {a!r} (expected F<m>, B<m>, I<m>, W<m> or AR)")
+        prog = cls.of(seq)
+        return cls(stage, prog.kinds, prog.micro, prog.stages)
 
 
 @dataclass
 class Schedule:
-    """``programs[k]`` runs on cluster device ``devices[k]``."""
+    """``programs[k]`` runs on cluster device ``devices[k]``; ``microbatches`` is how many
+    the programs list (a steady state lists more than it evaluates)."""
 
     name: str
     microbatches: int
     devices: list[int]
     programs: list[Program]
+    steady_state: int | None = None
+    lanes: bool = False
 
-    def check(self, num_stages: int, replication: list[int]) -> None:
-        """Each microbatch runs forward and backward exactly once per stage, on one device or
-        split over replicas that then run the same program; a device runs backward of exactly
-        the microbatches it ran forward, each after its forward."""
-        m_count = self.microbatches
-        for s in range(num_stages):
-            progs = [p for p in self.programs if p.stage == s]
-            if len(progs) != replication[s]:
-                raise PipeplanError(f"schedule {self.name}: stage {s} has {len(progs)} programs "
-                                    f"for {replication[s]} devices")
-            unique = list({id(p): p for p in progs}.values())
-            owner = np.full(m_count, -1)
-            for k, p in enumerate(unique):
-                f_at = np.flatnonzero(p.ops == FWD)
-                b_at = np.flatnonzero(p.ops == BWD)
-                mf, mb = p.micro[f_at], p.micro[b_at]
-                if mf.size and (mf.min() < 0 or mf.max() >= m_count):
-                    raise PipeplanError(f"schedule {self.name}: stage {s} names a microbatch outside 0..{m_count - 1}")
-                if np.unique(mf).size != mf.size:
-                    raise PipeplanError(f"schedule {self.name}: stage {s} lists a microbatch twice on one device")
-                if not np.array_equal(np.sort(mf), np.sort(mb)):
-                    raise PipeplanError(f"schedule {self.name}: a device of stage {s} runs backward of "
-                                        "other microbatches than it ran forward")
-                pos_f = np.empty(m_count, dtype=np.int64)
-                pos_f[mf] = f_at
-                late = np.flatnonzero(pos_f[mb] > b_at)
-                if late.size:
-                    m = int(mb[late[0]])
-                    raise PipeplanError(f"schedule {self.name}: stage {s} runs B{m} before F{m}")
-                clash = np.flatnonzero((owner[mf] >= 0) & ~np.array(
-                    [unique[o].same_as(p) if o >= 0 else True for o in owner[mf].tolist()], dtype=bool))
-                if clash.size:
-                    raise PipeplanError(f"schedule {self.name}: stage {s} splits microbatch {int(mf[clash[0]])} "
-                                        "over devices whose programs differ (replicas that share a "
-                                        "microbatch must run the same program)")
-                owner[mf] = k
-            if np.any(owner < 0):
-                raise PipeplanError(f"schedule {self.name}: stage {s} never runs F{int(np.flatnonzero(owner < 0)[0])}")
+    def check(self, num_stages: int) -> None:
+        """Raise PipeplanError unless every stage runs every microbatch's forward and
+        backward exactly once (whole, or split over replicas running the same program), each
+        backward after its forward on the same device, I before W."""
+        from .check import check_schedule
+
+        check_schedule(self, num_stages)

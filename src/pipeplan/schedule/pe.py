@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from functools import lru_cache
 
-from .ir import BWD, FWD
+from .ir import Kind
 
 
 @lru_cache(maxsize=64)
@@ -24,10 +24,10 @@ def pe_orders(num_stages: int, microbatches: int) -> tuple[tuple[tuple[int, int]
     s_count = num_stages
     blocks: list[tuple[int, int] | None] = []  # (stage, op) for computation blocks, None for comm
     for s in range(s_count - 1):
-        blocks += [(s, FWD), None]
+        blocks += [(s, Kind.F), None]
     blocks.append((s_count - 1, -1))  # last stage: forward and backward merged
     for s in range(s_count - 2, -1, -1):
-        blocks += [None, (s, BWD)]
+        blocks += [None, (s, Kind.B)]
     queues = [deque() for _ in blocks]
     queues[0].extend(range(microbatches))
     orders: list[list[tuple[int, int]]] = [[] for _ in range(s_count)]
@@ -41,7 +41,7 @@ def pe_orders(num_stages: int, microbatches: int) -> tuple[tuple[tuple[int, int]
             if blk is not None:
                 s, op = blk
                 if op == -1:
-                    orders[s] += [(FWD, m), (BWD, m)]
+                    orders[s] += [(Kind.F, m), (Kind.B, m)]
                 else:
                     orders[s].append((op, m))
     return tuple(tuple(o) for o in orders)

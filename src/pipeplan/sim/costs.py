@@ -8,53 +8,73 @@ import numpy as np
 
 from ..plan import Plan
 
+#: Share of a backward pass that computes the input gradient (torch's I); the rest is the
+#: weight gradient (W). Zero-bubble pipelines (Qi et al., ICLR'24) measure the two about
+#: equal; a profile may set ``graph.meta["backward_input_fraction"]``.
+DEFAULT_INPUT_FRACTION = 0.5
+
 
 @dataclass(frozen=True)
 class StageCosts:
     """Whole-microbatch costs on the reference device, per stage s:
-    ``fwd[s]``, ``bwd[s]`` (s), ``params[s]`` (bytes), ``stash[s]`` (bytes kept per microbatch
-    for the backward pass: the stage's layer outputs plus the activations it received);
-    per cut s|s+1: ``boundary[s]`` (bytes crossing it) and ``crossing[s]`` (some edge
-    crosses it, so the two stages must talk even if the bytes are 0)."""
+    ``fwd[s]``, ``bwd[s]`` (s) and their fixed per-call parts, ``params[s]`` (bytes),
+    ``outputs[s]`` (bytes of the stage's own activations kept for backward), ``received[s]``
+    (bytes of the activations it received); per cut s|s+1: ``boundary[s]`` (bytes crossing
+    it) and ``crossing[s]`` (some edge crosses it, so the two stages must talk even if the
+    bytes are 0); ``recompute[s]``: the stage re-materializes (GPipe §2.3)."""
 
     fwd: np.ndarray
     bwd: np.ndarray
-    fwd_fixed: np.ndarray  # the part of fwd/bwd that a share of the microbatch still pays
+    fwd_fixed: np.ndarray
     bwd_fixed: np.ndarray
     params: np.ndarray
-    stash: np.ndarray
+    outputs: np.ndarray
+    received: np.ndarray
     boundary: np.ndarray
     crossing: np.ndarray
+    recompute: np.ndarray
+    input_fraction: float
+
+    @property
+    def stash(self) -> np.ndarray:
+        """Bytes kept per microbatch in flight without recomputation."""
+        return self.outputs + self.received
+
+
+def _cuts(owner: np.ndarray, edges: list, act: np.ndarray, s_count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes crossing each cut and whether any edge crosses it: an output of a node in
+    stage a consumed up to stage b crosses cuts a|a+1 ... b-1|b (relayed stage by stage)."""
+    last = owner.copy()
+    if edges:
+        e = np.asarray(edges, dtype=np.int64)
+        np.maximum.at(last, e[:, 0], owner[e[:, 1]])
+    diff = np.zeros(s_count + 1)
+    edge_diff = np.zeros(s_count + 1)
+    cross = last > owner
+    np.add.at(diff, owner[cross], act[cross])
+    np.add.at(diff, last[cross], -act[cross])
+    np.add.at(edge_diff, owner[cross], 1)
+    np.add.at(edge_diff, last[cross], -1)
+    return np.cumsum(diff)[: s_count - 1], np.cumsum(edge_diff)[: s_count - 1] > 0
 
 
 def stage_costs(plan: Plan) -> StageCosts:
     g = plan.graph
     s_count = plan.num_stages
     owner = plan.stage_of_node()
-    fwd = np.bincount(owner, weights=g.fwd, minlength=s_count)
-    bwd = np.bincount(owner, weights=g.bwd, minlength=s_count)
-    params = np.bincount(owner, weights=g.params, minlength=s_count)
-    outputs = np.bincount(owner, weights=g.act, minlength=s_count)
-    # An output of a node in stage a consumed up to stage b crosses cuts a|a+1 ... b-1|b.
-    last = owner.copy()
-    if g.edges:
-        e = np.asarray(g.edges, dtype=np.int64)
-        np.maximum.at(last, e[:, 0], owner[e[:, 1]])
-    diff = np.zeros(s_count + 1)
-    edge_diff = np.zeros(s_count + 1)
-    cross = last > owner
-    np.add.at(diff, owner[cross], g.act[cross])
-    np.add.at(diff, last[cross], -g.act[cross])
-    np.add.at(edge_diff, owner[cross], 1)
-    np.add.at(edge_diff, last[cross], -1)
-    boundary = np.cumsum(diff)[: s_count - 1]
-    crossing = np.cumsum(edge_diff)[: s_count - 1] > 0
-    received = np.concatenate(([0.0], boundary))
+    per = lambda w: np.bincount(owner, weights=w, minlength=s_count)  # noqa: E731
+    boundary, crossing = _cuts(owner, g.edges, g.act, s_count)
     fixed = np.zeros((2, len(g)))
     for nid, pair in (g.meta.get("fixed_s") or {}).items():
         i = g.index.get(nid)
         if i is not None:
             fixed[:, i] = pair
-    fwd_fixed = np.bincount(owner, weights=fixed[0], minlength=s_count)
-    bwd_fixed = np.bincount(owner, weights=fixed[1], minlength=s_count)
-    return StageCosts(fwd, bwd, fwd_fixed, bwd_fixed, params, outputs + received, boundary, crossing)
+    kept = getattr(g, "saved", None)
+    kept = g.act if kept is None else kept
+    inplace = getattr(g, "inplace", None)
+    if inplace is not None:
+        kept = np.where(inplace, 0.0, kept)
+    recompute = np.array([plan.recomputes(s) for s in range(s_count)], dtype=bool)
+    return StageCosts(per(g.fwd), per(g.bwd), per(fixed[0]), per(fixed[1]), per(g.params), per(kept),
+                      np.concatenate(([0.0], boundary)), boundary, crossing, recompute,
+                      float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)))

@@ -2,7 +2,8 @@
 
 Struct-of-arrays (numpy) so that a 32-stage x 128-microbatch timeline stays cheap.
 Resources are the devices (compute, and the all-reduce of their stage) followed by the
-inter-stage channels ("ch:<stage a>-<stage b>", one transfer at a time, SPP §III-B).
+channels ("ch:<a>><b>" carries stage a's data to stage b; "ch:<a>-<b>" both directions on
+a half-duplex cluster; one transfer at a time, SPP §III-B).
 """
 
 from __future__ import annotations
@@ -11,19 +12,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..schedule.ir import ALLREDUCE, BWD, FWD
+from ..cluster import Cluster
+from ..schedule import Kind
 
-# Task kinds: the schedule's actions plus the transfers the simulator places.
-COMM_F, COMM_B, UPDATE = 2, 3, 5
-KIND_NAMES = ("forward", "backward", "send-forward", "send-backward", "allreduce", "update")
+KIND_NAMES = {Kind.F: "forward", Kind.B: "backward", Kind.SEND_F: "send-forward", Kind.SEND_B: "send-backward",
+              Kind.AR: "allreduce", Kind.UPDATE: "update", Kind.I: "backward-input", Kind.W: "backward-weight"}
 
 
 @dataclass
 class Timeline:
     """All tasks of one iteration. Arrays are aligned: task t is
     ``(kind[t], stage[t], micro[t], resource[t], start[t], end[t])``; ``micro`` is -1 for
-    an all-reduce. ``resources[r]`` names resource r and ``resource_is_device[r]`` says
-    whether it is a device (else a channel)."""
+    an all-reduce or optimizer step. ``resources[r]`` names resource r and
+    ``resource_is_device[r]`` says whether it is a device (else a channel)."""
 
     resources: list[str]
     resource_is_device: list[bool]
@@ -45,7 +46,37 @@ class Timeline:
 
     def to_rows(self) -> list[dict]:
         """One dict per task (for JSON output and people)."""
-        return [{"kind": KIND_NAMES[int(k)], "stage": int(s), "microbatch": int(m),
+        return [{"kind": KIND_NAMES[Kind(int(k))], "stage": int(s), "microbatch": int(m),
                  "resource": self.resources[int(r)], "start_s": float(a), "end_s": float(b)}
                 for k, s, m, r, a, b in zip(self.kind, self.stage, self.micro, self.resource,
                                             self.start, self.end)]
+
+
+def build_timeline(cl: Cluster, tg, start: np.ndarray, end: np.ndarray, iteration: float,
+                   plan_devs: list[int], stage_devs: list[list[int]], lanes: bool = False) -> Timeline:
+    """Expand group tasks to each device, all-reduces to each device of the stage. With
+    lanes (fb-parallel) each device has a forward and a backward row."""
+    pos = {d: i for i, d in enumerate(plan_devs)}
+    res_parts, idx_parts = [], []
+    for gi, g in enumerate(tg.groups):
+        ids = np.flatnonzero(tg.owner == gi)
+        for d in g.devices:
+            idx_parts.append(ids)
+            res_parts.append(2 * pos[d] + (tg.kind[ids] != Kind.F) if lanes else np.full(ids.size, pos[d]))
+    for t in np.flatnonzero(tg.kind == Kind.AR).tolist():
+        devs = stage_devs[int(tg.stage[t])]
+        idx_parts.append(np.full(len(devs), t))
+        res_parts.append(np.array([pos[d] for d in devs]))
+    comm = np.flatnonzero(tg.chan >= 0)
+    idx_parts.append(comm)
+    rows = 2 * len(plan_devs) if lanes else len(plan_devs)
+    res_parts.append(rows + tg.chan[comm])
+    idx = np.concatenate(idx_parts)
+    res = np.concatenate(res_parts)
+    dev_names = [cl.devices[d].name for d in plan_devs]
+    if lanes:
+        dev_names = [f"{n}/{lane}" for n in dev_names for lane in ("fwd", "bwd")]
+    return Timeline(resources=dev_names + list(tg.channels),
+                    resource_is_device=[True] * rows + [False] * len(tg.channels),
+                    kind=tg.kind[idx], stage=tg.stage[idx], micro=tg.micro[idx], resource=res,
+                    start=start[idx], end=end[idx], iteration_s=iteration)

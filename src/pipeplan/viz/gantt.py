@@ -17,17 +17,20 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ..sim.timeline import ALLREDUCE, BWD, COMM_B, COMM_F, FWD, UPDATE, Timeline
+from ..schedule import Kind
+from ..sim.timeline import Timeline
 
 # kind: (legend label, face colour, edge colour, hatch, hatch colour, label text colour).
 # Edges are a darker shade of the face so that narrow bars keep their colour.
 _STYLE = {
-    FWD: ("forward", "#a6cee3", "#5b8fb0", "", "", "black"),
-    BWD: ("backward", "#1f78b4", "#0e3f63", "", "", "white"),
-    COMM_F: ("send forward", "#eeeeee", "#7a7a7a", "////", "#bbbbbb", "black"),
-    COMM_B: ("send backward", "#bdbdbd", "#555555", "\\\\\\\\", "#8c8c8c", "black"),
-    ALLREDUCE: ("all-reduce", "#e6550d", "#8c2d04", "", "", "white"),
-    UPDATE: ("optimizer step", "#74c476", "#238b45", "", "", "black"),
+    Kind.F: ("forward", "#a6cee3", "#5b8fb0", "", "", "black"),
+    Kind.B: ("backward", "#1f78b4", "#0e3f63", "", "", "white"),
+    Kind.I: ("backward (input grad)", "#1f78b4", "#0e3f63", "", "", "white"),
+    Kind.W: ("backward (weight grad)", "#6a3d9a", "#3f2260", "", "", "white"),
+    Kind.SEND_F: ("send forward", "#eeeeee", "#7a7a7a", "////", "#bbbbbb", "black"),
+    Kind.SEND_B: ("send backward", "#bdbdbd", "#555555", "\\\\\\\\", "#8c8c8c", "black"),
+    Kind.AR: ("all-reduce", "#e6550d", "#8c2d04", "", "", "white"),
+    Kind.UPDATE: ("optimizer step", "#74c476", "#238b45", "", "", "black"),
 }
 _DPI = 110
 _BAR_H = 0.8          # bar height, in rows
@@ -57,7 +60,7 @@ def _row_positions(tl: Timeline) -> tuple[np.ndarray, int, int]:
 def _span_in_bars(tl: Timeline, span: float, scale: float) -> float:
     """How many typical (median) compute bars fit in ``span`` (in plot units)."""
     dur = (tl.end - tl.start) * scale
-    compute = dur[(tl.kind == FWD) | (tl.kind == BWD)]
+    compute = dur[np.isin(tl.kind, [Kind.F, Kind.B, Kind.I, Kind.W])]
     typical = np.median(compute) if compute.size else (np.median(dur) if dur.size else 0.0)
     return span / typical if typical > 0 else 0.0
 
@@ -80,7 +83,7 @@ def _label_sizes(width_px: np.ndarray, n_chars: np.ndarray, group: np.ndarray,
 
 
 def _bar_label(kind: int, micro: int) -> str:
-    return "AR" if kind == ALLREDUCE else "U" if kind == UPDATE else str(micro)
+    return "AR" if kind == Kind.AR else "U" if kind == Kind.UPDATE else str(micro)
 
 
 def draw_gantt(tl: Timeline, path: str | os.PathLike, title: str = "",

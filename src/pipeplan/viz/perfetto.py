@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..sim.timeline import ALLREDUCE, BWD, COMM_B, COMM_F, FWD, KIND_NAMES, UPDATE, Timeline
+from ..schedule import Kind
+from ..sim.timeline import KIND_NAMES, Timeline
 
 _PID = 1
 _TID0 = 10  # tids start here so that no track is taken for the process's main thread (tid == pid)
-_PREFIX = {FWD: "F", BWD: "B", COMM_F: "send F", COMM_B: "send B"}
+_PREFIX = {Kind.F: "F", Kind.B: "B", Kind.I: "I", Kind.W: "W", Kind.SEND_F: "send F", Kind.SEND_B: "send B"}
 
 
 def _us(seconds: np.ndarray) -> np.ndarray:
@@ -25,9 +26,9 @@ def _us(seconds: np.ndarray) -> np.ndarray:
 
 
 def _task_name(kind: int, stage: int, micro: int) -> str:
-    if kind == ALLREDUCE:
+    if kind == Kind.AR:
         return f"allreduce s{stage}"
-    if kind == UPDATE:
+    if kind == Kind.UPDATE:
         return f"update s{stage}"
     return f"{_PREFIX[kind]}{micro}"
 

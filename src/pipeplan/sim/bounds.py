@@ -1,0 +1,45 @@
+"""Lower bounds reported with every prediction (docs/design.md, "Lower bound").
+
+- work bound: all the work of M microbatches spread perfectly over every device of the
+  cluster, each at the fastest it can go (its solo speed when calibrated; a device with
+  several compute resources at the sum over its resources of the faster pass). Extra work
+  (recomputation, fixed per-call times, the optimizer step) only adds time, so no plan on
+  this cluster beats it.
+- path bound: the longest chain of one microbatch through this plan: its forwards and
+  forward transfers, then its gradient-sending backwards (B or I) and backward transfers,
+  then stage 0's W. No schedule of this plan beats it. A steady state has no such chain.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..graph import Graph
+from ..schedule import Kind
+from .compile import TaskGraph
+
+
+def peak_rates(cluster: Cluster) -> np.ndarray:
+    """The most reference-work per second each device can do, in any mix of passes."""
+    out = np.empty(len(cluster))
+    for i, d in enumerate(cluster.devices):
+        if d.resources:
+            out[i] = sum(max(r.fwd_speed, r.bwd_speed) for r in d.resources)
+        else:
+            out[i] = max(d.speed, d.solo_speed or 0.0)
+    return out
+
+
+def work_bound(graph: Graph, cluster: Cluster, microbatches: int) -> float:
+    return microbatches * float(graph.fwd.sum() + graph.bwd.sum()) / float(peak_rates(cluster).sum())
+
+
+def path_bound(tg: TaskGraph) -> float:
+    chain = np.isin(tg.kind, [Kind.F, Kind.B, Kind.I, Kind.SEND_F, Kind.SEND_B])
+    last_w = (tg.kind == Kind.W) & (tg.stage == 0)
+    sel = (chain | last_w) & (tg.micro >= 0)
+    if not sel.any():
+        return 0.0
+    per = np.bincount(tg.micro[sel], weights=tg.dur[sel])
+    return float(per.max())

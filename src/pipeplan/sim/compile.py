@@ -1,0 +1,268 @@
+"""Plan + schedule -> task graph: every action of the schedule and every transfer it implies,
+with its duration (SPP §III cost model), its dependencies and its channel.
+
+- Devices that run the same program form one *group* (lockstep replicas); a group's
+  actions are one chain of tasks. Devices listing the same (stage, microbatch) split it in
+  proportion to their speeds, so they finish together.
+- A stage's all-reduce is one task shared by the groups that list it.
+- A microbatch's activations go from the group that ran its forward on stage s to the group
+  that runs it on s+1, and its gradients back, over a *channel* per ordered pair of groups
+  and direction (full-duplex links, SPP §III: b(v,v') and b(v',v) are separate); on a
+  half-duplex cluster (``duplex: half``) both directions share one channel.
+- Schedules with ``lanes`` (fb-parallel) chain forwards and backwards separately.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..costmodel import allreduce_time, transfer_time
+from ..plan import Plan
+from ..schedule import Kind, Program, Schedule
+from .costs import StageCosts
+
+
+@dataclass
+class Group:
+    """Devices that run ``program`` in lockstep; ``ids[i]`` is the task of its action i."""
+
+    devices: list[int]
+    program: Program
+    ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+@dataclass
+class TaskGraph:
+    """Aligned task arrays plus successor lists in CSR form (``succ[ptr[i]:ptr[i+1]]``)."""
+
+    dur: np.ndarray
+    kind: np.ndarray
+    stage: np.ndarray
+    micro: np.ndarray
+    owner: np.ndarray  # group of a compute/update task, -1 for all-reduces and transfers
+    chan: np.ndarray  # channel of a transfer, -1 otherwise
+    ptr: np.ndarray
+    succ: np.ndarray
+    npred: np.ndarray
+    channels: list[str]
+    groups: list[Group]
+    share_f: np.ndarray  # summed forward speed of the devices running each (stage, microbatch)
+
+    @property
+    def n(self) -> int:
+        return int(self.dur.size)
+
+
+class _Builder:
+    """Appends tasks (arrays) and dependency edges; ids are assigned in order."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list] = {k: [] for k in ("dur", "kind", "stage", "micro", "owner", "chan")}
+        self.edges: list[np.ndarray] = []
+        self.n = 0
+
+    def add(self, dur, kind, stage, micro, owner=-1, chan=-1) -> np.ndarray:
+        dur = np.atleast_1d(np.asarray(dur, dtype=float))
+        k = dur.size
+        for key, v in (("dur", dur), ("kind", kind), ("stage", stage), ("micro", micro), ("owner", owner),
+                       ("chan", chan)):
+            self.parts[key].append(np.broadcast_to(np.asarray(v), (k,)))
+        ids = np.arange(self.n, self.n + k)
+        self.n += k
+        return ids
+
+    def edge(self, a, b) -> None:
+        self.edges.append(np.stack([np.asarray(a, dtype=np.int64).ravel(), np.asarray(b, dtype=np.int64).ravel()]))
+
+    def finish(self, channels: list[str], groups: list[Group], share_f: np.ndarray) -> TaskGraph:
+        arr = {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.parts.items()}
+        edges = np.concatenate(self.edges, axis=1) if self.edges else np.zeros((2, 0), dtype=np.int64)
+        order = np.argsort(edges[0], kind="stable")
+        ptr = np.zeros(self.n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(edges[0], minlength=self.n), out=ptr[1:])
+        return TaskGraph(arr["dur"].astype(float), arr["kind"].astype(np.int64), arr["stage"].astype(np.int64),
+                         arr["micro"].astype(np.int64), arr["owner"].astype(np.int64), arr["chan"].astype(np.int64),
+                         ptr, edges[1][order], np.bincount(edges[1], minlength=self.n), channels, groups, share_f)
+
+
+def groups_of(schedule: Schedule) -> list[Group]:
+    """Devices with the same program, in the schedule's device order."""
+    groups: list[Group] = []
+    for d, p in zip(schedule.devices, schedule.programs):
+        for g in groups:
+            if g.program.same_as(p):
+                g.devices.append(d)
+                break
+        else:
+            groups.append(Group([d], p))
+    return groups
+
+
+def fixed_part(fixed: float, speeds: np.ndarray) -> float:
+    """A microbatch share's fixed time on the slowest working replica (a device with no
+    speed for a pass takes no share of it)."""
+    working = speeds[speeds > 0]
+    return fixed / float(working.min()) if fixed > 0 and working.size else 0.0
+
+
+def _shares(groups: list[Group], s_count: int, m_count: int, fspeed: np.ndarray,
+            bspeed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Summed forward and backward speed of the devices that run each (stage, microbatch)."""
+    share_f, share_b = np.zeros((s_count, m_count)), np.zeros((s_count, m_count))
+    for g in groups:
+        p = g.program
+        sel = p.kinds == Kind.F
+        np.add.at(share_f, (p.stages[sel], p.micro[sel]), float(fspeed[g.devices].sum()))
+        np.add.at(share_b, (p.stages[sel], p.micro[sel]), float(bspeed[g.devices].sum()))
+    return share_f, share_b
+
+
+def _compute_durations(g: Group, costs: StageCosts, share_f: np.ndarray, share_b: np.ndarray,
+                       fspeed: np.ndarray, bspeed: np.ndarray, overhead: float) -> np.ndarray:
+    """Duration of each non-AR action of the group: the varying part shared by speed, the
+    fixed per-call part in full, the runtime's per-action overhead; a re-materializing stage
+    runs its forward again inside the backward (or its I half)."""
+    p = g.program
+    comp = p.kinds != Kind.AR
+    k, s, m = p.kinds[comp], p.stages[comp], p.micro[comp]
+    ff = np.array([fixed_part(x, fspeed[g.devices]) for x in costs.fwd_fixed])[s]
+    bf = np.array([fixed_part(x, bspeed[g.devices]) for x in costs.bwd_fixed])[s]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fwd = (costs.fwd[s] - costs.fwd_fixed[s]) / share_f[s, m] + ff
+        bwd = (costs.bwd[s] - costs.bwd_fixed[s]) / share_b[s, m] + bf
+    redo = np.where(costs.recompute[s], fwd, 0.0)
+    frac = costs.input_fraction
+    dur = np.select([k == Kind.F, k == Kind.B, k == Kind.I, k == Kind.W],
+                    [fwd, bwd + redo, frac * bwd + redo, (1.0 - frac) * bwd])
+    return dur + overhead
+
+
+def _chain(b: _Builder, g: Group, lanes: bool) -> None:
+    """Program order as dependencies; with lanes, forwards and backwards chain separately,
+    each backward after its forward and each forward at most ``window`` ahead (twice
+    1F1B's in flight, so both lanes stay busy: resalloc.txt Fig. 2)."""
+    ids, kinds, micro = g.ids, g.program.kinds, g.program.micro
+    if not lanes:
+        b.edge(ids[:-1], ids[1:])
+        return
+    f_sel, b_sel = kinds == Kind.F, kinds == Kind.B
+    fi, bi = ids[f_sel], ids[b_sel]
+    fo, bo = fi[np.argsort(micro[f_sel])], bi[np.argsort(micro[b_sel])]
+    window = 2 * int(np.argmax(b_sel)) + 2
+    b.edge(fi[:-1], fi[1:]), b.edge(bi[:-1], bi[1:]), b.edge(fo, bo)
+    b.edge(bo[:-window], fo[window:])
+
+
+def _add_groups(b: _Builder, plan: Plan, sched: Schedule, groups: list[Group], costs: StageCosts,
+                fspeed: np.ndarray, bspeed: np.ndarray) -> np.ndarray:
+    """Compute and all-reduce tasks, and each group's chain; returns the forward shares."""
+    cl = plan.cluster
+    stage_devs = plan.stage_devices()
+    share_f, share_b = _shares(groups, len(stage_devs), sched.microbatches, fspeed, bspeed)
+    overhead = float(cl.meta.get("action_overhead_s", 0.0))  # the runtime's, per compute action
+    ar_task: dict[int, int] = {}
+    for gi, g in enumerate(groups):
+        p = g.program
+        is_ar = p.kinds == Kind.AR
+        for s in p.stages[is_ar].tolist():
+            if s not in ar_task:
+                ar_task[s] = int(b.add(allreduce_time(cl, stage_devs[s], costs.params[s], where=f"stage {s} all-reduce"),
+                                       Kind.AR, s, -1)[0])
+        g.ids = np.empty(len(p), dtype=np.int64)
+        g.ids[~is_ar] = b.add(_compute_durations(g, costs, share_f, share_b, fspeed, bspeed, overhead),
+                              p.kinds[~is_ar], p.stages[~is_ar], p.micro[~is_ar], owner=gi)
+        g.ids[is_ar] = [ar_task[s] for s in p.stages[is_ar].tolist()]
+        _chain(b, g, sched.lanes)
+    return share_f
+
+
+def _add_updates(b: _Builder, plan: Plan, groups: list[Group], costs: StageCosts) -> None:
+    """The optimizer step closes each device's iteration, after its last action (profiled
+    rate per parameter byte on the reference device, graph meta ``update_s_per_byte``)."""
+    rate = float(plan.graph.meta.get("update_s_per_byte") or 0.0)
+    if rate <= 0:
+        return
+    speed = plan.cluster.speed
+    for gi, g in enumerate(groups):
+        stages = np.unique(g.program.stages)
+        t = b.add(rate * float(costs.params[stages].sum()) / float(speed[g.devices].min()),
+                  Kind.UPDATE, int(stages[0]), -1, owner=gi)
+        b.edge([g.ids[-1]], t)
+
+
+def _task_index(groups: list[Group], s_count: int, m_count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Task of each (stage, microbatch)'s forward and of its gradient-sending backward
+    (B or I), and the group that runs it."""
+    f_task = np.full((s_count, m_count), -1, dtype=np.int64)
+    b_task = np.full((s_count, m_count), -1, dtype=np.int64)
+    owner = np.full((s_count, m_count), -1, dtype=np.int64)
+    for gi, g in enumerate(groups):
+        p = g.program
+        f = p.kinds == Kind.F
+        back = (p.kinds == Kind.B) | (p.kinds == Kind.I)
+        f_task[p.stages[f], p.micro[f]] = g.ids[f]
+        b_task[p.stages[back], p.micro[back]] = g.ids[back]
+        owner[p.stages[f], p.micro[f]] = gi
+    return f_task, b_task, owner
+
+
+def _channel_name(cl: Cluster, stage_devs: list[list[int]], s: int, src: list[int], dst: list[int],
+                  forward: bool, half: bool) -> str:
+    a, c = (s, s + 1) if forward or half else (s + 1, s)
+    base = f"ch:{a}-{c}" if half else f"ch:{a}>{c}"
+    if len(src) == len(stage_devs[s]) and len(dst) == len(stage_devs[s + 1]):
+        return base
+    names = ("+".join(cl.devices[d].name for d in src), "+".join(cl.devices[d].name for d in dst))
+    return f"{base}:" + (f"{names[0]}>{names[1]}" if forward or half else f"{names[1]}>{names[0]}")
+
+
+def _add_transfers(b: _Builder, plan: Plan, groups: list[Group], costs: StageCosts, m_count: int,
+                   channels: list[str]) -> None:
+    """Forward transfers s -> s+1 and backward transfers s+1 -> s of every microbatch."""
+    cl = plan.cluster
+    stage_devs = plan.stage_devices()
+    half = cl.meta.get("duplex", "full") == "half"
+    f_task, b_task, owner = _task_index(groups, len(stage_devs), m_count)
+    keys: dict[tuple, int] = {}
+    for s in range(len(stage_devs) - 1):
+        src_g, dst_g = owner[s], owner[s + 1]
+        local = (src_g == dst_g) | (not costs.crossing[s])
+        b.edge(f_task[s][local], f_task[s + 1][local])
+        b.edge(b_task[s + 1][local], b_task[s][local])
+        ms = np.flatnonzero(~local)
+        pairs, inv = np.unique(src_g[ms] * len(groups) + dst_g[ms], return_inverse=True)
+        for forward in (True, False):
+            dur, chan = np.empty(pairs.size), np.empty(pairs.size, dtype=np.int64)
+            for u, code in enumerate(pairs.tolist()):
+                ga, gb = divmod(code, len(groups))
+                src, dst = groups[ga].devices, groups[gb].devices
+                key = (s, ga, gb, forward or half)
+                if key not in keys:
+                    keys[key] = len(channels)
+                    channels.append(_channel_name(cl, stage_devs, s, src, dst, forward, half))
+                chan[u] = keys[key]
+                a, c = (src, dst) if forward else (dst, src)
+                dur[u] = transfer_time(cl, a, c, costs.boundary[s],
+                                       where=f"stages {s} -> {s + 1}" if forward else f"stages {s + 1} -> {s}")
+            t = b.add(dur[inv], Kind.SEND_F if forward else Kind.SEND_B, s if forward else s + 1, ms,
+                      chan=chan[inv])
+            if forward:
+                b.edge(f_task[s][ms], t), b.edge(t, f_task[s + 1][ms])
+            else:
+                b.edge(b_task[s + 1][ms], t), b.edge(t, b_task[s][ms])
+
+
+def compile_tasks(plan: Plan, sched: Schedule, costs: StageCosts, fspeed: np.ndarray,
+                  bspeed: np.ndarray) -> TaskGraph:
+    """The task graph of one iteration (or stream, for a steady state) of ``sched``."""
+    groups = groups_of(sched)
+    b = _Builder()
+    share_f = _add_groups(b, plan, sched, groups, costs, fspeed, bspeed)
+    if sched.steady_state is None:
+        _add_updates(b, plan, groups, costs)
+    channels: list[str] = []
+    _add_transfers(b, plan, groups, costs, sched.microbatches, channels)
+    return b.finish(channels, groups, share_f)
