@@ -19,6 +19,7 @@ schedule ends with the stage's all-reduce when it has more than one device.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -87,7 +88,14 @@ def _program(stage: int, order: Order, allreduce: bool) -> Program:
 
 def make_schedule(name: str, stage_devices: list[list[int]], microbatches: int,
                   replicas: str = "split") -> Schedule:
-    """The schedule ``name`` for stages held by ``stage_devices`` (one device list per stage)."""
+    """The schedule ``name`` for stages held by ``stage_devices`` (one device list per stage).
+    Cached: searches ask for the same shapes again and again; treat it as read-only."""
+    return _make_schedule(name, tuple(tuple(int(d) for d in g) for g in stage_devices), int(microbatches), replicas)
+
+
+@lru_cache(maxsize=4096)
+def _make_schedule(name: str, stage_devices: tuple[tuple[int, ...], ...], microbatches: int,
+                   replicas: str) -> Schedule:
     kind = SCHEDULES.get(name)
     if kind is None:
         raise PipeplanError(f"unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")

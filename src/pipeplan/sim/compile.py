@@ -9,7 +9,7 @@ with its duration (SPP §III cost model), its dependencies and its channel.
   that runs it on s+1, and its gradients back, over a *channel* per ordered pair of groups
   and direction (full-duplex links, SPP §III: b(v,v') and b(v',v) are separate); on a
   half-duplex cluster (``duplex: half``) both directions share one channel.
-- Schedules with ``lanes`` (fb-parallel) chain forwards and backwards separately.
+- Schedules with ``lanes`` (forward and backward side by side) chain them separately.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from ..costmodel import allreduce_time, transfer_time
 from ..plan import Plan
 from ..schedule import Kind, Program, Schedule
 from .costs import StageCosts
+
+_F, _B, _I, _W = int(Kind.F), int(Kind.B), int(Kind.I), int(Kind.W)
 
 
 @dataclass
@@ -44,6 +46,7 @@ class TaskGraph:
     micro: np.ndarray
     owner: np.ndarray  # group of a compute/update task, -1 for all-reduces and transfers
     chan: np.ndarray  # channel of a transfer, -1 otherwise
+    pair: np.ndarray  # a transfer's (sender group, receiver group) as sender * #groups + receiver, else -1
     ptr: np.ndarray
     succ: np.ndarray
     npred: np.ndarray
@@ -60,15 +63,15 @@ class _Builder:
     """Appends tasks (arrays) and dependency edges; ids are assigned in order."""
 
     def __init__(self) -> None:
-        self.parts: dict[str, list] = {k: [] for k in ("dur", "kind", "stage", "micro", "owner", "chan")}
+        self.parts: dict[str, list] = {k: [] for k in ("dur", "kind", "stage", "micro", "owner", "chan", "pair")}
         self.edges: list[np.ndarray] = []
         self.n = 0
 
-    def add(self, dur, kind, stage, micro, owner=-1, chan=-1) -> np.ndarray:
+    def add(self, dur, kind, stage, micro, owner=-1, chan=-1, pair=-1) -> np.ndarray:
         dur = np.atleast_1d(np.asarray(dur, dtype=float))
         k = dur.size
         for key, v in (("dur", dur), ("kind", kind), ("stage", stage), ("micro", micro), ("owner", owner),
-                       ("chan", chan)):
+                       ("chan", chan), ("pair", pair)):
             self.parts[key].append(np.broadcast_to(np.asarray(v), (k,)))
         ids = np.arange(self.n, self.n + k)
         self.n += k
@@ -85,20 +88,19 @@ class _Builder:
         np.cumsum(np.bincount(edges[0], minlength=self.n), out=ptr[1:])
         return TaskGraph(arr["dur"].astype(float), arr["kind"].astype(np.int64), arr["stage"].astype(np.int64),
                          arr["micro"].astype(np.int64), arr["owner"].astype(np.int64), arr["chan"].astype(np.int64),
-                         ptr, edges[1][order], np.bincount(edges[1], minlength=self.n), channels, groups, share_f)
+                         arr["pair"].astype(np.int64), ptr, edges[1][order], np.bincount(edges[1], minlength=self.n), channels, groups, share_f)
 
 
 def groups_of(schedule: Schedule) -> list[Group]:
     """Devices with the same program, in the schedule's device order."""
-    groups: list[Group] = []
+    groups: dict[bytes, Group] = {}
     for d, p in zip(schedule.devices, schedule.programs):
-        for g in groups:
-            if g.program.same_as(p):
-                g.devices.append(d)
-                break
+        key = p.kinds.tobytes() + p.stages.tobytes() + p.micro.tobytes()
+        if key in groups:
+            groups[key].devices.append(d)
         else:
-            groups.append(Group([d], p))
-    return groups
+            groups[key] = Group([d], p)
+    return list(groups.values())
 
 
 def fixed_part(fixed: float, speeds: np.ndarray) -> float:
@@ -106,6 +108,13 @@ def fixed_part(fixed: float, speeds: np.ndarray) -> float:
     speed for a pass takes no share of it)."""
     working = speeds[speeds > 0]
     return fixed / float(working.min()) if fixed > 0 and working.size else 0.0
+
+
+def _fixed_parts(fixed: np.ndarray, speeds: np.ndarray) -> np.ndarray:
+    """``fixed_part`` of every stage (zeros when nothing was profiled as fixed)."""
+    if not fixed.any():
+        return np.zeros_like(fixed)
+    return np.array([fixed_part(x, speeds) for x in fixed.tolist()])
 
 
 def _shares(groups: list[Group], s_count: int, m_count: int, fspeed: np.ndarray,
@@ -128,22 +137,21 @@ def _compute_durations(g: Group, costs: StageCosts, share_f: np.ndarray, share_b
     p = g.program
     comp = p.kinds != Kind.AR
     k, s, m = p.kinds[comp], p.stages[comp], p.micro[comp]
-    ff = np.array([fixed_part(x, fspeed[g.devices]) for x in costs.fwd_fixed])[s]
-    bf = np.array([fixed_part(x, bspeed[g.devices]) for x in costs.bwd_fixed])[s]
+    ff = _fixed_parts(costs.fwd_fixed, fspeed[g.devices])[s]
+    bf = _fixed_parts(costs.bwd_fixed, bspeed[g.devices])[s]
     with np.errstate(divide="ignore", invalid="ignore"):
         fwd = (costs.fwd[s] - costs.fwd_fixed[s]) / share_f[s, m] + ff
         bwd = (costs.bwd[s] - costs.bwd_fixed[s]) / share_b[s, m] + bf
     redo = np.where(costs.recompute[s], fwd, 0.0)
     frac = costs.input_fraction
-    dur = np.select([k == Kind.F, k == Kind.B, k == Kind.I, k == Kind.W],
-                    [fwd, bwd + redo, frac * bwd + redo, (1.0 - frac) * bwd])
+    dur = np.select([k == _F, k == _B, k == _I, k == _W], [fwd, bwd + redo, frac * bwd + redo, (1.0 - frac) * bwd])
     return dur + overhead
 
 
 def _chain(b: _Builder, g: Group, lanes: bool) -> None:
     """Program order as dependencies; with lanes, forwards and backwards chain separately,
     each backward after its forward and each forward at most ``window`` ahead (twice
-    1F1B's in flight, so both lanes stay busy: resalloc.txt Fig. 2)."""
+    a one-forward-one-backward order's in flight, so both lanes stay busy: resalloc.txt Fig. 2)."""
     ids, kinds, micro = g.ids, g.program.kinds, g.program.micro
     if not lanes:
         b.edge(ids[:-1], ids[1:])
@@ -248,7 +256,7 @@ def _add_transfers(b: _Builder, plan: Plan, groups: list[Group], costs: StageCos
                 dur[u] = transfer_time(cl, a, c, costs.boundary[s],
                                        where=f"stages {s} -> {s + 1}" if forward else f"stages {s + 1} -> {s}")
             t = b.add(dur[inv], Kind.SEND_F if forward else Kind.SEND_B, s if forward else s + 1, ms,
-                      chan=chan[inv])
+                      chan=chan[inv], pair=pairs[inv])
             if forward:
                 b.edge(f_task[s][ms], t), b.edge(t, f_task[s + 1][ms])
             else:

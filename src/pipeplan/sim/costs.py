@@ -21,7 +21,7 @@ class StageCosts:
     ``outputs[s]`` (bytes of the stage's own activations kept for backward), ``received[s]``
     (bytes of the activations it received); per cut s|s+1: ``boundary[s]`` (bytes crossing
     it) and ``crossing[s]`` (some edge crosses it, so the two stages must talk even if the
-    bytes are 0); ``recompute[s]``: the stage re-materializes (GPipe §2.3)."""
+    bytes are 0); ``recompute[s]``: the stage re-materializes (Huang et al. 2019, §2.3)."""
 
     fwd: np.ndarray
     bwd: np.ndarray

@@ -4,8 +4,8 @@ Per device: the state of the stages it holds (weights, gradients, optimizer stat
 walking its program, the activations it keeps for backward: for each microbatch in flight
 (forward done, backward not yet), its share of the stage's kept activations and of the
 activations it received. A share is the device's part of the microbatch's samples, in
-proportion to its speed among the replicas running it. A re-materializing stage (GPipe
-§2.3) keeps only what it received, and during each backward holds one microbatch's
+proportion to its speed among the replicas running it. A re-materializing stage (Huang et
+al. 2019, §2.3) keeps only what it received, and during each backward holds one microbatch's
 activations again. A split backward frees at W. An asynchronous steady state (PipeDream's
 weight stashing, §3.3) keeps one weight version per microbatch in flight beyond the first.
 """

@@ -70,7 +70,7 @@ class SimResult:
 
 
 def pass_speeds(plan: Plan, lanes: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Each device's forward and backward speed. With ``lanes`` (fb-parallel, resalloc.txt
+    """Each device's forward and backward speed. With ``lanes`` (resalloc.txt
     §III-B) forward gets beta_j of each resource j and backward the rest (a single resource
     is time-shared), beta from the plan's allocation (default 0.5); speeds are linear in beta."""
     cl = plan.cluster
@@ -159,12 +159,10 @@ def _simulate(plan: Plan, sched: Schedule, timeline: bool, scale: np.ndarray | N
         fspeed, bspeed = fspeed * scale, bspeed * scale
     costs = stage_costs(plan)
     tg = compile_tasks(plan, sched, costs, fspeed, bspeed)
-    start, end, done = run_tasks(tg.dur.tolist(), tg.ptr.tolist(), tg.succ.tolist(), tg.npred.tolist(),
-                                 tg.chan.tolist(), len(tg.channels))
+    start_a, end_a, done = run_tasks(tg.dur, tg.ptr, tg.succ, tg.npred, tg.chan, len(tg.channels))
     if done != tg.n:
         raise PipeplanError(f"schedule {sched.name!r} deadlocks on this plan: only {done} of {tg.n} "
                             "tasks can run (a device waits for data its order never lets arrive)")
-    start_a, end_a = np.asarray(start), np.asarray(end)
     busy = _busy(tg, len(cl), sched.lanes)
     m_eval = sched.steady_state or sched.microbatches
     if sched.steady_state is not None:

@@ -1,5 +1,5 @@
 """Steady state of an asynchronous pipeline (PipeDream, SOSP'19 §3: no flush, weight
-stashing; resalloc.txt §III-B for fb-parallel).
+stashing; resalloc.txt §III-B with forward and backward lanes).
 
 The schedule runs a stream of microbatches; the time per N microbatches is the time between
 the last backward of microbatch N-1 and of 2N-1 on stage 0 (the pipeline is full by then),

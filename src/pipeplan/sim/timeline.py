@@ -55,7 +55,7 @@ class Timeline:
 def build_timeline(cl: Cluster, tg, start: np.ndarray, end: np.ndarray, iteration: float,
                    plan_devs: list[int], stage_devs: list[list[int]], lanes: bool = False) -> Timeline:
     """Expand group tasks to each device, all-reduces to each device of the stage. With
-    lanes (fb-parallel) each device has a forward and a backward row."""
+    lanes each device has a forward and a backward row."""
     pos = {d: i for i, d in enumerate(plan_devs)}
     res_parts, idx_parts = [], []
     for gi, g in enumerate(tg.groups):
