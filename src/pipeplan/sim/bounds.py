@@ -24,10 +24,11 @@ def peak_rates(cluster: Cluster) -> np.ndarray:
     """The most reference-work per second each device can do, in any mix of passes."""
     out = np.empty(len(cluster))
     for i, d in enumerate(cluster.devices):
+        alone = max(1.0, (d.solo_speed or d.speed) / d.speed)  # contention only slows it down
         if d.resources:
-            out[i] = sum(max(r.fwd_speed, r.bwd_speed) for r in d.resources)
+            out[i] = alone * sum(max(r.fwd_speed, r.bwd_speed) for r in d.resources)
         else:
-            out[i] = max(d.speed, d.solo_speed or 0.0)
+            out[i] = alone * d.speed
     return out
 
 

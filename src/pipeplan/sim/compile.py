@@ -153,7 +153,7 @@ def _chain(b: _Builder, g: Group, lanes: bool) -> None:
     each backward after its forward and each forward at most ``window`` ahead (twice
     a one-forward-one-backward order's in flight, so both lanes stay busy: resalloc.txt Fig. 2)."""
     ids, kinds, micro = g.ids, g.program.kinds, g.program.micro
-    if not lanes:
+    if not lanes or not np.any(kinds == _B):
         b.edge(ids[:-1], ids[1:])
         return
     f_sel, b_sel = kinds == Kind.F, kinds == Kind.B
