@@ -72,7 +72,7 @@ class _Builder:
         k = dur.size
         for key, v in (("dur", dur), ("kind", kind), ("stage", stage), ("micro", micro), ("owner", owner),
                        ("chan", chan), ("pair", pair)):
-            self.parts[key].append(np.broadcast_to(np.asarray(v), (k,)))
+            self.parts[key].append(v if np.ndim(v) else np.full(k, v, dtype=np.int64))
         ids = np.arange(self.n, self.n + k)
         self.n += k
         return ids
@@ -113,7 +113,7 @@ def fixed_part(fixed: float, speeds: np.ndarray) -> float:
 def _fixed_parts(fixed: np.ndarray, speeds: np.ndarray) -> np.ndarray:
     """``fixed_part`` of every stage (zeros when nothing was profiled as fixed)."""
     if not fixed.any():
-        return np.zeros_like(fixed)
+        return np.zeros(fixed.size)
     return np.array([fixed_part(x, speeds) for x in fixed.tolist()])
 
 
@@ -129,23 +129,25 @@ def _shares(groups: list[Group], s_count: int, m_count: int, fspeed: np.ndarray,
     return share_f, share_b
 
 
-def _compute_durations(g: Group, costs: StageCosts, share_f: np.ndarray, share_b: np.ndarray,
-                       fspeed: np.ndarray, bspeed: np.ndarray, overhead: float) -> np.ndarray:
-    """Duration of each non-AR action of the group: the varying part shared by speed, the
+def _compute_durations(groups: list[Group], costs: StageCosts, share_f: np.ndarray, share_b: np.ndarray,
+                       fspeed: np.ndarray, bspeed: np.ndarray, overhead: float) -> list[np.ndarray]:
+    """Duration of each non-AR action of each group: the varying part shared by speed, the
     fixed per-call part in full, the runtime's per-action overhead; a re-materializing stage
     runs its forward again inside the backward (or its I half)."""
-    p = g.program
-    comp = p.kinds != Kind.AR
-    k, s, m = p.kinds[comp], p.stages[comp], p.micro[comp]
-    ff = _fixed_parts(costs.fwd_fixed, fspeed[g.devices])[s]
-    bf = _fixed_parts(costs.bwd_fixed, bspeed[g.devices])[s]
+    comp = [g.program.kinds != Kind.AR for g in groups]
+    k = np.concatenate([g.program.kinds[c] for g, c in zip(groups, comp)])
+    s = np.concatenate([g.program.stages[c] for g, c in zip(groups, comp)])
+    m = np.concatenate([g.program.micro[c] for g, c in zip(groups, comp)])
+    gi = np.repeat(np.arange(len(groups)), [int(c.sum()) for c in comp])
+    ff = np.stack([_fixed_parts(costs.fwd_fixed, fspeed[g.devices]) for g in groups])[gi, s]
+    bf = np.stack([_fixed_parts(costs.bwd_fixed, bspeed[g.devices]) for g in groups])[gi, s]
     with np.errstate(divide="ignore", invalid="ignore"):
         fwd = (costs.fwd[s] - costs.fwd_fixed[s]) / share_f[s, m] + ff
         bwd = (costs.bwd[s] - costs.bwd_fixed[s]) / share_b[s, m] + bf
     redo = np.where(costs.recompute[s], fwd, 0.0)
     frac = costs.input_fraction
     dur = np.select([k == _F, k == _B, k == _I, k == _W], [fwd, bwd + redo, frac * bwd + redo, (1.0 - frac) * bwd])
-    return dur + overhead
+    return np.split(dur + overhead, np.cumsum([int(c.sum()) for c in comp])[:-1])
 
 
 def _chain(b: _Builder, g: Group, lanes: bool) -> None:
@@ -172,6 +174,7 @@ def _add_groups(b: _Builder, plan: Plan, sched: Schedule, groups: list[Group], c
     share_f, share_b = _shares(groups, len(stage_devs), sched.microbatches, fspeed, bspeed)
     overhead = float(cl.meta.get("action_overhead_s", 0.0))  # the runtime's, per compute action
     ar_task: dict[int, int] = {}
+    durations = _compute_durations(groups, costs, share_f, share_b, fspeed, bspeed, overhead)
     for gi, g in enumerate(groups):
         p = g.program
         is_ar = p.kinds == Kind.AR
@@ -180,8 +183,7 @@ def _add_groups(b: _Builder, plan: Plan, sched: Schedule, groups: list[Group], c
                 ar_task[s] = int(b.add(allreduce_time(cl, stage_devs[s], costs.params[s], where=f"stage {s} all-reduce"),
                                        Kind.AR, s, -1)[0])
         g.ids = np.empty(len(p), dtype=np.int64)
-        g.ids[~is_ar] = b.add(_compute_durations(g, costs, share_f, share_b, fspeed, bspeed, overhead),
-                              p.kinds[~is_ar], p.stages[~is_ar], p.micro[~is_ar], owner=gi)
+        g.ids[~is_ar] = b.add(durations[gi], p.kinds[~is_ar], p.stages[~is_ar], p.micro[~is_ar], owner=gi)
         g.ids[is_ar] = [ar_task[s] for s in p.stages[is_ar].tolist()]
         _chain(b, g, sched.lanes)
     return share_f

@@ -20,13 +20,15 @@ from .compile import Group
 from .costs import StageCosts
 
 
-def _activation_peak(g: Group, d: int, costs: StageCosts, fspeed: np.ndarray, share_f: np.ndarray) -> tuple[float, int]:
-    """Peak activation bytes on device d of group g, and the most microbatches in flight."""
+def _activation_peak(g: Group, costs: StageCosts, share_f: np.ndarray) -> tuple[float, int]:
+    """Peak activation bytes of the group per unit of a device's forward speed (a device's
+    share of a microbatch is its speed over the summed speed running it), and the most
+    microbatches in flight."""
     p = g.program
     comp = p.kinds != Kind.AR
     k, s, m = p.kinds[comp], p.stages[comp], p.micro[comp]
     with np.errstate(divide="ignore", invalid="ignore"):
-        frac = np.where(share_f[s, m] > 0, fspeed[d] / share_f[s, m], 0.0)
+        frac = np.where(share_f[s, m] > 0, 1.0 / share_f[s, m], 0.0)
     keep = np.where(costs.recompute[s], costs.received[s], costs.stash[s]) * frac
     frees = (k == Kind.B) | (k == Kind.W)
     delta = np.where(k == Kind.F, keep, np.where(frees, -keep, 0.0))
@@ -45,8 +47,8 @@ def device_memory(groups: list[Group], costs: StageCosts, optimizer: str, fspeed
     for g in groups:
         stages = np.unique(g.program.stages)
         state = sum(state_bytes(float(costs.params[s]), optimizer) for s in stages.tolist())
+        act, in_flight = _activation_peak(g, costs, share_f)
+        stash = max(in_flight - 1, 0) * float(costs.params[stages].sum()) if steady else 0.0
         for d in g.devices:
-            act, in_flight = _activation_peak(g, d, costs, fspeed, share_f)
-            stash = max(in_flight - 1, 0) * float(costs.params[stages].sum()) if steady else 0.0
-            out[d] = state + act + stash
+            out[d] = state + float(fspeed[d]) * act + stash
     return out
