@@ -221,12 +221,13 @@ def _task_index(groups: list[Group], s_count: int, m_count: int) -> tuple[np.nda
 
 def _channel_name(cl: Cluster, stage_devs: list[list[int]], s: int, src: list[int], dst: list[int],
                   forward: bool, half: bool) -> str:
+    """``ch:a-b``: stage a's data to stage b (both directions on a half-duplex cluster),
+    with ``:senders>receivers`` when only some of the stages' devices use it."""
     a, c = (s, s + 1) if forward or half else (s + 1, s)
-    base = f"ch:{a}-{c}" if half else f"ch:{a}>{c}"
     if len(src) == len(stage_devs[s]) and len(dst) == len(stage_devs[s + 1]):
-        return base
+        return f"ch:{a}-{c}"
     names = ("+".join(cl.devices[d].name for d in src), "+".join(cl.devices[d].name for d in dst))
-    return f"{base}:" + (f"{names[0]}>{names[1]}" if forward or half else f"{names[1]}>{names[0]}")
+    return f"ch:{a}-{c}:" + (f"{names[0]}>{names[1]}" if forward or half else f"{names[1]}>{names[0]}")
 
 
 def _add_transfers(b: _Builder, plan: Plan, groups: list[Group], costs: StageCosts, m_count: int,

@@ -2,8 +2,8 @@
 
 Struct-of-arrays (numpy) so that a 32-stage x 128-microbatch timeline stays cheap.
 Resources are the devices (compute, and the all-reduce of their stage) followed by the
-channels ("ch:<a>><b>" carries stage a's data to stage b; "ch:<a>-<b>" both directions on
-a half-duplex cluster; one transfer at a time, SPP §III-B).
+channels ("ch:<a>-<b>" carries stage a's data to stage b, both directions on a half-duplex
+cluster; one transfer at a time, SPP §III-B).
 """
 
 from __future__ import annotations

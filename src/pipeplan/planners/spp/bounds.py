@@ -47,3 +47,32 @@ def theorem1_ratio(graph: Graph, cluster: Cluster, microbatches: int, cut_bytes:
     if v > 1 and gamma > 0 and np.isfinite(b_max):
         phi = max(float(p.max()) * b_max, d_max) / gamma * (1 / b_min - 1 / b_max)
     return (2 + (4 * v - 4) / microbatches) * (1 + phi)
+
+
+def theorem1_assumptions(graph: Graph, cluster: Cluster) -> str | None:
+    """Why Theorem 1 does not apply to this instance, or None when it does. Its proof
+    (§IV-C) is for SPP's cost model: link time = bytes / bandwidth with no latency, identical
+    work per unit of speed (no per-call fixed times, executor overhead, optimizer step,
+    contention or several compute resources per device)."""
+    if np.any(cluster.latency > 0):
+        return "links have latency"
+    if graph.meta.get("fixed_s") or graph.meta.get("update_s_per_byte"):
+        return "the profile has fixed per-call times or an optimizer step"
+    if cluster.meta.get("action_overhead_s"):
+        return "the cluster has a per-action overhead"
+    if any(d.solo_speed is not None or len(d.resources) > 1 for d in cluster.devices):
+        return "devices have contention or several compute resources"
+    return None
+
+
+def spp_bounds(plan: Plan, iteration_s: float, cut_bytes: np.ndarray) -> dict:
+    """SPP's own bounds for a plan it chose: Lemma 1 (an upper bound on PE's time) and, where
+    its assumptions hold, Theorem 1's ratio and the lower bound it implies on any plan."""
+    out: dict = {"lemma1_s": lemma1(plan)}
+    why_not = theorem1_assumptions(plan.graph, plan.cluster)
+    if why_not is None:
+        ratio = theorem1_ratio(plan.graph, plan.cluster, plan.microbatches, cut_bytes)
+        out["spp_theorem1"] = {"ratio": ratio, "lower_s": iteration_s / ratio}
+    else:
+        out["spp_theorem1"] = {"not_applicable": why_not}
+    return out
