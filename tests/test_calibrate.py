@@ -73,13 +73,12 @@ def test_yaml_round_trip_asymmetric(tmp_path):
     assert load_cluster(str(path)) == hierarchical("h", 2, 2, 1e10, 1e9, latency=1e-6)
 
 
-@pytest.mark.parametrize("fail, message", [("1", "rank 1 failed: RuntimeError: injected failure"),
-                                           ("1:exit", "rank 1 died \\(exit code 3\\)")])
-def test_worker_failure_names_rank_and_leaves_no_orphans(monkeypatch, fail, message):
-    monkeypatch.setenv("PIPEPLAN_CALIBRATE_FAIL", fail)
+@pytest.mark.parametrize("factory, message", [("fails_at_build", "rank 1 failed: .*injected failure"),
+                                              ("exits_at_build", "rank 1 died \\(exit code 3\\)")])
+def test_worker_failure_names_rank_and_leaves_no_orphans(factory, message):
     before = _workers()
     with pytest.raises(PipeplanError, match=message):
-        calibrate(workers=2, seconds=0.1)
+        calibrate(workers=2, seconds=0.1, model_spec=f"failing_models:{factory}", overhead=False)
     assert _workers() <= before
 
 

@@ -102,15 +102,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("mode,fragment", [("die", "died with exit code"), ("raise", "raised RuntimeError"),
-                                           ("hang", "did not finish within")])
-def test_failing_worker_ends_the_run(mode, fragment):
+@pytest.mark.parametrize("factory,fragment", [("dies", "died with exit code"), ("raises", "raised RuntimeError"),
+                                              ("hangs", "did not finish within")])
+def test_failing_worker_ends_the_run(factory, fragment):
     plan = plan_for("1f1b", "split", 7, 2)
-    cfg = RunConfig("example:mlp", steps=2, timeout_s=20, fail={"rank": 1, "mode": mode, "step": 1})
+    cfg = RunConfig(f"failing_models:{factory}", steps=2, timeout_s=20)
     before = {p.pid for p in multiprocessing.active_children()}
     with pytest.raises(PipeplanError, match=fragment) as err:
         run_plan(plan, cfg)
-    assert "rank 1 (stage 1, device s0g1)" in str(err.value) or mode == "hang"
+    assert "rank 1 (stage 1, device s0g1)" in str(err.value) or factory == "hangs"
     assert "rank" in str(err.value)
     leftover = [p for p in multiprocessing.active_children() if p.pid not in before]
     assert not leftover and not any(_alive(p.pid) for p in leftover)
@@ -129,6 +129,24 @@ def test_plan_not_matching_the_model_is_refused_before_start():
     uneven = plan_for("1f1b", "split", 7, 3)
     with pytest.raises(PipeplanError, match="same number of devices"):
         run_plan(uneven, RunConfig("example:mlp"))
+
+
+@pytest.mark.parametrize("schedule", ["async-1f1b", "fb-parallel"])
+def test_steady_state_schedules_are_refused_before_start(schedule, tmp_path):
+    plan = plan_for(schedule, "split", 7, 2)
+    plan.save(tmp_path / "p.json")
+    proc = subprocess.run([sys.executable, "-m", "pipeplan", "run", str(tmp_path / "p.json"), "--model", "example:mlp"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "synchronous schedules" in proc.stderr and schedule in proc.stderr
+
+
+def test_recomputation_trains_the_same_parameters():
+    plan = plan_for("gpipe", "split", 7, 2)
+    plan.recompute = [True, False]
+    cfg = RunConfig("example:mlp", steps=2, timeout_s=120)
+    out = run_plan(plan, cfg)
+    assert max_rel_diff(out.pop("_params"), reference_params(plan, cfg, 64)) <= 1e-5
 
 
 def test_cli_run_check(tmp_path):

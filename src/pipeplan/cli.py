@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from .errors import PipeplanError
+from .errors import Infeasible, PipeplanError
 
 
 def _atomic_write(path: str, write: Callable[[str], None]) -> None:
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except PipeplanError as e:
+    except (PipeplanError, Infeasible) as e:
         print(f"pipeplan: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -123,11 +123,6 @@ def _worker(rank: int, world: int, port: int, device: str, threads: int, seconds
     import torch.distributed as dist
 
     try:
-        fail = os.environ.get("PIPEPLAN_CALIBRATE_FAIL", "")  # test hook: "RANK" or "RANK:exit"
-        if fail.split(":")[0] == str(rank):
-            if fail.endswith(":exit"):
-                os._exit(3)
-            raise RuntimeError("injected failure")
         torch.set_num_threads(threads)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
@@ -222,6 +217,10 @@ def _run_workers(workers: int, device: str, threads: int, seconds: float, large:
                     raise PipeplanError(f"calibration timed out: worker rank(s) {missing} did not report") from None
                 continue
             if status != "ok":
+                time.sleep(0.5)  # a peer that died silently is the root of the failure, not this one
+                for r, p in enumerate(procs):
+                    if r != rank and p.exitcode not in (None, 0):
+                        raise PipeplanError(f"calibration worker rank {r} died (exit code {p.exitcode})") from None
                 raise PipeplanError(f"calibration worker rank {rank} failed: {payload}")
             got[rank] = payload
         ok = True

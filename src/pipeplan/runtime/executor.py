@@ -22,7 +22,7 @@ import socket
 import statistics
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.multiprocessing as mp
@@ -44,7 +44,20 @@ class RunConfig:
     seed: int = 0
     threads: int = 1
     timeout_s: float = 300.0
-    fail: dict = field(default_factory=dict)  # test hook: {"rank": r, "mode": "raise"|"die"|"hang", "step": n}
+
+
+class Recomputed(nn.Module):
+    """A stage that re-materializes its activations (GPipe §2.3): only its input is kept
+    per microbatch; the forward runs again inside the backward (torch.utils.checkpoint)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.inner, x, use_reentrant=False)
 
 
 def _free_port() -> int:
@@ -81,6 +94,12 @@ def check_plan_against_model(plan: Plan, model: nn.Module, spec: str, microbatch
         raise PipeplanError("plan: the executor runs plans whose stages all have the same number of devices "
                             f"(k pipelines of S stages); this one has {[len(s.devices) for s in plan.stages]}")
     k = ks.pop()
+    sched = make_schedule(plan.schedule, plan.stage_devices(), plan.microbatches, plan.replicas)
+    if sched.steady_state is not None or sched.lanes:
+        what = ("an asynchronous steady state (no flush, weight stashing)" if sched.steady_state is not None
+                else "forward and backward lanes side by side")
+        raise PipeplanError(f"run: schedule {plan.schedule!r} is evaluated as {what}; the runtime executes "
+                            "synchronous schedules: re-plan with --schedule 1f1b")
     if plan.replicas == "split" and k > 1 and microbatch % k:
         raise PipeplanError(f"plan: a microbatch of {microbatch} samples cannot be split evenly over {k} replicas")
 
@@ -129,14 +148,14 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         xs, ys = _global_batch(model, x, plan.microbatches, cfg["seed"])
         z = x.shape[0]
         sel = _pipeline_samples(plan.microbatches, z, pipe, k, plan.replicas)
-        stage_mod = nn.Sequential(OrderedDict((n, layers[n]) for n in plan.stages[stage_index].nodes))
+        layers_mod = nn.Sequential(OrderedDict((n, layers[n]) for n in plan.stages[stage_index].nodes))
+        stage_mod = Recomputed(layers_mod) if plan.recomputes(stage_index) else layers_mod
         denom = float(ys.numel())
 
         def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             return ((out - target) ** 2).sum() / denom
 
-        sched_ir = make_schedule(plan.schedule if plan.schedule != "async-1f1b" else "1f1b",
-                                 plan.stage_devices(), plan.microbatches, plan.replicas)
+        sched_ir = make_schedule(plan.schedule, plan.stage_devices(), plan.microbatches, plan.replicas)
         order = pipeline_orders(sched_ir, plan.stage_devices(), plan.replicas)[pipe]
         n_local = len(microbatches_of(pipe, k, plan.microbatches, plan.replicas))
         stage = PipelineStage(stage_mod, stage_index, s_count, torch.device("cpu"), group=pp_groups[pipe])
@@ -144,14 +163,7 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         sched._prepare_schedule_with_comms(order)
         opt = torch.optim.SGD(stage_mod.parameters(), lr=cfg["lr"], momentum=0.9)
         times = []
-        fail = cfg.get("fail") or {}
         for step in range(cfg["warmup"] + cfg["steps"]):
-            if fail.get("rank") == rank and fail.get("step", 0) == step:
-                if fail["mode"] == "raise":
-                    raise RuntimeError("injected failure")
-                if fail["mode"] == "die":
-                    os._exit(9)
-                time.sleep(3600)
             opt.zero_grad()
             dist.barrier()
             t0 = time.perf_counter()
@@ -171,7 +183,7 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         if pipe == 0:
             # plain arrays: torch's shared-memory tensors would need this process to outlive the read
             results.put(("params", stage_index, {n: t.detach().cpu().numpy().copy()
-                                                 for n, t in stage_mod.state_dict().items()}))
+                                                 for n, t in layers_mod.state_dict().items()}))
         if rank == 0:
             results.put(("times", times))
         dist.barrier()

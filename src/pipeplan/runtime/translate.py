@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from torch.distributed.pipelining.schedules import _Action, _ComputationType
 
-from ..schedule.ir import BWD, FWD, Schedule
+from ..schedule import Kind, Schedule
 
-_KIND = {FWD: _ComputationType.FORWARD, BWD: _ComputationType.FULL_BACKWARD}
+_KIND = {Kind.F: _ComputationType.FORWARD, Kind.B: _ComputationType.FULL_BACKWARD,
+         Kind.I: _ComputationType.BACKWARD_INPUT, Kind.W: _ComputationType.BACKWARD_WEIGHT}
 
 
 def pipeline_orders(schedule: Schedule, stage_devices: list[list[int]], replicas: str) -> list[dict[int, list[_Action]]]:
@@ -34,7 +35,7 @@ def pipeline_orders(schedule: Schedule, stage_devices: list[list[int]], replicas
             local = {m: i for i, m in enumerate(sorted({int(m) for m in prog.micro if m >= 0}))}
             if replicas == "split":
                 local = {m: m for m in local}
-            order[s] = [_Action(s, _KIND[int(op)], local[int(m)]) for op, m in zip(prog.ops, prog.micro)
+            order[s] = [_Action(s, _KIND[int(op)], local[int(m)]) for op, m in zip(prog.kinds, prog.micro)
                         if int(op) in _KIND]
         orders.append(order)
     return orders
