@@ -70,19 +70,20 @@ def _options(args):
 
 def cmd_plan(args) -> int:
     from .planners import run_planner
+    from .planners.base import overflow_text
+    from .planners.compare import best
     from .report import print_plan
 
     graph, cluster = _load_inputs(args)
     if args.planner == "best":
-        rows = compare_rows(graph, cluster, default_planners(cluster), _options(args))
-        ok = [r for r in rows if "error" not in r]
-        if not ok:
-            raise PipeplanError("; ".join(r["error"] for r in rows))
-        plan, result = ok[0]["_plan"], ok[0]["_result"]
+        row = best(graph, cluster, _options(args))
+        plan, result = row.plan, row.result
     else:
         plan, result = run_planner(args.planner, graph, cluster, _options(args))
     if args.out:
         _atomic_write(args.out, plan.save)
+    if result.over_memory:
+        print(f"pipeplan: warning: the plan does not fit in memory: {overflow_text(result)}", file=sys.stderr)
     if args.json:
         print(json.dumps(plan.to_dict()))
     else:
@@ -122,65 +123,28 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def compare_rows(graph, cluster, planners: list[str], options) -> list[dict]:
-    from .planners import run_planner
-
-    rows = []
-    for name in planners:
-        try:
-            plan, result = run_planner(name, graph, cluster, options)
-        except PipeplanError as e:
-            rows.append({"planner": name, "error": str(e)})
-            continue
-        rows.append({"planner": name, "iteration_s": result.iteration_s, "search_s": plan.search_s,
-                     "efficiency": result.efficiency, "replication": plan.replication(),
-                     "over_memory": result.over_memory, "plan": plan.to_dict(embed=False),
-                     "_result": result, "_plan": plan})
-    ok = [r for r in rows if "error" not in r]
-    dp = next((r["iteration_s"] for r in ok if r["planner"] == "dp"), None)
-    exact = next((r["iteration_s"] for r in ok if r["planner"] == "exact"), None)
-    for r in ok:
-        r["speedup_vs_dp"] = dp / r["iteration_s"] if dp and r["iteration_s"] > 0 else None
-        if exact:
-            r["gap_vs_exact"] = r["iteration_s"] / exact - 1.0
-    ok.sort(key=lambda r: (bool(r["over_memory"]), r["iteration_s"]))
-    return ok + [r for r in rows if "error" in r]
-
-
-def default_planners(cluster) -> list[str]:
-    """Every planner but the exhaustive yardstick (``--planners ...,exact``); ``resalloc``
-    (an asynchronous fb-parallel steady state) where some device has several resources."""
-    from .planners import REGISTRY, get_planner
-
-    get_planner("dp")  # loads the registry
-    multi = any(len(d.resources) > 1 for d in cluster.devices)
-    return sorted(n for n in REGISTRY if n != "exact" and (n != "resalloc" or multi))
-
-
 def cmd_compare(args) -> int:
-    from .planners import get_planner
+    from .planners.compare import compare, default_planners
     from .report import print_compare
 
     graph, cluster = _load_inputs(args)
     names = args.planners.split(",") if args.planners else default_planners(cluster)
-    for n in names:
-        get_planner(n)
-    rows = compare_rows(graph, cluster, names, _options(args))
-    best = next((r for r in rows if "error" not in r), None)
-    if args.gantt and best is not None:
+    rows = compare(graph, cluster, names, _options(args))
+    top = rows[0] if rows and rows[0].result is not None else None
+    if args.gantt and top is not None:
         from .viz import draw_gantt
 
-        plan = best["_plan"]
+        plan = top.plan
         _atomic_write(args.gantt, lambda p: draw_gantt(
-            best["_result"].timeline, p,
-            title=f"best: {plan.planner} / {plan.schedule}: {graph.name} on {cluster.name}"))
+            top.result.timeline, p, title=f"best: {plan.planner} / {plan.schedule}: {graph.name} on {cluster.name}"))
+    dicts = [r.to_dict() for r in rows]
     if args.json:
         print(json.dumps({"model": graph.name, "cluster": cluster.name, "microbatches": args.microbatches,
-                          "results": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]}))
+                          "results": dicts}))
     else:
-        print_compare(rows, f"{graph.name} on {cluster.name}, {args.microbatches} microbatches")
-        if args.gantt and best is not None:
-            print(f"gantt of the best plan ({best['planner']}) written to {args.gantt}")
+        print_compare(dicts, f"{graph.name} on {cluster.name}, {args.microbatches} microbatches")
+        if args.gantt and top is not None:
+            print(f"gantt of the best plan ({top.planner}) written to {args.gantt}")
     return 0
 
 

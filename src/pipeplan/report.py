@@ -62,12 +62,16 @@ def print_prediction(result: SimResult, console: Console, plan: Plan | None = No
         console.print(f"bottleneck: {bottleneck(plan, result)}; search took {fmt_time(plan.search_s)}")
     if result.over_memory:
         console.print(f"[red]over memory:[/red] {', '.join(result.over_memory)}")
+    variant = (plan.extra.get("memory_variant") if plan is not None else None)
+    if variant:
+        console.print(f"to fit in memory: schedule {variant['schedule']}, re-materializing stages "
+                      f"{variant['recompute'] or 'none'}")
 
 
 def print_compare(rows: list[dict], title: str, console: Console | None = None) -> None:
     console = console or make_console()
     table = Table(title=title)
-    gap = any("gap_vs_exact" in r for r in rows)
+    gap = any(r.get("gap_vs_exact") is not None for r in rows)
     cols = ["rank", "planner", "stages", "replication", "iteration", "speedup vs dp", "efficiency",
             *(["gap to exact"] if gap else []), "search", "memory"]
     for col in cols:
@@ -84,5 +88,5 @@ def print_compare(rows: list[dict], title: str, console: Console | None = None) 
                       f"{r['efficiency']:.1%}",
                       *([f"{r['gap_vs_exact']:+.1%}"] if gap else []),
                       fmt_time(r["search_s"]),
-                      "fits" if not r["over_memory"] else f"[red]over on {len(r['over_memory'])}[/red]")
+                      "fits" if r["fits"] else f"[red]{r['memory']}[/red]")
     console.print(table)

@@ -18,6 +18,7 @@ from ..graph import Graph
 from ..plan import Plan
 from ..sim import SimResult, simulate
 from ..units import fmt_bytes
+from .variants import fit_memory
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,15 @@ class PlannerInfo:
     description: str
     default_schedule: str
     fn: Callable[[Graph, Cluster, PlanOptions], Plan]
+    memory_variants: bool = True  # False: the plan is kept as its program returns it, flagged
 
 
 REGISTRY: dict[str, PlannerInfo] = {}
 
 
-def register(name: str, description: str, default_schedule: str):
+def register(name: str, description: str, default_schedule: str, memory_variants: bool = True):
     def deco(fn: Callable[[Graph, Cluster, PlanOptions], Plan]):
-        REGISTRY[name] = PlannerInfo(name, description, default_schedule, fn)
+        REGISTRY[name] = PlannerInfo(name, description, default_schedule, fn, memory_variants)
         return fn
     return deco
 
@@ -80,13 +82,18 @@ def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions)
     plan.search_s = time.perf_counter() - t0
     plan.planner = name
     result = evaluate(plan)
-    if result.over_memory and not options.allow_over_memory:
-        raise PipeplanError(f"{name}: no plan fits in memory: {overflow_text(result)}")
+    if result.over_memory and info.memory_variants and not options.allow_over_memory:  # its plan,
+        fitted = fit_memory(plan)  # or its fastest variant that fits (planning time too)
+        if fitted is not plan:
+            fitted.search_s, fitted.planner = time.perf_counter() - t0, name
+            plan, result = fitted, evaluate(fitted)
     return plan, result
 
 
 def overflow_text(result: SimResult) -> str:
-    """Which device overflows most, by how much."""
+    """Which device overflows most, by how much (or that every device fits)."""
+    if not result.over_memory:
+        return "fits in memory"
     over = result.memory_bytes - result.memory_limit
     i = int(np.argmax(over))
     return (f"{result.devices[i]} (stage {result.stage_of_device[i]}) needs {fmt_bytes(result.memory_bytes[i])} "

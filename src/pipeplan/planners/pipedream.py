@@ -18,8 +18,6 @@ flat level at its slowest link (also noted in the plan).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from ..cluster import Cluster
@@ -27,7 +25,8 @@ from ..errors import PipeplanError
 from ..graph import Graph
 from ..graph.antichain import AntichainDag, TooManyStates, antichain_dag, compress_branches
 from ..plan import Plan, Stage
-from .base import PlanOptions, fits, register
+from ..units import parse_bytes
+from .base import PlanOptions, register
 from .pipedream_dp import DPOptions, DPResult, Level, solve
 
 MAX_STATES = 5000
@@ -156,23 +155,20 @@ def _map_devices(result: DPResult, levels: list[Level], groups: list[list[int]],
 
 
 @register("pipedream", "PipeDream's optimizer: antichain DP with replication over a hierarchical "
-          "topology (SOSP'19)", "1f1b")
+          "topology (SOSP'19)", "1f1b", memory_variants=False)
 def plan_pipedream(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
-    """PipeDream's defaults first (no memory constraint); if that plan does not fit, its
-    memory-constrained DP with each device's memory (``--use_memory_constraint``).
-    Options (``-O KEY=VALUE``): ``straight=1`` (no replication), ``compression=RATIO``
-    (count transfers, PipeDream's activation compression ratio)."""
+    """What PipeDream's program returns: no memory check unless asked (``-O memory=16GiB``:
+    its ``--use_memory_constraint`` with that memory per worker); the simulator's memory
+    verdict is reported beside the plan. Other options (``-O KEY=VALUE``): ``straight=1``
+    (no replication), ``compression=RATIO`` (count transfers, PipeDream's activation
+    compression ratio)."""
     straight = options.option("straight", "0") not in ("0", "false", "no")
     ratio = options.float_option("compression")
-    base = DPOptions(straight_pipeline=straight, activation_compression_ratio=ratio)
-    plan = _pipedream_plan(graph, cluster, options, base)
-    if not options.allow_over_memory and not fits(plan):
-        try:
-            plan = _pipedream_plan(graph, cluster, options,
-                                   replace(base, memory_size=float(cluster.memory.min())))
-        except PipeplanError:
-            pass  # nothing passes PipeDream's own memory test: keep the best plan, reported as over
-    return plan
+    memory = options.option("memory")
+    limit = parse_bytes(memory, "pipedream -O memory") if memory is not None else None
+    return _pipedream_plan(graph, cluster, options, DPOptions(straight_pipeline=straight,
+                                                               activation_compression_ratio=ratio,
+                                                               memory_size=limit))
 
 
 def _pipedream_plan(graph: Graph, cluster: Cluster, options: PlanOptions, opts: DPOptions) -> Plan:

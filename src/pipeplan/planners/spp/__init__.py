@@ -16,8 +16,8 @@ from ...errors import PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan, Stage
 from ...sim import simulate
-from ..base import PlanOptions, overflow_text, register
-from .bounds import lemma1, theorem1_ratio
+from ..base import PlanOptions, register
+from .bounds import spp_bounds
 from .prm import prm
 from .rdo import device_order
 
@@ -42,14 +42,15 @@ def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
         result = simulate(plan, timeline=False)
         per_xi.append({"stages": xi, "w_prm_s": w, "iteration_s": result.iteration_s})
         if result.over_memory and not options.allow_over_memory:
-            if overflowing is None or result.iteration_s < overflowing[0]:
-                overflowing = (result.iteration_s, result)
+            over = float((result.memory_bytes - result.memory_limit).max())
+            if overflowing is None or over < overflowing[0]:
+                overflowing = (over, plan, result)
             continue
         if best is None or result.iteration_s < best[0]:
             best = (result.iteration_s, plan, result)
+    if best is None and overflowing is not None:  # nothing fits: the plan that overflows least
+        best = overflowing
     if best is None:
-        if overflowing is not None:
-            raise PipeplanError(f"spp: no plan fits in memory: {overflow_text(overflowing[1])}")
         need = state_bytes(graph.total_params, options.optimizer) / len(cluster)
         have = float(cluster.memory.max())
         raise PipeplanError(
@@ -57,10 +58,7 @@ def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
             f"and optimizer state of {graph.name!r} need {fmt_bytes(need)} per device of "
             f"{fmt_bytes(have)} (over by {fmt_bytes(max(need - have, 0.0))})")
     _, plan, result = best
-    ratio = theorem1_ratio(graph, cluster, options.microbatches, lin.cut_bytes)
     plan.extra = {"w_prm_s": min(res.w), "per_stage_count": per_xi,
                   "device_order": [cluster.devices[d].name for d in order],
-                  # lower_s: no plan beats it — the simulator's bound, or T_SPP / ratio (Thm. 1)
-                  "bounds": {"lower_s": max(result.lower_s, result.iteration_s / ratio),
-                             "lemma1_s": lemma1(plan), "theorem1_ratio": ratio}}
+                  "bounds": spp_bounds(plan, result.iteration_s, lin.cut_bytes)}
     return plan
