@@ -19,6 +19,8 @@ from pipeplan.graph import load_graph
 from pipeplan.planners.pipedream import MAX_STATES, _dag
 from pipeplan.planners.pipedream_dp import Level, solve
 
+from _results import write_json
+
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles" / "pipedream"
 RESULTS = Path(__file__).resolve().parent / "results"
 CASES = [("inception_v3", 16, 267.0), ("resnet50", 32, 10.5), ("vgg16", 4, 0.15)]
@@ -55,7 +57,7 @@ def main() -> None:
         rows.append(r)
     out = {"cases": rows, "max_states_exact": MAX_STATES}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "pipedream_speed.json").write_text(json.dumps(out, indent=1) + "\n")
+    write_json(RESULTS / "pipedream_speed.json", out)
     if args.json:
         print(json.dumps(out))
         return

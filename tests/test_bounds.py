@@ -5,6 +5,7 @@ recomputation, every schedule and both replica modes."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from pipeplan.errors import Infeasible, PipeplanError
 from pipeplan.sim import simulate
@@ -13,6 +14,7 @@ from pipeplan.sim.batch import BatchEvaluator
 from randomplans import SCHEDULE_NAMES, random_candidates, random_cluster, random_graph
 
 
+@pytest.mark.slow
 def test_efficiency_never_above_one_on_3000_plans():
     rng = np.random.default_rng(7)
     checked, worst, seen = 0, 0.0, set()

@@ -15,6 +15,8 @@ from pipeplan.cluster.model import Cluster, Device
 from pipeplan.errors import PipeplanError
 from pipeplan.runtime.calibrate import calibrate, cluster_to_yaml
 
+pytestmark = pytest.mark.slow  # worker processes: seconds each
+
 
 def _workers() -> set[int]:
     """Live (non-zombie) spawned worker processes of this process, from /proc."""

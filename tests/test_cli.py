@@ -56,19 +56,20 @@ PRESETS = ["v100x4", "1080ti-4x2", "spp-sim", "automap-a", "automap-b", "automap
 
 
 def check_compare(res: dict) -> None:
-    """Every planner gives a valid plan, or says that nothing fits in memory."""
+    """Every planner gives a valid plan; one that does not fit says where and by how much."""
     assert {r["planner"] for r in res["results"]} == {"dp", "gpipe", "pipedream", "hetpipe", "spp"}
     for r in res["results"]:
-        if "error" in r:
-            assert "no plan fits in memory" in r["error"] and "over by" in r["error"], r["error"]
-        else:
-            assert r["iteration_s"] > 0 and not r["over_memory"]
-            stages = r["plan"]["stages"]
-            assert sum(len(s["nodes"]) for s in stages) == len({n for s in stages for n in s["nodes"]})
+        assert not r.get("error"), r
+        assert r["iteration_s"] > 0
+        assert r["fits"] == (not r["over_memory"])
+        if not r["fits"]:
+            assert "over by" in r["memory"] and r["over_memory_bytes"], r["memory"]
+        stages = r["plan"]["stages"]
+        assert sum(len(s["nodes"]) for s in stages) == len({n for s in stages for n in s["nodes"]})
 
 
-@pytest.mark.parametrize("name", [t[0] for t in PROFILE_TABLE])
-def test_every_profile_on_every_preset(name, capsys):
+@pytest.mark.parametrize("name", ["alexnet", "vgg16", "gnmt"])  # all of them: benchmarks/baselines_compare.py
+def test_profiles_on_every_preset(name, capsys):
     path = str(profile_path(name))
     for preset in PRESETS:
         check_compare(run_json(capsys, "compare", "--model", path, "--cluster", preset, "--microbatches", "8"))
@@ -77,11 +78,12 @@ def test_every_profile_on_every_preset(name, capsys):
         assert plan["iteration_s"] > 0
 
 
+@pytest.mark.slow
 def test_every_zoo_model_on_every_preset(capsys):
     models = [m["name"] for m in run_json(capsys, "models")["models"]]
     assert len(models) >= 15
     for model in models:
-        for preset in PRESETS:
+        for preset in ("v100x4", "1080ti-4x2", "automap-c"):  # one server, two servers, heterogeneous links
             check_compare(run_json(capsys, "compare", "--model", f"zoo:{model}", "--cluster", preset,
                                    "--microbatches", "4"))
 

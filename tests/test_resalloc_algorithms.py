@@ -115,6 +115,7 @@ def _check_runs(runs, n_layers, n):
     assert all(s <= e for s, e in runs) and all(a[1] + 1 == b[0] for a, b in zip(runs, runs[1:]))
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(chains(), st.sampled_from([None, 0.5, 0.3]))
 def test_exact_partition_equals_brute_force(chain, fixed):

@@ -19,6 +19,8 @@ from pipeplan.runtime.models import load_model
 from pipeplan.runtime.translate import pipeline_orders
 from pipeplan.schedule import make_schedule
 
+pytestmark = pytest.mark.slow  # worker processes: seconds each
+
 
 def model_graph(spec: str = "example:mlp") -> tuple[Graph, list[str], int]:
     model, x = load_model(spec)
@@ -87,11 +89,10 @@ def test_check_matches_one_process_training(schedule, replicas, split_at, device
     cfg = RunConfig("example:mlp", steps=2, timeout_s=120)
     out = run_plan(plan, cfg)
     assert out["measured_s"] > 0 and out["predicted_s"] > 0
-    ref = reference_params(plan, cfg, 64)
-    assert max_rel_diff(out.pop("_params"), ref) <= 1e-5
+    staged = out.pop("_params")
+    assert max_rel_diff(staged, reference_params(plan, cfg, 64)) <= 1e-5
     # the check can fail: a reference trained one step more is far away
-    far = reference_params(plan, RunConfig("example:mlp", steps=3), 64)
-    assert max_rel_diff(run_plan(plan, cfg)["_params"], far) > 1e-4
+    assert max_rel_diff(staged, reference_params(plan, RunConfig("example:mlp", steps=3), 64)) > 1e-4
 
 
 def _alive(pid: int) -> bool:
@@ -106,7 +107,7 @@ def _alive(pid: int) -> bool:
                                               ("hangs", "did not finish within")])
 def test_failing_worker_ends_the_run(factory, fragment):
     plan = plan_for("1f1b", "split", 7, 2)
-    cfg = RunConfig(f"failing_models:{factory}", steps=2, timeout_s=20)
+    cfg = RunConfig(f"failing_models:{factory}", steps=2, timeout_s=8)
     before = {p.pid for p in multiprocessing.active_children()}
     with pytest.raises(PipeplanError, match=fragment) as err:
         run_plan(plan, cfg)

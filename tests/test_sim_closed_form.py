@@ -122,6 +122,7 @@ def test_schedules_are_well_formed():
     assert rr.programs[3].actions() == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3", "F4", "B4", "F5", "B5"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", ["split", "round-robin"])
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "spp-pe"])
 def test_no_replication_pattern_deadlocks(schedule, replicas):

@@ -139,6 +139,7 @@ def test_gantt_empty(tmp_path) -> None:
     assert (tmp_path / "empty.png").read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.slow
 def test_gantt_large(tmp_path) -> None:
     tl = gpipe_timeline(stages=32, micros=128)
     assert sum(tl.resource_is_device) == 32 and len(tl.resources) == 63

@@ -19,6 +19,8 @@ on the grouped workers. Writes benchmarks/results/resalloc/figures.{md,json} and
 
 from __future__ import annotations
 
+import sys
+
 import json
 import time
 from pathlib import Path
@@ -33,6 +35,9 @@ from pipeplan.planners.resalloc import layer_times, plan_for_depth, rates, resou
 from pipeplan.planners.resalloc.grouping import brute_force_groups, local_search_groups, sorting_groups
 from pipeplan.planners.resalloc.partition import partition
 from pipeplan.sim import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
+from _results import write_json, write_markdown, save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "resalloc"
@@ -118,14 +123,14 @@ def plots(f5, f6, f7) -> None:
         ax.plot(d, [r["with_s"] for r in rows], "s-", label="with allocation (LP)")
         ax.set_title(f"{name}: pipeline depth"), ax.set_xlabel("depth (laptops)"), ax.set_ylabel("s / iteration")
         ax.legend(fontsize=8), ax.grid(alpha=0.3)
-    fig.tight_layout(), fig.savefig(RESULTS / "fig5_depth.png", dpi=110), plt.close(fig)
+    fig.tight_layout(), save_figure(fig, RESULTS / "fig5_depth.png"), plt.close(fig)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, name in zip(axes, ("AlexNet", "GoogLeNet")):
         for q, ts in f6[name].items():
             ax.plot(f6["betas"], ts, "o-", label=f"depth {q}")
         ax.set_title(f"{name}: forward share beta"), ax.set_xlabel("beta (both resources)"), ax.set_ylabel("s / iteration")
         ax.legend(fontsize=8), ax.grid(alpha=0.3)
-    fig.tight_layout(), fig.savefig(RESULTS / "fig6_beta.png", dpi=110), plt.close(fig)
+    fig.tight_layout(), save_figure(fig, RESULTS / "fig6_beta.png"), plt.close(fig)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, (name, rows) in zip(axes, f7.items()):
         n = [r["devices"] for r in rows]
@@ -135,7 +140,7 @@ def plots(f5, f6, f7) -> None:
         ax.plot([x for x, _ in bf], [y for _, y in bf], "k--", label="brute force")
         ax.set_title(f"{name}: heterogeneous devices, depth 4"), ax.set_xlabel("devices"), ax.set_ylabel("s / iteration")
         ax.legend(fontsize=8), ax.grid(alpha=0.3)
-    fig.tight_layout(), fig.savefig(RESULTS / "fig7_heterogeneous.png", dpi=110), plt.close(fig)
+    fig.tight_layout(), save_figure(fig, RESULTS / "fig7_heterogeneous.png"), plt.close(fig)
 
 
 def main() -> None:
@@ -143,8 +148,8 @@ def main() -> None:
     graphs = models()
     f5, f6, f7 = fig5(graphs), fig6(graphs), fig7(graphs)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "figures.json").write_text(json.dumps({"fig5": f5, "fig6": {k: v for k, v in f6.items()},
-                                                      "fig7": f7}, indent=1, default=str) + "\n")
+    write_json(RESULTS / "figures.json", {"fig5": f5, "fig6": {k: v for k, v in f6.items()},
+                                                      "fig7": f7})
     plots(f5, f6, f7)
     md = ["# resalloc §VI in simulation", "", "`python benchmarks/resalloc/figures.py` (see its docstring for the "
           "setting). Seconds per iteration of 32 microbatches.", "", "## Fig. 5: pipeline depth", ""]
@@ -164,7 +169,7 @@ def main() -> None:
         md += [f"| {r['devices']} | {r['ls']:.3f} | {'-' if r['bf'] is None else f'{r[chr(98) + chr(102)]:.3f}'} | "
                f"{r['sort']:.3f} |" for r in rows]
         md.append("")
-    (RESULTS / "figures.md").write_text("\n".join(md) + "\n")
+    write_markdown(RESULTS / "figures.md", "\n".join(md) + "\n")
     print("\n".join(md))
     print(f"took {time.perf_counter() - t0:.1f} s")
 

@@ -15,6 +15,8 @@ the reference workload EXAMPLE_WORKLOAD (AlexNet). Writes benchmarks/results/res
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import json
 import time
@@ -24,6 +26,9 @@ import numpy as np
 
 from pipeplan.planners.resalloc.grouping import (EXAMPLE_DEVICE_KINDS, EXAMPLE_WORKLOAD, brute_force_groups,
                                                  groups_cost, local_search_groups, sorting_groups)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
+from _results import write_json, write_markdown
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "resalloc"
 KINDS = np.array(list(EXAMPLE_DEVICE_KINDS.values()))
@@ -111,8 +116,8 @@ def main() -> None:
     payload = {"seed": args.seed, "sets": args.sets, "device_kinds": EXAMPLE_DEVICE_KINDS,
                "workload": {"wf": WF.tolist(), "wg": WG.tolist()}, "rates_source": "cluster/kinds.py (vendor peak figures)",
                "scale": scale_rows, "ratios": ratio_rows}
-    (RESULTS / "grouping.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (RESULTS / "grouping.md").write_text(markdown(args, scale_rows, ratio_rows))
+    write_json(RESULTS / "grouping.json", payload)
+    write_markdown(RESULTS / "grouping.md", markdown(args, scale_rows, ratio_rows))
     print(f"wrote {RESULTS / 'grouping.json'} and {RESULTS / 'grouping.md'}")
 
 

@@ -13,6 +13,8 @@ benchmarks/results/runtime/accuracy.{md,json}.
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import json
 import statistics
@@ -20,12 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeplan.cli import compare_rows
+from pipeplan.planners.compare import compare
 from pipeplan.planners import PlanOptions
 from pipeplan.plan import Plan, Stage
 from pipeplan.runtime.calibrate import calibrate
 from pipeplan.runtime.executor import RunConfig, run_plan
 from pipeplan.runtime.profiler import profile_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
+from _results import write_json, write_markdown
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "runtime"
 MODELS = ["example:mlp", "example:transformer", "example:cnn"]
@@ -48,9 +53,9 @@ def plans_for(graph, cluster, m: int) -> dict[str, Plan]:
     out["data parallel, split"] = Plan(graph, cluster, [Stage(names, d[:2])], m, schedule="1f1b", replicas="split")
     out["data parallel, round-robin"] = Plan(graph, cluster, [Stage(names, d[:2])], m, schedule="1f1b",
                                              replicas="round-robin")
-    rows = [r for r in compare_rows(graph, cluster, ["spp", "pipedream", "gpipe", "dp"], PlanOptions(microbatches=m))
-            if "error" not in r]
-    best = next((r["_plan"] for r in rows if len({len(s.devices) for s in r["_plan"].stages}) == 1), None)
+    rows = [r for r in compare(graph, cluster, ["spp", "pipedream", "gpipe", "dp"], PlanOptions(microbatches=m))
+            if r.fits]
+    best = next((r.plan for r in rows if len({len(s.devices) for s in r.plan.stages}) == 1), None)
     if best is not None:
         out[f"best ({best.planner})"] = best
     return out
@@ -80,9 +85,8 @@ def main() -> None:
     med = statistics.median(r["error"] for r in rows)
     print(f"median |predicted - measured| / measured: {med:.1%} over {len(rows)} cases")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "accuracy.json").write_text(json.dumps({
-        "median_error": med, "cases": rows, "calibration": calibrations},
-        indent=1) + "\n")
+    write_json(RESULTS / "accuracy.json", {
+        "median_error": med, "cases": rows, "calibration": calibrations})
     md = ["# Prediction error on this machine", "",
           f"`python benchmarks/runtime/accuracy.py --steps {args.steps} --microbatches {args.microbatches}`: "
           "2 worker processes (gloo, 1 thread each) on this 2-core machine; measured = median iteration "
@@ -97,7 +101,7 @@ def main() -> None:
     md += [f"| {r['model']} | {r['plan']} | {r['measured_s'] * 1e3:.2f} | {r['predicted_s'] * 1e3:.2f} | "
            f"{r['signed_error']:+.1%} |" for r in rows]
     md += ["", f"**Median |error|: {med:.1%}** over {len(rows)} cases."]
-    (RESULTS / "accuracy.md").write_text("\n".join(md) + "\n")
+    write_markdown(RESULTS / "accuracy.md", "\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ schedule. Writes benchmarks/results/spp/gap.{md,json,png}.
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import json
 from pathlib import Path
@@ -22,6 +24,9 @@ from pipeplan.cluster import Cluster, Device
 from pipeplan.errors import PipeplanError
 from pipeplan.graph import Graph
 from pipeplan.planners import PlanOptions, run_planner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
+from _results import write_json, write_markdown, save_figure
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "spp"
 Gbps = 1e9 / 8
@@ -69,7 +74,7 @@ def main() -> None:
                "optimal_fraction": float(np.mean(gaps <= 1e-9)),
                "all_exact_complete": all(r["exact_complete"] for r in rows)}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "gap.json").write_text(json.dumps({"summary": summary, "instances": rows}, indent=1) + "\n")
+    write_json(RESULTS / "gap.json", {"summary": summary, "instances": rows})
     worst = sorted(rows, key=lambda r: -r["gap"])[:5]
     md = ["# SPP's gap to the exact optimum", "", f"`python benchmarks/spp/gap.py --instances {args.instances} "
           f"--seed {args.seed}`", "",
@@ -81,7 +86,7 @@ def main() -> None:
     md += [f"| {r['layers']} | {r['devices']} | {r['microbatches']} | {r['spp_s']:.4f} | {r['exact_s']:.4f} | "
            f"{r['gap']:.1%} | {r['spp_plan']} | {r['exact_plan']}, {r['exact_schedule']}, {r['exact_replicas']} |"
            for r in worst]
-    (RESULTS / "gap.md").write_text("\n".join(md) + "\n")
+    write_markdown(RESULTS / "gap.md", "\n".join(md) + "\n")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -93,7 +98,7 @@ def main() -> None:
     ax.set_title(f"{len(rows)} random small instances: median {summary['median_gap']:.1%}, "
                  f"worst {summary['worst_gap']:.1%}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(RESULTS / "gap.png", dpi=120)
+    save_figure(fig, RESULTS / "gap.png")
     print(json.dumps(summary))
 
 

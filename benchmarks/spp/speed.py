@@ -11,6 +11,8 @@ are not run; their estimate is reported as such. Writes benchmarks/results/spp/s
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import json
 import time
@@ -22,6 +24,9 @@ from pipeplan.cluster import load_cluster
 from pipeplan.cluster.presets import spp_like
 from pipeplan.graph import load_graph
 from pipeplan.planners import PlanOptions, get_planner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
+from _results import write_json, write_markdown
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "spp"
 GRID_L = [27, 64, 128]
@@ -66,7 +71,7 @@ def main() -> None:
             print(f"L={L:>3} V={V:>3}: {t:.3f} s")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"bert_large_spp_sim_s": headline, "cells": list(cells.values())}
-    (RESULTS / "speed.json").write_text(json.dumps(out, indent=1) + "\n")
+    write_json(RESULTS / "speed.json", out)
     md = ["# SPP planning time", "", f"`python benchmarks/spp/speed.py --limit {args.limit:g}`; one core of this "
           "2-core machine; the whole planner (RDO + PRM for every number of stages + PE simulations).", "",
           f"BERT-large (27 layers) on spp-sim (32 GPUs): **{headline:.3f} s**.", "",
@@ -83,7 +88,7 @@ def main() -> None:
         md += ["", f"Measured time grows as (numpy work)^{slope:.2f}, the work being "
                "min(L, V) x V x (L V^2 + L^2 V) elements; estimates extrapolate linearly in that work "
                "from the largest measured cases."]
-    (RESULTS / "speed.md").write_text("\n".join(md) + "\n")
+    write_markdown(RESULTS / "speed.md", "\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ unless ``--out`` is given.
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import json
 import tempfile
@@ -37,12 +39,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeplan.cli import compare_rows  # noqa: E402
+from pipeplan.planners.compare import compare  # noqa: E402
 from pipeplan.cluster.presets import spp_like  # noqa: E402
 from pipeplan.graph import load_graph  # noqa: E402
 from pipeplan.plan import Plan, Stage  # noqa: E402
 from pipeplan.planners import PlanOptions  # noqa: E402
 from pipeplan.sim import simulate  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
+from _results import write_json, write_markdown, save_figure
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "spp"
 PLANNERS = ["dp", "gpipe", "pipedream", "hetpipe", "spp"]
@@ -93,7 +98,7 @@ def run_point(p: dict) -> dict:
         g = g.scaled(act=p["act"])
     c = spp_like(**p["cluster"])
     t0 = time.perf_counter()
-    rows = {r["planner"]: r for r in compare_rows(g, c, PLANNERS, PlanOptions(microbatches=p["microbatches"]))}
+    rows = {r.planner: r for r in compare(g, c, PLANNERS, PlanOptions(microbatches=p["microbatches"]))}
     wall = time.perf_counter() - t0
     out = {"label": p["label"], "model": p["model"], "act_scale": p["act"], "microbatches": p["microbatches"],
            "cluster": {"name": c.name, "devices": len(c), **{k: list(v) if isinstance(v, tuple) else v
@@ -101,21 +106,21 @@ def run_point(p: dict) -> dict:
            "wall_s": wall, "planners": {}}
     for name in PLANNERS:
         r = rows[name]
-        if "error" in r:
-            oom = "fits in memory" in r["error"]
-            out["planners"][name] = {"iteration_s": None, "status": "OOM" if oom else "error", "error": r["error"]}
+        if not r.fits:
+            out["planners"][name] = {"iteration_s": None, "status": "OOM" if r.error is None else "error",
+                                     "error": r.memory_verdict}
             continue
-        plan = r["_plan"]
-        out["planners"][name] = {"iteration_s": r["iteration_s"], "status": "ok", "search_s": r["search_s"],
-                                 "stages": plan.num_stages, "replication": r["replication"],
-                                 "efficiency": r["efficiency"], "schedule": plan.schedule,
-                                 "gpu_utilization": 1.0 - r["_result"].bubble_fraction}
+        plan = r.plan
+        out["planners"][name] = {"iteration_s": r.iteration_s, "status": "ok", "search_s": plan.search_s,
+                                 "stages": plan.num_stages, "replication": plan.replication(),
+                                 "efficiency": r.result.efficiency, "schedule": plan.schedule,
+                                 "gpu_utilization": 1.0 - r.result.bubble_fraction}
     spp = out["planners"]["spp"]["iteration_s"]
     for name in BASELINES:
         t = out["planners"][name]["iteration_s"]
         out["planners"][name]["spp_speedup"] = (t - spp) / spp if t is not None and spp else None
-    if "error" not in rows["spp"]:
-        out["spp_per_stage_count"] = rows["spp"]["_plan"].extra["per_stage_count"]
+    if rows["spp"].plan is not None:
+        out["spp_per_stage_count"] = rows["spp"].plan.extra["per_stage_count"]
     # diagnostic: pipeplan's DP gives whole microbatches to GPUs in turn, so with M < GPUs
     # some GPUs idle; the same DP plan with every microbatch split over all GPUs
     dp = Plan(g, c, [Stage(list(g.ids), c.names)], p["microbatches"], schedule="1f1b", replicas="split")
@@ -196,7 +201,7 @@ def bar_figure(fig: dict, res: list[dict], path: Path) -> None:
         ax.set_yscale("log")
     ax.legend(ncol=len(PLANNERS), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     f.tight_layout()
-    f.savefig(path)
+    save_figure(f, path)
     plt.close(f)
 
 
@@ -215,7 +220,7 @@ def stages_figure(per: list[dict], picked: int, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
     f.tight_layout()
-    f.savefig(path)
+    save_figure(f, path)
     plt.close(f)
 
 
@@ -319,8 +324,8 @@ def main() -> None:
     total = time.perf_counter() - t_start
     data["runtime_s"] = total
     md.append(f"Runtime: {total:.1f} s for {len(cache)} settings x {len(PLANNERS)} planners.")
-    (out_dir / "sweeps.md").write_text("\n".join(md) + "\n")
-    (out_dir / "sweeps.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    write_markdown(out_dir / "sweeps.md", "\n".join(md) + "\n")
+    write_json(out_dir / "sweeps.json", data)
     print("\n".join(summary))
     print(f"{len(cache)} settings in {total:.1f} s; wrote {out_dir}/sweeps.md, sweeps.json and "
           f"{', '.join(f['file'] for f in figs)}, fig10_stages.png")

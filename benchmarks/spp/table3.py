@@ -10,13 +10,18 @@ benchmarks/results/spp/table3.md and .json.
 
 from __future__ import annotations
 
+import sys
+
 import json
 from pathlib import Path
 
-from pipeplan.cli import compare_rows
+from pipeplan.planners.compare import compare
 from pipeplan.cluster import load_cluster
 from pipeplan.graph import load_graph
 from pipeplan.planners import PlanOptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
+from _results import write_json, write_markdown
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "spp"
 # (label, zoo spec, microbatches, {cluster: microbatch size}) — SPP Table II
@@ -46,19 +51,19 @@ def main() -> None:
     out, md = [], ["# SPP Table III, simulated", "",
                    "`python benchmarks/spp/table3.py`. Seconds per iteration from pipeplan's simulator; "
                    "in brackets SPP's speed-up over the baseline, (baseline - SPP) / SPP; OOM = no plan of "
-                   "that planner fits in memory. The paper's measured figures follow each row.", "",
+                   "that planner fits in memory (re-materialization included). The paper's measured figures follow each row.", "",
                    "| model | cluster | SPP | DP | GPipe | PipeDream | HetPipe | SPP never slower |",
                    "|---|---|---|---|---|---|---|---|"]
     for label, spec, m, sizes in MODELS:
         for cname, mb in sizes.items():
             g = load_graph(f"zoo:{spec}?microbatch={mb}")
-            rows = {r["planner"]: r for r in compare_rows(g, load_cluster(cname), ["spp", *BASELINES],
-                                                          PlanOptions(microbatches=m))}
-            spp = rows["spp"].get("iteration_s")
+            rows = {r.planner: r.to_dict() for r in compare(g, load_cluster(cname), ["spp", *BASELINES],
+                                                            PlanOptions(microbatches=m))}
+            spp = rows["spp"]["iteration_s"] if rows["spp"].get("fits") else None
             cells, ok = [], True
             for b in BASELINES:
                 r = rows[b]
-                if "error" in r:
+                if not r.get("fits"):
                     cells.append("OOM")
                     continue
                 t = r["iteration_s"]
@@ -73,14 +78,15 @@ def main() -> None:
                         "spp_s": spp, "spp_never_slower": ok,
                         "spp_plan": {"replication": rows["spp"].get("replication"),
                                      "search_s": rows["spp"].get("search_s")},
-                        "baselines": {b: rows[b].get("iteration_s") for b in BASELINES},
+                        "baselines": {b: rows[b]["iteration_s"] if rows[b].get("fits") else None
+                                      for b in BASELINES},
                         "paper": dict(zip(["spp", *BASELINES], paper))})
             print(f"{label:>12} on {cname:<10}: spp={spp if spp is None else round(spp, 3)} "
                   + " ".join(f"{b}={rows[b].get('iteration_s', float('nan')):.3f}" for b in BASELINES)
                   + ("" if ok else "  <-- SPP slower"))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "table3.md").write_text("\n".join(md) + "\n")
-    (RESULTS / "table3.json").write_text(json.dumps(out, indent=1) + "\n")
+    write_markdown(RESULTS / "table3.md", "\n".join(md) + "\n")
+    write_json(RESULTS / "table3.json", out)
 
 
 if __name__ == "__main__":

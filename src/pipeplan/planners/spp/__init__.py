@@ -28,6 +28,8 @@ def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     lin = linearize(graph)
     order = device_order(cluster)
     res = prm(lin, cluster, order, options.microbatches, options.optimizer)
+    if all(parts is None for parts in res.stages):  # no partition fits: SPP's plan with memory ignored
+        res = prm(lin, cluster.with_memory(float("inf")), order, options.microbatches, options.optimizer)
     schedule = options.schedule or "spp-pe"
     best: tuple | None = None
     overflowing = None
