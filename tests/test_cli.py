@@ -96,6 +96,20 @@ def test_memory_limit_override(capsys):
     assert err.count("\n") == 1 and "does not fit in memory" in err and "of its 2.00 GiB" in err
 
 
+def test_global_batch_chooses_microbatch_size_and_count(capsys):
+    argv = ["plan", "--model", "zoo:bert-large", "--cluster", "v100x4", "--planner", "spp", "--global-batch", "32"]
+    chosen = run_json(capsys, *argv)
+    tried = chosen["global_batch"]["tried"]
+    assert {(t["samples_per_microbatch"], t["microbatches"]) for t in tried} == {(32 // m, m) for m in (1, 2, 4, 8, 16, 32)}
+    best = min(t["iteration_s"] for t in tried if t["fits"])
+    assert chosen["iteration_s"] == pytest.approx(best)
+    assert chosen["graph"]["meta"]["microbatch"] * chosen["microbatches"] == 32
+    fixed = run_json(capsys, *argv, "--microbatches", "8")  # M fixed: 4 samples per microbatch
+    assert fixed["microbatches"] == 8 and fixed["graph"]["meta"]["microbatch"] == 4
+    assert main([*argv, "--microbatches", "5"]) == 2
+    assert "not a multiple" in capsys.readouterr().err
+
+
 def cli(*argv, cwd=None):
     return subprocess.run([sys.executable, "-m", "pipeplan", *argv], capture_output=True, text=True, cwd=cwd)
 

@@ -46,6 +46,13 @@ def _load_inputs(args):
     from .units import parse_bytes
 
     graph, cluster = load_graph(args.model), load_cluster(args.cluster)
+    if getattr(args, "global_batch", None) and args.microbatches:  # M fixed: scale the microbatch
+        from .graph.scale import with_microbatch
+
+        if args.global_batch % args.microbatches:
+            raise PipeplanError(f"--global-batch {args.global_batch} is not a multiple of --microbatches "
+                                f"{args.microbatches}")
+        graph = with_microbatch(graph, args.global_batch // args.microbatches)
     if args.memory_limit is not None:
         limit = parse_bytes(args.memory_limit, "--memory-limit")
         if limit <= 0:
@@ -63,9 +70,15 @@ def _options(args):
         if not sep or not key:
             raise PipeplanError(f"-O/--planner-option: expected KEY=VALUE, got {item!r}")
         extra.append((key, value))
-    return PlanOptions(microbatches=args.microbatches, schedule=getattr(args, "schedule", None),
+    return PlanOptions(microbatches=args.microbatches or 32, schedule=getattr(args, "schedule", None),
                        optimizer=args.optimizer, allow_over_memory=args.allow_over_memory,
-                       extra=tuple(extra))
+                       extra=tuple(extra), global_batch=_global_batch(args))
+
+
+def _global_batch(args) -> int | None:
+    """``--global-batch N``: the planner picks the microbatch size and count; with
+    ``--microbatches M`` too, M is fixed (``_load_inputs`` scaled each microbatch to N / M)."""
+    return None if args.microbatches else args.global_batch
 
 
 def cmd_plan(args) -> int:
@@ -139,10 +152,11 @@ def cmd_compare(args) -> int:
             top.result.timeline, p, title=f"best: {plan.planner} / {plan.schedule}: {graph.name} on {cluster.name}"))
     dicts = [r.to_dict() for r in rows]
     if args.json:
-        print(json.dumps({"model": graph.name, "cluster": cluster.name, "microbatches": args.microbatches,
+        print(json.dumps({"model": graph.name, "cluster": cluster.name, "microbatches": args.microbatches or 32,
                           "results": dicts}))
     else:
-        print_compare(dicts, f"{graph.name} on {cluster.name}, {args.microbatches} microbatches")
+        what = f"global batch {args.global_batch}" if args.global_batch else f"{args.microbatches or 32} microbatches"
+        print_compare(dicts, f"{graph.name} on {cluster.name}, {what}")
         if args.gantt and top is not None:
             print(f"gantt of the best plan ({top.planner}) written to {args.gantt}")
     return 0
@@ -292,7 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     def model_cluster(sp):
         sp.add_argument("--model", required=True, help="graph.txt / folder, graph .json, or zoo:NAME[?k=v&..]")
         sp.add_argument("--cluster", required=True, help="preset name, hier:..., or a YAML/JSON file")
-        sp.add_argument("--microbatches", type=_positive_int, default=32, help="microbatches per iteration (default 32)")
+        sp.add_argument("--microbatches", type=_positive_int, default=None,
+                        help="microbatches per iteration (default 32, or chosen with --global-batch)")
+        sp.add_argument("--global-batch", type=_positive_int, default=None, metavar="N",
+                        help="samples per iteration: choose the microbatch size and count (the model's "
+                             "profile must say its microbatch size)")
         sp.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"],
                         help="optimizer whose state counts in memory (default adam)")
         sp.add_argument("--memory-limit", help="memory per device, overriding the cluster's (e.g. 16GiB)")

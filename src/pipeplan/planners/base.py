@@ -18,7 +18,7 @@ from ..graph import Graph
 from ..plan import Plan
 from ..sim import SimResult, simulate
 from ..units import fmt_bytes
-from .variants import fit_memory
+from .variants import fit_memory, plan_for_global_batch
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class PlanOptions:
     seed: int = 0
     time_budget_s: float = 60.0
     allow_over_memory: bool = False  # keep a plan that overflows (what-if runs)
+    global_batch: int | None = None  # samples per iteration: the planner layer picks microbatch size and M
     extra: tuple[tuple[str, str], ...] = ()  # planner-specific KEY=VALUE options (-O)
 
     def option(self, key: str, default: str | None = None) -> str | None:
@@ -73,11 +74,18 @@ def get_planner(name: str) -> PlannerInfo:
 
 
 def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions) -> tuple[Plan, SimResult]:
-    """Plan, time the search, simulate, and store the prediction in the plan."""
+    """Plan, time the search, simulate, and store the prediction in the plan. With
+    ``options.global_batch`` the microbatch size and count are chosen too (every split the
+    planner is run on counts as search time)."""
     if options.microbatches < 1:
         raise PipeplanError(f"--microbatches must be >= 1, got {options.microbatches}")
     info = get_planner(name)
     t0 = time.perf_counter()
+    if options.global_batch is not None:
+        plan = plan_for_global_batch(info.fn, graph, cluster, options, options.global_batch,
+                                     memory_variants=info.memory_variants)
+        plan.planner = name
+        return plan, evaluate(plan)
     plan = info.fn(graph, cluster, options)
     plan.search_s = time.perf_counter() - t0
     plan.planner = name

@@ -7,7 +7,10 @@ planner chose, and (b) a synchronous schedule that keeps more microbatches in fl
 1F1B (GPipe keeps all M) for 1F1B (PipeDream-flush / DAPPLE, at most S-s on stage s).
 Per schedule, re-materialization is switched on greedily: among the stages that overflow,
 the one that saves the most memory per second of extra compute, then simulate again, until
-the plan fits or an overflowing stage already re-materializes. ``tests/test_variants.py``
+the plan fits or an overflowing stage already re-materializes. Where a stage's memory
+depends only on its own flag (the simulator's memory model, but for contention shifting
+the shares of split replicas) and added work never shortens the iteration, this ends with
+exactly the stages that overflow without it, which is optimal; ``tests/test_variants.py``
 checks the result against every subset of stages under each schedule.
 
 ``batch_choices`` / ``plan_for_global_batch``: a global batch N = samples x M; each split is
@@ -76,7 +79,7 @@ def schedules_to_try(plan: Plan) -> list[str]:
     return [plan.schedule, FEWER_IN_FLIGHT]
 
 
-def _payoffs(plan: Plan, result: SimResult, stages: list[int]) -> dict[int, float] | None:
+def recompute_payoffs(plan: Plan, result: SimResult, stages: list[int]) -> dict[int, float] | None:
     """Memory saved per second of extra compute by re-materializing each of ``stages``
     (measured by one simulation with all of them on); None if one of them overflows even so."""
     rec = [plan.recomputes(s) or s in stages for s in range(plan.num_stages)]
@@ -105,7 +108,7 @@ def greedy_recompute(plan: Plan, result: SimResult | None = None) -> tuple[Plan,
             return None
         missing = [s for s in over if s not in payoff]
         if missing:
-            got = _payoffs(plan, result, missing)
+            got = recompute_payoffs(plan, result, missing)
             if got is None:
                 return None
             payoff.update(got)
@@ -119,10 +122,10 @@ def greedy_recompute(plan: Plan, result: SimResult | None = None) -> tuple[Plan,
 def _candidates(plan: Plan, first: SimResult) -> list[tuple[float, Plan]]:
     """(iteration, plan) of every variant tried that fits, in the order tried."""
     out = []
+    floor = [plan.recomputes(s) for s in range(plan.num_stages)]
     for schedule in schedules_to_try(plan):
         try:
-            base = plan if schedule == plan.schedule else _variant(plan, schedule, [plan.recomputes(s) for s in
-                                                                                     range(plan.num_stages)])
+            base = plan if schedule == plan.schedule else _variant(plan, schedule, floor)
             res = first if base is plan else simulate(base, timeline=False)
             if not res.over_memory:
                 out.append((res.iteration_s, base))
