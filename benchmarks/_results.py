@@ -1,81 +1,151 @@
-"""Writing benchmark results that say where they came from.
+"""Benchmark results that say where they came from.
 
-Every file under ``benchmarks/results/`` is written through this module, which stamps it
-with the command that reproduces it (as ``make bench`` runs it), the commit (and whether
-the tree had uncommitted changes), the machine and the date — JSON under a
-``"provenance"`` key, Markdown in a first paragraph, PNG in its text metadata — and writes
-atomically (temporary file, then rename). ``check_provenance.py`` checks every file.
+Every file under ``benchmarks/results/`` is written through this module. Each is stamped
+with its provenance — ``command`` (the command line that reproduces it, as ``make bench``
+runs it), ``commit`` (git HEAD) with ``dirty`` (uncommitted changes in src/ or
+benchmarks/ outside results/), ``machine`` (CPU model, cores, OS, Python, numpy, torch;
+no hostname) and ``date`` — and written atomically (a temporary file in the same folder,
+then a rename). ``benchmarks/check_provenance.py`` checks every file.
 
-    from _results import write_json, write_markdown, save_figure   # scripts in benchmarks/
-    write_json("spp/gap.json", data)                               # relative to results/
+Where the stamp goes:
+
+- JSON: a ``"provenance"`` key first in the top-level object;
+- Markdown: a front-matter block (``---`` lines) at the top, one ``key: <JSON value>`` a line;
+- PNG: a ``provenance`` text chunk holding the JSON;
+- CSV: a sibling ``<name>.provenance.json``.
+
+Use from a script (``benchmarks/`` is not a package: scripts directly in it import this
+module as is; scripts in a subfolder first put ``benchmarks/`` on ``sys.path``)::
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
+    from _results import add_out_argument, save_figure, write_json, write_markdown
+
+    add_out_argument(parser, "spp")                  # --out DIR, default benchmarks/results/spp
+    write_json(args.out / "gap.json", {...})         # a relative path is under benchmarks/results/
+    write_markdown(args.out / "gap.md", "# ...")     # the stamp is added above the text
+    save_figure(fig, args.out / "gap.png")           # a matplotlib figure
+    write_csv(args.out / "cells.csv", [{"a": 1}])    # rows of dicts, same keys
 """
 
 from __future__ import annotations
 
+import argparse
+import csv
+import io
 import json
 import os
 import platform
+import shlex
+import struct
 import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
+from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+#: The interpreter every command is recorded with: ``make bench``'s ``$(BIN)/python``.
+PYTHON = ".venv/bin/python"
+FRONT = "---"
+PNG_KEY = "provenance"
+SIDECAR = ".provenance.json"
 
 
-def command() -> str:
-    """The command line that reproduces this run, relative to the repository root."""
-    script = Path(sys.argv[0]).resolve()
-    try:
-        rel = script.relative_to(ROOT)
-    except ValueError:
-        rel = script
-    return " ".join([".venv/bin/python", str(rel), *sys.argv[1:]])
+def _normalize(token: str, cwd: Path) -> str:
+    """A path argument as seen from the repository root; anything else as it is."""
+    if token.startswith("-") or ":" in token or os.path.isabs(token):
+        return token
+    if not ((cwd / token).exists() or ("/" in token and (cwd / token).parent.exists())):
+        return token
+    path = Path(os.path.normpath(cwd / token))
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def command(argv: list[str] | None = None, cwd: Path | None = None) -> str:
+    """The command line that reproduces this run, the same from whichever folder it ran.
+
+    ``.venv/bin/python``, the script relative to the repository root, then the arguments
+    as given, paths among them (``--out x``, ``--out=x``) made relative to the root too.
+    """
+    argv = sys.argv if argv is None else argv
+    cwd = Path.cwd() if cwd is None else cwd
+    args = []
+    for token in argv[1:]:
+        opt, eq, value = token.partition("=")
+        args.append(f"{opt}={_normalize(value, cwd)}" if eq and opt.startswith("--") else _normalize(token, cwd))
+    script = Path(os.path.normpath(cwd / argv[0]))
+    script_s = str(script.relative_to(ROOT)) if script.is_relative_to(ROOT) else str(script)
+    return shlex.join([PYTHON, script_s, *args])
 
 
 def _git(*args: str) -> str:
     try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def machine() -> str:
+def git_state() -> tuple[str, bool]:
+    """HEAD's commit, and whether src/ or benchmarks/ (results/ aside) have uncommitted changes."""
+    status = _git("status", "--porcelain", "--untracked-files=all", "--", "src", "benchmarks",
+                  ":(exclude)benchmarks/results")
+    return _git("rev-parse", "HEAD"), bool(status)
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+@lru_cache(maxsize=1)
+def machine() -> dict[str, Any]:
+    """CPU model, core count, OS and the versions that matter; no hostname."""
     cpu = platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
         pass
-    import numpy
-
-    versions = [f"Python {platform.python_version()}", f"numpy {numpy.__version__}"]
+    os_name = f"{platform.system()} {platform.release()}"
     try:
-        import torch
-
-        versions.append(f"torch {torch.__version__}")
-    except ImportError:
+        os_name += f" ({platform.freedesktop_os_release()['PRETTY_NAME']})"
+    except (OSError, KeyError, AttributeError):
         pass
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; " + ", ".join(versions)
+    return {"cpu": cpu, "cores": os.cpu_count(), "os": os_name, "python": platform.python_version(),
+            "numpy": _version("numpy"), "torch": _version("torch")}
 
 
-def provenance() -> dict:
-    dirty = bool(_git("status", "--porcelain", "--", "src", "benchmarks/*.py", "benchmarks/*/*.py"))
-    return {"command": command(), "commit": _git("rev-parse", "HEAD"), "dirty": dirty, "machine": machine(),
+def provenance() -> dict[str, Any]:
+    """The stamp for a file written now by this process."""
+    commit, dirty = git_state()
+    return {"command": command(), "commit": commit, "dirty": dirty, "machine": machine(),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
-def _atomic(path: Path, write: Callable[[str], None]) -> Path:
+def _target(path: str | Path) -> Path:
+    """A relative path is under benchmarks/results/."""
+    path = Path(path)
+    return path if path.is_absolute() else RESULTS / path
+
+
+def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
+    """``write(tmp)`` fills a temporary file next to ``path``, which then replaces ``path``."""
+    path = _target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as a plain open() would have made it
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -83,28 +153,79 @@ def _atomic(path: Path, write: Callable[[str], None]) -> Path:
     return path
 
 
-def _target(rel: str | Path, out: Path | None) -> Path:
-    """``rel`` under ``out`` (default benchmarks/results/); an absolute path as it is."""
-    return Path(rel) if Path(rel).is_absolute() else (out or RESULTS) / rel
+def _write_text(path: str | Path, text: str) -> Path:
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
-def write_json(rel: str | Path, data: dict, out: Path | None = None) -> Path:
-    body = {"provenance": provenance(), **data}
-    return _atomic(_target(rel, out), lambda p: Path(p).write_text(json.dumps(body, indent=1, default=str) + "\n"))
+def write_json(path: str | Path, data: dict) -> Path:
+    """``data`` as a JSON object with ``"provenance"`` as its first key."""
+    return _write_text(path, json.dumps({"provenance": provenance(), **data}, indent=1, default=str) + "\n")
 
 
-def markdown_stamp() -> str:
-    p = provenance()
-    dirty = " (with uncommitted changes)" if p["dirty"] else ""
-    return (f"_Written by `{p['command']}` at commit `{p['commit'][:12]}`{dirty} on {p['machine']}, "
-            f"{p['date']}. Do not edit: re-run the command (`make bench` runs them all)._\n\n")
+def markdown_header(stamp: dict) -> str:
+    """The front-matter block that opens a Markdown results file."""
+    lines = ["# written by the command below: do not edit, re-run it (`make bench` runs them all)"]
+    lines += [f"{key}: {json.dumps(value)}" for key, value in stamp.items()]
+    return "\n".join([FRONT, *lines, FRONT, "", ""])
 
 
-def write_markdown(rel: str | Path, text: str, out: Path | None = None) -> Path:
-    return _atomic(_target(rel, out), lambda p: Path(p).write_text(markdown_stamp() + text))
+def write_markdown(path: str | Path, text: str) -> Path:
+    """``text`` under its provenance header."""
+    return _write_text(path, markdown_header(provenance()) + text)
 
 
-def save_figure(fig: Any, rel: str | Path, out: Path | None = None, dpi: int = 110) -> Path:
-    """A matplotlib figure as PNG, its provenance in the PNG's text metadata."""
-    meta = {"Description": json.dumps(provenance())}
-    return _atomic(_target(rel, out), lambda p: fig.savefig(p, dpi=dpi, metadata=meta, format="png"))
+def save_figure(fig: Any, path: str | Path, dpi: int = 110) -> Path:
+    """A matplotlib figure as PNG, its provenance in the PNG's ``provenance`` text chunk."""
+    meta = {PNG_KEY: json.dumps(provenance())}
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, metadata=meta, format="png"))
+
+
+def write_csv(path: str | Path, rows: list[dict]) -> Path:
+    """Rows (dicts with the first row's keys) as CSV, provenance in ``<name>.provenance.json``."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [])
+    writer.writeheader()
+    writer.writerows(rows)
+    path = _write_text(path, buf.getvalue())
+    write_json(path.with_name(path.name + SIDECAR), {"file": path.name})
+    return path
+
+
+def _png_text(path: Path) -> dict[str, str]:
+    """The tEXt chunks of a PNG file."""
+    data, pos, out = path.read_bytes(), 8, {}
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        if kind == b"tEXt":
+            key, _, value = data[pos + 8:pos + 8 + length].partition(b"\0")
+            out[key.decode("latin-1")] = value.decode("latin-1")
+        pos += 12 + length
+    return out
+
+
+def read_provenance(path: str | Path) -> dict | None:
+    """The provenance a results file carries, or None when it has none."""
+    path = Path(path)
+    try:
+        if path.suffix == ".json":
+            data = json.loads(path.read_text())
+            return data.get("provenance") if isinstance(data, dict) else None
+        if path.suffix == ".md":
+            lines = path.read_text().splitlines()
+            if not lines or lines[0] != FRONT or FRONT not in lines[1:]:
+                return None
+            block = lines[1:lines.index(FRONT, 1)]
+            return {k: json.loads(v) for k, _, v in (ln.partition(": ") for ln in block if not ln.startswith("#"))}
+        if path.suffix == ".png":
+            text = _png_text(path).get(PNG_KEY)
+            return json.loads(text) if text else None
+        sidecar = path.with_name(path.name + SIDECAR)
+        return read_provenance(sidecar) if sidecar.exists() else None
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def add_out_argument(parser: argparse.ArgumentParser, sub: str = "") -> None:
+    """``--out DIR``: where the script writes, default ``benchmarks/results/<sub>``."""
+    parser.add_argument("--out", type=lambda s: Path(s).resolve(), default=RESULTS / sub,
+                        help=f"output folder (default: benchmarks/results/{sub})")

@@ -6,7 +6,7 @@ fit — and GPipe (re-materializing) must fit where its memory allows. Writes
 benchmarks/results/baselines_compare.md and .json; exits 1 if a planner gave no plan or a
 named GPipe case does not fit.
 
-    python benchmarks/baselines_compare.py [--microbatches 8 32]
+    python benchmarks/baselines_compare.py [--microbatches 8 32] [--out DIR]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pipeplan.graph import load_graph
 from pipeplan.planners import PlanOptions
 from pipeplan.planners.compare import compare, default_planners
 
-from _results import write_json, write_markdown
+from _results import add_out_argument, write_json, write_markdown
 
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles" / "pipedream"
 MODELS = ["alexnet", "vgg16", "resnet50", "resnext101", "inception_v3", "gnmt"]
@@ -63,6 +63,7 @@ def run_case(model: str, cname: str, m: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--microbatches", type=int, nargs="+", default=[8, 32])
+    add_out_argument(ap)
     args = ap.parse_args()
     if not PROFILES.is_dir():
         print(f"no shared profiles at {PROFILES}", file=sys.stderr)
@@ -86,8 +87,8 @@ def main() -> int:
     md += ["## Checks", "", f"- every planner gave a plan in every case: {'yes' if not missing else missing}",
            f"- GPipe fits in {', '.join('/'.join(map(str, k)) for k in GPIPE_FITS)}: "
            f"{'yes' if not gpipe_over else gpipe_over}", ""]
-    write_markdown("baselines_compare.md", "\n".join(md) + "\n")
-    write_json("baselines_compare.json", {"checks": checks,
+    write_markdown(args.out / "baselines_compare.md", "\n".join(md) + "\n")
+    write_json(args.out / "baselines_compare.json", {"checks": checks,
                                           "cases": [{k: v for k, v in c.items() if k != "_rows"} for c in cases]})
     print(f"every planner answers: {not missing}; GPipe fits where expected: {not gpipe_over}")
     return 0 if not missing and not gpipe_over else 1

@@ -3,9 +3,10 @@
 Cases (one level, N workers, 10 GB/s, as ``optimizer_graph_hierarchical.py -n N -b 1e10``):
 inception_v3 / 16, resnet50 / 32, vgg16 / 4. Times cover loading the profile, building the
 antichain DAG and solving the DP (best of --repeat runs). The reference times are those of
-PipeDream's program measured on this machine (given in the project's issue).
+PipeDream's program, measured on the development machine. Writes
+benchmarks/results/pipedream_speed.json.
 
-    python benchmarks/pipedream_speed.py [--json] [--repeat N]
+    python benchmarks/pipedream_speed.py [--json] [--repeat N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from pipeplan.graph import load_graph
 from pipeplan.planners.pipedream import MAX_STATES, _dag
 from pipeplan.planners.pipedream_dp import Level, solve
 
-from _results import write_json
+from _results import add_out_argument, write_json
 
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles" / "pipedream"
-RESULTS = Path(__file__).resolve().parent / "results"
 CASES = [("inception_v3", 16, 267.0), ("resnet50", 32, 10.5), ("vgg16", 4, 0.15)]
 
 
@@ -46,6 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--repeat", type=int, default=3)
+    add_out_argument(ap)
     args = ap.parse_args()
     if not PROFILES.is_dir():
         raise SystemExit(f"the shared profiles are not at {PROFILES}")
@@ -56,8 +57,7 @@ def main() -> None:
         r["speedup"] = ref / r["seconds"]
         rows.append(r)
     out = {"cases": rows, "max_states_exact": MAX_STATES}
-    RESULTS.mkdir(exist_ok=True)
-    write_json(RESULTS / "pipedream_speed.json", out)
+    write_json(args.out / "pipedream_speed.json", out)
     if args.json:
         print(json.dumps(out))
         return

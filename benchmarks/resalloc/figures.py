@@ -14,14 +14,13 @@ machine (cluster/kinds.py). Fig. 7 evaluates groupings with the paper's own mode
 a worker share their resources without overhead): M x the bottleneck of Eq. (1) from Alg. 1
 on the grouped workers. Writes benchmarks/results/resalloc/figures.{md,json} and fig5-7 PNGs.
 
-    python benchmarks/resalloc/figures.py
+    python benchmarks/resalloc/figures.py [--out DIR]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-
-import json
 import time
 from pathlib import Path
 
@@ -37,11 +36,9 @@ from pipeplan.planners.resalloc.partition import partition
 from pipeplan.sim import simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
-from _results import write_json, write_markdown, save_figure
+from _results import ROOT, add_out_argument, save_figure, write_json, write_markdown  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "results" / "resalloc"
-PROFILE = ROOT.parents[1] / "shared" / "profiles" / "pipedream" / "alexnet"
+PROFILE = ROOT.parent / "shared" / "profiles" / "pipedream" / "alexnet"
 M = 32
 
 
@@ -111,7 +108,8 @@ def fig7(graphs, q: int = 4) -> dict:
     return out
 
 
-def plots(f5, f6, f7) -> None:
+def plots(f5: dict, f6: dict, f7: dict, out: Path) -> None:
+    """Fig. 5-7 as PNGs in ``out``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -123,14 +121,14 @@ def plots(f5, f6, f7) -> None:
         ax.plot(d, [r["with_s"] for r in rows], "s-", label="with allocation (LP)")
         ax.set_title(f"{name}: pipeline depth"), ax.set_xlabel("depth (laptops)"), ax.set_ylabel("s / iteration")
         ax.legend(fontsize=8), ax.grid(alpha=0.3)
-    fig.tight_layout(), save_figure(fig, RESULTS / "fig5_depth.png"), plt.close(fig)
+    fig.tight_layout(), save_figure(fig, out / "fig5_depth.png"), plt.close(fig)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, name in zip(axes, ("AlexNet", "GoogLeNet")):
         for q, ts in f6[name].items():
             ax.plot(f6["betas"], ts, "o-", label=f"depth {q}")
         ax.set_title(f"{name}: forward share beta"), ax.set_xlabel("beta (both resources)"), ax.set_ylabel("s / iteration")
         ax.legend(fontsize=8), ax.grid(alpha=0.3)
-    fig.tight_layout(), save_figure(fig, RESULTS / "fig6_beta.png"), plt.close(fig)
+    fig.tight_layout(), save_figure(fig, out / "fig6_beta.png"), plt.close(fig)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, (name, rows) in zip(axes, f7.items()):
         n = [r["devices"] for r in rows]
@@ -140,19 +138,20 @@ def plots(f5, f6, f7) -> None:
         ax.plot([x for x, _ in bf], [y for _, y in bf], "k--", label="brute force")
         ax.set_title(f"{name}: heterogeneous devices, depth 4"), ax.set_xlabel("devices"), ax.set_ylabel("s / iteration")
         ax.legend(fontsize=8), ax.grid(alpha=0.3)
-    fig.tight_layout(), save_figure(fig, RESULTS / "fig7_heterogeneous.png"), plt.close(fig)
+    fig.tight_layout(), save_figure(fig, out / "fig7_heterogeneous.png"), plt.close(fig)
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_out_argument(ap, "resalloc")
+    args = ap.parse_args()
     t0 = time.perf_counter()
     graphs = models()
     f5, f6, f7 = fig5(graphs), fig6(graphs), fig7(graphs)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / "figures.json", {"fig5": f5, "fig6": {k: v for k, v in f6.items()},
-                                                      "fig7": f7})
-    plots(f5, f6, f7)
-    md = ["# resalloc §VI in simulation", "", "`python benchmarks/resalloc/figures.py` (see its docstring for the "
-          "setting). Seconds per iteration of 32 microbatches.", "", "## Fig. 5: pipeline depth", ""]
+    write_json(args.out / "figures.json", {"fig5": f5, "fig6": f6, "fig7": f7})
+    plots(f5, f6, f7, args.out)
+    md = ["# resalloc §VI in simulation", "", "The setting is in the docstring of benchmarks/resalloc/figures.py. "
+          "Seconds per iteration of 32 microbatches.", "", "## Fig. 5: pipeline depth", ""]
     for name, rows in f5.items():
         md += [f"**{name}**", "", "| depth | without allocation | with allocation | improvement |", "|---|---|---|---|"]
         md += [f"| {r['depth']} | {r['without_s']:.3f} | {r['with_s']:.3f} | {r['improvement']:.1%} |" for r in rows]
@@ -166,10 +165,10 @@ def main() -> None:
     md += ["## Fig. 7: heterogeneous devices (depth 4, mean of 5 seeded sets)", ""]
     for name, rows in f7.items():
         md += [f"**{name}**", "", "| devices | local search | brute force | sorting |", "|---|---|---|---|"]
-        md += [f"| {r['devices']} | {r['ls']:.3f} | {'-' if r['bf'] is None else f'{r[chr(98) + chr(102)]:.3f}'} | "
+        md += [f"| {r['devices']} | {r['ls']:.3f} | {'-' if r['bf'] is None else format(r['bf'], '.3f')} | "
                f"{r['sort']:.3f} |" for r in rows]
         md.append("")
-    write_markdown(RESULTS / "figures.md", "\n".join(md) + "\n")
+    write_markdown(args.out / "figures.md", "\n".join(md) + "\n")
     print("\n".join(md))
     print(f"took {time.perf_counter() - t0:.1f} s")
 

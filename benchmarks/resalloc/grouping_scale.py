@@ -10,15 +10,13 @@ Devices are drawn from grouping.EXAMPLE_DEVICE_KINDS (§VI's three kinds: laptop
 laptop i5+Iris Xe, Raspberry Pi 4B: pipeplan's device kinds, from vendor peak figures) with
 the reference workload EXAMPLE_WORKLOAD (AlexNet). Writes benchmarks/results/resalloc/grouping.{json,md}.
 
-    python benchmarks/resalloc/grouping_scale.py [--sets N] [--seed S]
+    python benchmarks/resalloc/grouping_scale.py [--sets N] [--seed S] [--out DIR]
 """
 
 from __future__ import annotations
 
-import sys
-
 import argparse
-import json
+import sys
 import time
 from pathlib import Path
 
@@ -28,9 +26,8 @@ from pipeplan.planners.resalloc.grouping import (EXAMPLE_DEVICE_KINDS, EXAMPLE_W
                                                  groups_cost, local_search_groups, sorting_groups)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
-from _results import write_json, write_markdown
+from _results import add_out_argument, write_json, write_markdown  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "resalloc"
 KINDS = np.array(list(EXAMPLE_DEVICE_KINDS.values()))
 WF, WG = (np.array(w) for w in EXAMPLE_WORKLOAD)
 METHODS = {
@@ -82,9 +79,9 @@ def ratios(rng: np.random.Generator, sets: int) -> list[dict]:
     return rows
 
 
-def markdown(args, scale_rows, ratio_rows) -> str:
+def markdown(args: argparse.Namespace, scale_rows: list[dict], ratio_rows: list[dict]) -> str:
     out = ["# Device grouping (Alg. 2): scale and gap to brute force", "",
-           f"`python benchmarks/resalloc/grouping_scale.py --sets {args.sets} --seed {args.seed}`", "",
+           f"{args.sets} random sets per (jitter, q), seed {args.seed}.", "",
            "Device kinds from pipeplan's kinds (vendor peak figures; grouping.EXAMPLE_DEVICE_KINDS), "
            "reference workload AlexNet (grouping.EXAMPLE_WORKLOAD); cost = bottleneck worker's optimal max(F, G).", "",
            "## 1,000 devices (+-20% jitter)", "",
@@ -108,17 +105,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sets", type=int, default=200)
     ap.add_argument("--seed", type=int, default=2024)
+    add_out_argument(ap, "resalloc")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     scale_rows = scale(rng)
     ratio_rows = ratios(rng, args.sets)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {"seed": args.seed, "sets": args.sets, "device_kinds": EXAMPLE_DEVICE_KINDS,
                "workload": {"wf": WF.tolist(), "wg": WG.tolist()}, "rates_source": "cluster/kinds.py (vendor peak figures)",
                "scale": scale_rows, "ratios": ratio_rows}
-    write_json(RESULTS / "grouping.json", payload)
-    write_markdown(RESULTS / "grouping.md", markdown(args, scale_rows, ratio_rows))
-    print(f"wrote {RESULTS / 'grouping.json'} and {RESULTS / 'grouping.md'}")
+    json_path = write_json(args.out / "grouping.json", payload)
+    md_path = write_markdown(args.out / "grouping.md", markdown(args, scale_rows, ratio_rows))
+    print(f"wrote {json_path} and {md_path}")
 
 
 if __name__ == "__main__":

@@ -8,31 +8,28 @@ iteration time (median of the steps after warm-up) with the simulator's predicti
 calibrated cluster. Processes <= cores (2), so the measurement is honest. Writes
 benchmarks/results/runtime/accuracy.{md,json}.
 
-    python benchmarks/runtime/accuracy.py [--steps N] [--microbatches M]
+    python benchmarks/runtime/accuracy.py [--steps N] [--microbatches M] [--out DIR]
 """
 
 from __future__ import annotations
 
-import sys
-
 import argparse
-import json
 import statistics
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from pipeplan.planners.compare import compare
-from pipeplan.planners import PlanOptions
 from pipeplan.plan import Plan, Stage
+from pipeplan.planners import PlanOptions
+from pipeplan.planners.compare import compare
 from pipeplan.runtime.calibrate import calibrate
 from pipeplan.runtime.executor import RunConfig, run_plan
 from pipeplan.runtime.profiler import profile_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
-from _results import write_json, write_markdown
+from _results import add_out_argument, write_json, write_markdown  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "runtime"
 MODELS = ["example:mlp", "example:transformer", "example:cnn"]
 
 
@@ -63,8 +60,9 @@ def plans_for(graph, cluster, m: int) -> dict[str, Plan]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--microbatches", type=int, default=4)
+    add_out_argument(ap, "runtime")
     args = ap.parse_args()
     rows, calibrations = [], {}
     for spec in MODELS:
@@ -84,12 +82,11 @@ def main() -> None:
                   f"{out['predicted_s'] * 1e3:7.2f} ms  error {out['error']:6.1%}")
     med = statistics.median(r["error"] for r in rows)
     print(f"median |predicted - measured| / measured: {med:.1%} over {len(rows)} cases")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / "accuracy.json", {
-        "median_error": med, "cases": rows, "calibration": calibrations})
+    write_json(args.out / "accuracy.json", {"steps": args.steps, "microbatches": args.microbatches,
+                                            "median_error": med, "cases": rows, "calibration": calibrations})
     md = ["# Prediction error on this machine", "",
-          f"`python benchmarks/runtime/accuracy.py --steps {args.steps} --microbatches {args.microbatches}`: "
-          "2 worker processes (gloo, 1 thread each) on this 2-core machine; measured = median iteration "
+          f"{args.steps} steps of {args.microbatches} microbatches per plan; "
+          "2 worker processes (gloo, 1 thread each) on the machine named above; measured = median iteration "
           "after 2 warm-up steps.", "",
           "Each model is calibrated with its own training step (`calibrate --model`): speeds with both "
           "workers busy (1.0 alone by construction), all-reduce efficiency, loopback link:", "",
@@ -101,7 +98,7 @@ def main() -> None:
     md += [f"| {r['model']} | {r['plan']} | {r['measured_s'] * 1e3:.2f} | {r['predicted_s'] * 1e3:.2f} | "
            f"{r['signed_error']:+.1%} |" for r in rows]
     md += ["", f"**Median |error|: {med:.1%}** over {len(rows)} cases."]
-    write_markdown(RESULTS / "accuracy.md", "\n".join(md) + "\n")
+    write_markdown(args.out / "accuracy.md", "\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,15 +7,14 @@ speeds 0.8-1.2, and 2-8 microbatches. The gap is T_spp / T_exact - 1 (0 = optima
 exact planner searching every partition, replication, mapping, replica sharing and
 schedule. Writes benchmarks/results/spp/gap.{md,json,png}.
 
-    python benchmarks/spp/gap.py [--instances N] [--seed S]
+    python benchmarks/spp/gap.py [--instances N] [--seed S] [--out DIR]
 """
 
 from __future__ import annotations
 
-import sys
-
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +25,8 @@ from pipeplan.graph import Graph
 from pipeplan.planners import PlanOptions, run_planner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
-from _results import write_json, write_markdown, save_figure
+from _results import add_out_argument, save_figure, write_json, write_markdown  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "spp"
 Gbps = 1e9 / 8
 
 
@@ -51,6 +49,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--instances", type=int, default=200)
     ap.add_argument("--seed", type=int, default=2024)
+    add_out_argument(ap, "spp")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     rows = []
@@ -73,11 +72,9 @@ def main() -> None:
                "p90_gap": float(np.quantile(gaps, 0.9)), "worst_gap": float(gaps.max()),
                "optimal_fraction": float(np.mean(gaps <= 1e-9)),
                "all_exact_complete": all(r["exact_complete"] for r in rows)}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / "gap.json", {"summary": summary, "instances": rows})
+    write_json(args.out / "gap.json", {"seed": args.seed, "summary": summary, "instances": rows})
     worst = sorted(rows, key=lambda r: -r["gap"])[:5]
-    md = ["# SPP's gap to the exact optimum", "", f"`python benchmarks/spp/gap.py --instances {args.instances} "
-          f"--seed {args.seed}`", "",
+    md = ["# SPP's gap to the exact optimum", "", f"{args.instances} random instances, seed {args.seed}.", "",
           "| instances | median gap | 90th percentile | worst | SPP optimal |", "|---|---|---|---|---|",
           f"| {len(rows)} | {summary['median_gap']:.2%} | {summary['p90_gap']:.2%} | {summary['worst_gap']:.2%} "
           f"| {summary['optimal_fraction']:.0%} of instances |", "", "Worst cases:", "",
@@ -86,7 +83,7 @@ def main() -> None:
     md += [f"| {r['layers']} | {r['devices']} | {r['microbatches']} | {r['spp_s']:.4f} | {r['exact_s']:.4f} | "
            f"{r['gap']:.1%} | {r['spp_plan']} | {r['exact_plan']}, {r['exact_schedule']}, {r['exact_replicas']} |"
            for r in worst]
-    write_markdown(RESULTS / "gap.md", "\n".join(md) + "\n")
+    write_markdown(args.out / "gap.md", "\n".join(md) + "\n")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -98,7 +95,7 @@ def main() -> None:
     ax.set_title(f"{len(rows)} random small instances: median {summary['median_gap']:.1%}, "
                  f"worst {summary['worst_gap']:.1%}", fontsize=9)
     fig.tight_layout()
-    save_figure(fig, RESULTS / "gap.png")
+    save_figure(fig, args.out / "gap.png")
     print(json.dumps(summary))
 
 

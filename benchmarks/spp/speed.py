@@ -6,15 +6,13 @@ every number of stages, PE simulation of each candidate), best of --repeat. Case
 to exceed --limit seconds (from the measured growth, O(V x (L V^2 + L^2 V)) per stage count)
 are not run; their estimate is reported as such. Writes benchmarks/results/spp/speed.{md,json}.
 
-    python benchmarks/spp/speed.py [--limit SECONDS] [--repeat N]
+    python benchmarks/spp/speed.py [--limit SECONDS] [--repeat N] [--out DIR]
 """
 
 from __future__ import annotations
 
-import sys
-
 import argparse
-import json
+import sys
 import time
 from pathlib import Path
 
@@ -26,9 +24,8 @@ from pipeplan.graph import load_graph
 from pipeplan.planners import PlanOptions, get_planner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
-from _results import write_json, write_markdown
+from _results import add_out_argument, write_json, write_markdown  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "spp"
 GRID_L = [27, 64, 128]
 GRID_V = [8, 16, 32, 64, 128, 256]
 
@@ -47,6 +44,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=float, default=120.0)
     ap.add_argument("--repeat", type=int, default=3)
+    add_out_argument(ap, "spp")
     args = ap.parse_args()
     headline = timed(load_graph("zoo:bert-large?microbatch=6"), load_cluster("spp-sim"), args.repeat)
     print(f"BERT-large on spp-sim: {headline:.3f} s (target < 0.5 s)")
@@ -69,11 +67,12 @@ def main() -> None:
             t = timed(g, c, 1 if est > 5 else args.repeat)
             cells[(L, V)] = {"layers": L, "gpus": V, "ops": ops, "seconds": t, "measured": True}
             print(f"L={L:>3} V={V:>3}: {t:.3f} s")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = {"bert_large_spp_sim_s": headline, "cells": list(cells.values())}
-    write_json(RESULTS / "speed.json", out)
-    md = ["# SPP planning time", "", f"`python benchmarks/spp/speed.py --limit {args.limit:g}`; one core of this "
-          "2-core machine; the whole planner (RDO + PRM for every number of stages + PE simulations).", "",
+    out = {"limit_s": args.limit, "repeat": args.repeat, "bert_large_spp_sim_s": headline,
+           "cells": list(cells.values())}
+    write_json(args.out / "speed.json", out)
+    md = ["# SPP planning time", "", f"The whole planner (RDO + PRM for every number of stages + PE simulations), "
+          f"one process, best of {args.repeat} runs (1 run where the estimate exceeds 5 s); cases estimated to take "
+          f"more than {args.limit:g} s are not run, their estimate is shown instead.", "",
           f"BERT-large (27 layers) on spp-sim (32 GPUs): **{headline:.3f} s**.", "",
           "| layers \\ GPUs | " + " | ".join(map(str, GRID_V)) + " |", "|---" * (len(GRID_V) + 1) + "|"]
     for L in GRID_L:
@@ -88,7 +87,7 @@ def main() -> None:
         md += ["", f"Measured time grows as (numpy work)^{slope:.2f}, the work being "
                "min(L, V) x V x (L V^2 + L^2 V) elements; estimates extrapolate linearly in that work "
                "from the largest measured cases."]
-    write_markdown(RESULTS / "speed.md", "\n".join(md) + "\n")
+    write_markdown(args.out / "speed.md", "\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,25 +5,23 @@ Models are pipeplan's analytic zoo at Table II's microbatch counts and sizes (BE
 samples per microbatch on 1080Ti x 8, 2 on V100 x 4). Writes
 benchmarks/results/spp/table3.md and .json.
 
-    python benchmarks/spp/table3.py
+    python benchmarks/spp/table3.py [--out DIR]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-
-import json
 from pathlib import Path
 
-from pipeplan.planners.compare import compare
 from pipeplan.cluster import load_cluster
 from pipeplan.graph import load_graph
 from pipeplan.planners import PlanOptions
+from pipeplan.planners.compare import compare
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
-from _results import write_json, write_markdown
+from _results import add_out_argument, write_json, write_markdown  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "spp"
 # (label, zoo spec, microbatches, {cluster: microbatch size}) — SPP Table II
 MODELS = [
     ("VGG19", "vgg19", 8, {"1080ti-4x2": 32, "v100x4": 32}),
@@ -48,8 +46,11 @@ BASELINES = ["dp", "gpipe", "pipedream", "hetpipe"]
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_out_argument(ap, "spp")
+    args = ap.parse_args()
     out, md = [], ["# SPP Table III, simulated", "",
-                   "`python benchmarks/spp/table3.py`. Seconds per iteration from pipeplan's simulator; "
+                   "Seconds per iteration from pipeplan's simulator; "
                    "in brackets SPP's speed-up over the baseline, (baseline - SPP) / SPP; OOM = no plan of "
                    "that planner fits in memory (re-materialization included). The paper's measured figures follow each row.", "",
                    "| model | cluster | SPP | DP | GPipe | PipeDream | HetPipe | SPP never slower |",
@@ -84,9 +85,8 @@ def main() -> None:
             print(f"{label:>12} on {cname:<10}: spp={spp if spp is None else round(spp, 3)} "
                   + " ".join(f"{b}={rows[b].get('iteration_s', float('nan')):.3f}" for b in BASELINES)
                   + ("" if ok else "  <-- SPP slower"))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_markdown(RESULTS / "table3.md", "\n".join(md) + "\n")
-    write_json(RESULTS / "table3.json", out)
+    write_markdown(args.out / "table3.md", "\n".join(md) + "\n")
+    write_json(args.out / "table3.json", {"cases": out})
 
 
 if __name__ == "__main__":

@@ -65,23 +65,35 @@ class _Builder:
     def __init__(self) -> None:
         self.parts: dict[str, list] = {k: [] for k in ("dur", "kind", "stage", "micro", "owner", "chan", "pair")}
         self.edges: list[np.ndarray] = []
+        self.counts: list[int] = []
         self.n = 0
 
     def add(self, dur, kind, stage, micro, owner=-1, chan=-1, pair=-1) -> np.ndarray:
+        """Append tasks: ``dur`` an array (or one value); the other fields arrays or one value
+        for all of them (expanded in ``finish``)."""
         dur = np.atleast_1d(np.asarray(dur, dtype=float))
         k = dur.size
+        self.counts.append(k)
         for key, v in (("dur", dur), ("kind", kind), ("stage", stage), ("micro", micro), ("owner", owner),
                        ("chan", chan), ("pair", pair)):
-            self.parts[key].append(v if np.ndim(v) else np.full(k, v, dtype=np.int64))
+            self.parts[key].append(v)
         ids = np.arange(self.n, self.n + k)
         self.n += k
         return ids
+
+    def _column(self, key: str) -> np.ndarray:
+        vals = self.parts[key]
+        if not vals:
+            return np.zeros(0)
+        if all(np.ndim(v) == 0 for v in vals):
+            return np.repeat(np.array(vals), self.counts)
+        return np.concatenate([v if np.ndim(v) else np.full(k, v) for v, k in zip(vals, self.counts)])
 
     def edge(self, a, b) -> None:
         self.edges.append(np.stack([np.asarray(a, dtype=np.int64).ravel(), np.asarray(b, dtype=np.int64).ravel()]))
 
     def finish(self, channels: list[str], groups: list[Group], share_f: np.ndarray) -> TaskGraph:
-        arr = {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.parts.items()}
+        arr = {k: self._column(k) for k in self.parts}
         edges = np.concatenate(self.edges, axis=1) if self.edges else np.zeros((2, 0), dtype=np.int64)
         order = np.argsort(edges[0], kind="stable")
         ptr = np.zeros(self.n + 1, dtype=np.int64)
@@ -230,6 +242,16 @@ def _channel_name(cl: Cluster, stage_devs: list[list[int]], s: int, src: list[in
     return f"ch:{a}-{c}:" + (f"{names[0]}>{names[1]}" if forward or half else f"{names[1]}>{names[0]}")
 
 
+def _transfer(cl: Cluster, a: list[int], c: list[int], nbytes: float, s: int, forward: bool) -> float:
+    """``costmodel.transfer_time`` (the same formula, without building its message unless a
+    link has no bandwidth)."""
+    ia, ic = np.ix_(a, c)
+    bw = float(cl.bandwidth[ia, ic].min())
+    if bw <= 0:
+        return transfer_time(cl, a, c, nbytes, where=f"stages {s} -> {s + 1}" if forward else f"stages {s + 1} -> {s}")
+    return nbytes / (len(a) * len(c) * bw) + float(cl.latency[ia, ic].max())
+
+
 def _add_transfers(b: _Builder, plan: Plan, groups: list[Group], costs: StageCosts, m_count: int,
                    channels: list[str]) -> None:
     """Forward transfers s -> s+1 and backward transfers s+1 -> s of every microbatch."""
@@ -256,8 +278,7 @@ def _add_transfers(b: _Builder, plan: Plan, groups: list[Group], costs: StageCos
                     channels.append(_channel_name(cl, stage_devs, s, src, dst, forward, half))
                 chan[u] = keys[key]
                 a, c = (src, dst) if forward else (dst, src)
-                dur[u] = transfer_time(cl, a, c, costs.boundary[s],
-                                       where=f"stages {s} -> {s + 1}" if forward else f"stages {s + 1} -> {s}")
+                dur[u] = _transfer(cl, a, c, float(costs.boundary[s]), s, forward)
             t = b.add(dur[inv], Kind.SEND_F if forward else Kind.SEND_B, s if forward else s + 1, ms,
                       chan=chan[inv], pair=pairs[inv])
             if forward:
