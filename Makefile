@@ -25,13 +25,14 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/sim_throughput.py
+	$(BIN)/python benchmarks/sim_throughput.py --json
+	$(BIN)/python benchmarks/memory_accuracy.py
 	$(BIN)/python benchmarks/pipedream_speed.py
 	$(BIN)/python benchmarks/baselines_compare.py
 	$(BIN)/python benchmarks/spp/table3.py
 	$(BIN)/python benchmarks/spp/sweeps.py
 	$(BIN)/python benchmarks/spp/gap.py
-	$(BIN)/python benchmarks/spp/speed.py --limit 120
+	$(BIN)/python benchmarks/spp/speed.py
 	$(BIN)/python benchmarks/resalloc/figures.py
 	$(BIN)/python benchmarks/resalloc/grouping_scale.py
 	$(BIN)/python benchmarks/runtime/accuracy.py

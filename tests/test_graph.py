@@ -133,3 +133,21 @@ def test_linearization_matches_brute_force(name):
         crossing = {u for u, v in g.edges if pos[u] < k <= pos[v]}
         assert lin.cut_bytes[k] == pytest.approx(sum(g.act[u] for u in crossing))
     assert np.allclose(cut_bytes_for_order(g, lin.order), lin.cut_bytes)
+
+
+def test_memory_fields_default_and_validate():
+    from pipeplan.graph import NodeSpec
+
+    g = Graph.chain("c", [1.0] * 3, [1.0] * 3, act=[8.0, 8.0, 4.0], inplace=[False, True, False])
+    assert list(g.saved) == [8.0, 0.0, 4.0]  # an aliasing node's output is its producer's
+    assert list(Graph.chain("c", [1.0], [1.0], act=[5.0]).inplace) == [False]
+    nodes = [NodeSpec("a", 1.0, 1.0, 0.0, 8.0, saved=20.0), NodeSpec("b", 1.0, 1.0, 0.0, 8.0, inplace=True)]
+    h = Graph.from_nodes("n", nodes, [("a", "b")])
+    assert list(h.saved) == [20.0, 0.0] and list(h.inplace) == [False, True]
+    doubled = h.scaled(act=2.0)
+    assert list(doubled.saved) == [40.0, 0.0] and list(doubled.inplace) == [False, True]
+    assert doubled != h and h.scaled() == h
+    with pytest.raises(PipeplanError, match="in-place flags have 2 values for 3 nodes"):
+        Graph.chain("c", [1.0] * 3, [1.0] * 3, inplace=[True, False])
+    with pytest.raises(PipeplanError, match="node 'l1' has a negative or non-finite saved size"):
+        Graph.chain("c", [1.0] * 2, [1.0] * 2, saved=[1.0, float("nan")])

@@ -114,6 +114,8 @@ def inplace_model():
 def test_inplace_activations_are_profiled():
     g = profile_model(f"{__name__}:inplace_model", **FAST)
     assert g.ids == ["0", "1", "2"] and (g.fwd > 0).all() and (g.bwd > 0).all()
+    assert list(g.inplace) == [False, True, False]  # timed out of place, detected as it is
+    assert list(g.saved) == [4 * 8 * 4, 0, 4 * 2 * 4]  # the ReLU keeps the first Linear's output
 
 
 def test_skip_connection_gives_a_dag():

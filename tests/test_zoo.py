@@ -54,6 +54,8 @@ def test_builds_a_valid_graph(graphs, name):
     assert np.all(g.act > 0) and np.all(np.isfinite(g.flops)) and g.total_params > 0
     assert all(g.desc)
     assert g.meta["reference_device"] == "V100" and g.meta["reference_tflops"] == 15.7
+    # blocks hold their in-place ops inside: no node aliases, each keeps (at least) its output
+    assert not g.inplace.any() and np.array_equal(g.saved, g.act)
     # a chain unless it has side branches
     assert g.edges == [(i, i + 1) for i in range(len(g) - 1)]
 

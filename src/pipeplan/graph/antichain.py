@@ -174,5 +174,6 @@ def compress_branches(g: Graph) -> tuple[Graph, list[list[int]]]:
                  fwd=np.array([g.fwd[r].sum() for r in groups]), bwd=np.array([g.bwd[r].sum() for r in groups]),
                  params=np.array([g.params[r].sum() for r in groups]),
                  act=np.array([g.act[r[-1]] for r in groups]), flops=np.array([g.flops[r].sum() for r in groups]),
+                 saved=np.array([g.saved[r].sum() for r in groups]),
                  desc=[g.desc[r[0]] if len(r) == 1 else f"Branch({len(r)} nodes)" for r in groups],
                  edges=sorted(edges), meta=dict(g.meta)), groups

@@ -2,6 +2,9 @@
 
 Per node, for ONE microbatch on the reference device: forward and backward time (s),
 parameter bytes, output-activation bytes; optionally FLOPs (forward) and a description.
+Per node for memory (docs/memory.md): ``inplace`` (its output aliases its input: an in-place
+op or a view, so it allocates no output of its own) and ``saved`` (bytes that autograd keeps
+for backward and that this node allocated; by default its output, 0 where in-place).
 Costs live in numpy arrays indexed by node position, so planners and the simulator
 work on vectors, not on per-node objects.
 """
@@ -27,6 +30,20 @@ class NodeSpec:
     act: float
     desc: str = ""
     flops: float = float("nan")
+    inplace: bool = False
+    saved: float | None = None  # None: the default, :func:`default_saved`
+
+
+def default_saved(act: np.ndarray, inplace: np.ndarray) -> np.ndarray:
+    """Bytes kept for backward where nothing better is known: a node's output, none for a
+    node whose output aliases its input (it is counted on the node that allocated it)."""
+    return np.where(np.asarray(inplace, dtype=bool), 0.0, np.asarray(act, dtype=float))
+
+
+def _node_saved(nd: NodeSpec) -> float:
+    if nd.saved is not None:
+        return nd.saved
+    return 0.0 if nd.inplace else nd.act
 
 
 @dataclass(eq=False)
@@ -43,6 +60,8 @@ class Graph:
     desc: list[str]
     edges: list[tuple[int, int]]
     meta: dict = field(default_factory=dict)
+    inplace: np.ndarray | None = None  # bool per node; None: no node is in-place
+    saved: np.ndarray | None = None  # bytes per node; None: default_saved(act, inplace)
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -54,8 +73,10 @@ class Graph:
         where = f"model {self.name!r}"
         if n == 0:
             raise PipeplanError(f"{where}: the graph has no nodes")
+        self._memory_fields(where, n)
         for arr, what in ((self.fwd, "forward time"), (self.bwd, "backward time"),
-                          (self.params, "parameter size"), (self.act, "activation size")):
+                          (self.params, "parameter size"), (self.act, "activation size"),
+                          (self.saved, "saved size")):
             if arr.shape != (n,):
                 raise PipeplanError(f"{where}: {what} has {arr.size} values for {n} nodes")
             bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
@@ -88,6 +109,16 @@ class Graph:
             self.pred[v].append(u)
         self.topo = self._topological_order()
 
+    def _memory_fields(self, where: str, n: int) -> None:
+        """Fill ``inplace`` and ``saved`` (defaults where None) and check their shapes."""
+        self.inplace = (np.zeros(n, dtype=bool) if self.inplace is None
+                        else np.asarray(self.inplace, dtype=bool))
+        if self.inplace.shape != (n,):
+            raise PipeplanError(f"{where}: in-place flags have {self.inplace.size} values for {n} nodes")
+        if self.act.shape == (n,) and self.saved is None:
+            self.saved = default_saved(self.act, self.inplace)
+        self.saved = np.asarray(self.saved, dtype=float)
+
     # -- construction -------------------------------------------------------------------
     @classmethod
     def from_nodes(cls, name: str, nodes: Sequence[NodeSpec],
@@ -107,13 +138,16 @@ class Graph:
                    params=np.array([nd.params for nd in nodes], dtype=float),
                    act=np.array([nd.act for nd in nodes], dtype=float),
                    flops=np.array([nd.flops for nd in nodes], dtype=float),
-                   desc=[nd.desc for nd in nodes], edges=pairs, meta=dict(meta or {}))
+                   desc=[nd.desc for nd in nodes], edges=pairs, meta=dict(meta or {}),
+                   inplace=np.array([nd.inplace for nd in nodes], dtype=bool),
+                   saved=np.array([_node_saved(nd) for nd in nodes], dtype=float))
 
     @classmethod
     def chain(cls, name: str, fwd: Sequence[float], bwd: Sequence[float],
               params: Sequence[float] | None = None, act: Sequence[float] | None = None,
               desc: Sequence[str] | None = None, flops: Sequence[float] | None = None,
-              meta: dict | None = None) -> "Graph":
+              meta: dict | None = None, inplace: Sequence[bool] | None = None,
+              saved: Sequence[float] | None = None) -> "Graph":
         """A linear chain of layers ``l0 -> l1 -> ...`` (the common case)."""
         n = len(fwd)
         return cls(name=name, ids=[f"l{i}" for i in range(n)], fwd=np.asarray(fwd, float),
@@ -122,7 +156,9 @@ class Graph:
                    act=np.zeros(n) if act is None else np.asarray(act, float),
                    flops=np.full(n, np.nan) if flops is None else np.asarray(flops, float),
                    desc=[""] * n if desc is None else list(desc),
-                   edges=[(i, i + 1) for i in range(n - 1)], meta=dict(meta or {}))
+                   edges=[(i, i + 1) for i in range(n - 1)], meta=dict(meta or {}),
+                   inplace=None if inplace is None else np.asarray(inplace, bool),
+                   saved=None if saved is None else np.asarray(saved, float))
 
     # -- structure ----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -176,13 +212,13 @@ class Graph:
         return (self.name == other.name and self.ids == other.ids and self.desc == other.desc
                 and sorted(self.edges) == sorted(other.edges) and self.meta == other.meta
                 and all(np.array_equal(getattr(self, a), getattr(other, a), equal_nan=True)
-                        for a in ("fwd", "bwd", "params", "act", "flops")))
+                        for a in ("fwd", "bwd", "params", "act", "flops", "inplace", "saved")))
 
     __hash__ = None  # type: ignore[assignment]
 
     def scaled(self, *, time: float = 1.0, act: float = 1.0, name: str | None = None) -> "Graph":
-        """A copy with times and/or activation sizes multiplied (what-if sweeps)."""
+        """A copy with times and/or activation sizes (output and saved) multiplied (what-if sweeps)."""
         return Graph(name=name or self.name, ids=list(self.ids), fwd=self.fwd * time,
                      bwd=self.bwd * time, params=self.params.copy(), act=self.act * act,
                      flops=self.flops.copy(), desc=list(self.desc), edges=list(self.edges),
-                     meta=dict(self.meta))
+                     meta=dict(self.meta), inplace=self.inplace.copy(), saved=self.saved * act)

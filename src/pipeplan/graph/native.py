@@ -8,7 +8,9 @@ Schema::
      "edges": [["l0", "l1"], ...]}
 
 ``desc``, ``flops`` and ``meta`` are optional; times are seconds for one microbatch on the
-reference device, sizes are bytes.
+reference device, sizes are bytes. Optional per node (docs/memory.md): ``"inplace": true``
+(the output aliases the input), written only when true, and ``"saved_bytes"`` (bytes kept
+for backward), written only when it differs from the default (``act_bytes``, 0 if in-place).
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import math
 from pathlib import Path
 
 from ..errors import PipeplanError
-from .model import Graph, NodeSpec
+from .model import Graph, NodeSpec, default_saved
 
 FORMAT = "pipeplan.graph/1"
 
 
 def graph_to_dict(g: Graph) -> dict:
     nodes = []
+    default = default_saved(g.act, g.inplace)
     for i, nid in enumerate(g.ids):
         node = {"id": nid, "fwd_s": float(g.fwd[i]), "bwd_s": float(g.bwd[i]),
                 "params_bytes": float(g.params[i]), "act_bytes": float(g.act[i])}
@@ -32,6 +35,10 @@ def graph_to_dict(g: Graph) -> dict:
             node["desc"] = g.desc[i]
         if not math.isnan(g.flops[i]):
             node["flops"] = float(g.flops[i])
+        if g.inplace[i]:
+            node["inplace"] = True
+        if g.saved[i] != default[i]:
+            node["saved_bytes"] = float(g.saved[i])
         nodes.append(node)
     return {"format": FORMAT, "name": g.name, "meta": g.meta, "nodes": nodes,
             "edges": [[g.ids[u], g.ids[v]] for u, v in g.edges]}
@@ -50,11 +57,16 @@ def graph_from_dict(d: object, source: str = "graph") -> Graph:
         where = f"{source}: nodes[{k}]"
         if not isinstance(nd, dict) or "id" not in nd:
             raise PipeplanError(f"{where}: each node needs an 'id'")
+        inplace = nd.get("inplace", False)
+        if not isinstance(inplace, bool):
+            raise PipeplanError(f"{where} ({nd.get('id')!r}): 'inplace' must be true or false, got {inplace!r}")
         try:
             nodes.append(NodeSpec(id=str(nd["id"]), fwd=float(nd["fwd_s"]), bwd=float(nd["bwd_s"]),
                                   params=float(nd.get("params_bytes", 0.0)),
                                   act=float(nd.get("act_bytes", 0.0)), desc=str(nd.get("desc", "")),
-                                  flops=float("nan") if nd.get("flops") is None else float(nd["flops"])))
+                                  flops=float("nan") if nd.get("flops") is None else float(nd["flops"]),
+                                  inplace=inplace,
+                                  saved=None if nd.get("saved_bytes") is None else float(nd["saved_bytes"])))
         except KeyError as e:
             raise PipeplanError(f"{where} ({nd.get('id')!r}): missing {e.args[0]!r}") from None
         except (TypeError, ValueError):

@@ -14,7 +14,10 @@ Every node (a layer or a block) gets, for ONE microbatch:
 * ``act``    bytes of what the node hands to the next node (its output, fp32). Graphs are chains
   of blocks; where a later node also needs an earlier output (the encoder memory of an
   encoder-decoder, BERT's sequence output past the pooler) it travels along with the output
-  and is counted in ``act``, as it must cross a stage boundary.
+  and is counted in ``act``, as it must cross a stage boundary;
+* ``inplace`` / ``saved`` (docs/memory.md): the defaults. Nodes are whole blocks whose in-place
+  ReLUs and residual adds lie inside them, so none is in-place; ``saved`` = ``act``, a lower
+  bound of what a block keeps for backward (its internal tensors are not modelled).
 
 Architectures: BERT (Devlin et al. 2019), XLNet (Yang et al. 2019), Transformer (Vaswani et al.
 2017), T5 (Raffel et al. 2020), GNMT (Wu et al. 2016, MLPerf/PipeDream variant), VGG (Simonyan &

@@ -15,10 +15,19 @@ of the squared output. A layer's backward runs from the gradient w.r.t. its outp
 backward hook) and its last parameter gradient being accumulated (post-accumulate-grad
 hooks). The input does not require grad, as on a pipeline's first stage, so the first
 layer's backward is its weight-gradient work only, measured by the parameter hooks.
-Modules with an ``inplace`` flag (``nn.ReLU(inplace=True)``, ...) are profiled out of place:
+Modules with an ``inplace`` flag (``nn.ReLU(inplace=True)``, ...) are timed out of place:
 full backward hooks reject in-place changes of a hooked output, and the cost is the same.
 Each time is the median over ``reps``; ``meta["spread"]`` holds per node [min, max] of
 forward+backward over the repetitions.
+
+Memory (docs/memory.md), from one more forward + loss with the modules' own in-place flags:
+a node is ``inplace`` when every tensor it returns shares storage with a tensor it was given
+(an in-place op or a view); ``saved`` is the bytes of the distinct storages that autograd
+saves for backward (``torch.autograd.graph.saved_tensors_hooks``), each counted once, on the
+node that allocated it: the first node that returned it, else the node running when it was
+saved (a node's internal tensors), else the last node that ran before (functional ops between
+modules, the loss). Parameters and buffers (model state) and the model's input (what a stage
+receives) are not counted.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -130,6 +141,80 @@ def _nbytes(tensors: list[torch.Tensor]) -> float:
     return float(sum(t.numel() * t.element_size() for t in tensors))
 
 
+def _storage(t: torch.Tensor) -> tuple[int, int] | None:
+    """(address, bytes) of a tensor's storage; None for an empty one or none (sparse, ...)."""
+    try:
+        st = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return (st.data_ptr(), st.nbytes()) if st.nbytes() else None
+
+
+def _storages(obj: Any) -> set[int]:
+    return {s[0] for s in map(_storage, _tensors(obj)) if s is not None}
+
+
+class _SavedTracker:
+    """Hooks for one forward: which storages autograd saves and which node allocated each."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor) -> None:
+        self.static = _storages(list(model.parameters()) + list(model.buffers()))
+        self.inputs = _storages(x)
+        self.producer: dict[int, str] = {}
+        self.packed: dict[int, tuple[int, str | None]] = {}
+        self.args: dict[str, set[int]] = {}
+        self.inplace: dict[str, bool] = {}
+        self.running: list[str] = []
+        self.last: str | None = None
+        self.alive: list = []  # every node's inputs and outputs: no address is reused meanwhile
+
+    def pre(self, nid: str, _m: nn.Module, args: Any) -> None:
+        self.alive.append(args)
+        self.args[nid] = _storages(args)
+        self.running.append(nid)
+
+    def post(self, nid: str, _m: nn.Module, _args: Any, out: Any) -> None:
+        self.alive.append(out)
+        self.running.pop()
+        self.last = nid
+        outs = _storages(out)
+        self.inplace[nid] = bool(outs) and outs <= self.args[nid]
+        for ptr in outs - self.inputs - self.static:
+            self.producer.setdefault(ptr, nid)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        s = _storage(t)
+        if s is not None and s[0] not in self.packed:
+            self.packed[s[0]] = (s[1], self.running[-1] if self.running else self.last)
+        return t
+
+    def saved_bytes(self, ids: list[str]) -> dict[str, float]:
+        out = dict.fromkeys(ids, 0.0)
+        for ptr, (nbytes, packed_in) in self.packed.items():
+            if ptr in self.static or ptr in self.inputs:
+                continue
+            owner = self.producer.get(ptr) or packed_in or ids[0]
+            out[owner] += float(nbytes)
+        return out
+
+
+def _memory_pass(model: nn.Module, mods: dict[str, nn.Module],
+                 x: torch.Tensor) -> tuple[dict[str, float], dict[str, bool]]:
+    """Saved bytes and in-place flag per node, from one forward + loss (no backward)."""
+    tracker = _SavedTracker(model, x)
+    handles = []
+    try:
+        for nid, m in mods.items():
+            handles += [m.register_forward_pre_hook(partial(tracker.pre, nid)),
+                        m.register_forward_hook(partial(tracker.post, nid))]
+        with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t):
+            _loss(model(x))
+    finally:
+        for h in handles:
+            h.remove()
+    return tracker.saved_bytes(list(mods)), tracker.inplace
+
+
 def _step(model: nn.Module, x: torch.Tensor, clock: _Clock) -> None:
     model.zero_grad(set_to_none=True)
     _loss(model(x)).backward()
@@ -215,6 +300,65 @@ def _update_rate(model: nn.Module, x: torch.Tensor, clock: "_Clock", warmup: int
     return statistics.median(times) / nbytes
 
 
+def _inplace_off(model: nn.Module) -> dict[nn.Module, bool]:
+    """Switch every module's ``inplace`` flag off; returns the flags as they were."""
+    flags = {m: m.inplace for m in model.modules() if isinstance(getattr(m, "inplace", None), bool)}
+    for m in flags:
+        m.inplace = False
+    return flags
+
+
+@dataclass
+class _Times:
+    """Per node, the times of each measured repetition (full and half microbatch)."""
+
+    fwd: dict[str, list[float]]
+    bwd: dict[str, list[float]]
+    fwd_half: dict[str, list[float]]
+    bwd_half: dict[str, list[float]]
+    total: list[float] = field(default_factory=list)
+    act: dict[str, float] = field(default_factory=dict)
+
+
+def _time_layers(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tensor, half: torch.Tensor,
+                 clock: _Clock, warmup: int, reps: int) -> _Times:
+    ids = list(mods)
+    t = _Times(*({nid: [] for nid in ids} for _ in range(4)))
+    for r in range(warmup + reps):
+        if x.shape[0] >= 2:  # half a microbatch: what a 2-way split replica runs
+            fh = _forward_times(model, mods, half, clock, {})
+            bh = _backward_times(model, mods, half, clock)
+            if r >= warmup:
+                for nid in ids:
+                    t.fwd_half[nid].append(fh[nid])
+                    t.bwd_half[nid].append(bh[nid])
+        f = _forward_times(model, mods, x, clock, t.act)
+        b = _backward_times(model, mods, x, clock)
+        t0 = time.perf_counter()
+        _step(model, x, clock)
+        total = time.perf_counter() - t0
+        if r >= warmup:
+            t.total.append(total)
+            for nid in ids:
+                t.fwd[nid].append(f[nid])
+                t.bwd[nid].append(b[nid])
+    return t
+
+
+def _fixed_parts(t: _Times, phi: float) -> dict[str, list[float]]:
+    """Time of a share phi of the microbatch: fixed + phi x (t - fixed), fitted from the full
+    and the half microbatch (weights read once per call do not shrink with the batch)."""
+    med = statistics.median
+    fixed = {}
+    for nid in t.fwd:
+        pair = []
+        for full_t, half_t in ((med(t.fwd[nid]), med(t.fwd_half[nid])), (med(t.bwd[nid]), med(t.bwd_half[nid]))):
+            c = (half_t - phi * full_t) / (1 - phi)
+            pair.append(min(max(c, 0.0), full_t))
+        fixed[nid] = pair
+    return fixed
+
+
 def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu", warmup: int = 3,
                   reps: int = 10, threads: int = 1) -> Graph:
     """Measure ``spec`` (see :func:`pipeplan.runtime.models.load_model`) layer by layer."""
@@ -228,67 +372,36 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
         model, x = load_model(spec, microbatch, seed=0)
         torch.manual_seed(0)
         model, x = model.to(dev).train(), x.to(dev)
-        for m in model.modules():
-            if isinstance(getattr(m, "inplace", None), bool):
-                m.inplace = False
+        flags = _inplace_off(model)
         ids, edges = _layers(model)
         mods = {nid: model.get_submodule(nid) for nid in ids}
         clock = _Clock(dev)
-        act: dict[str, float] = {}
-        fwd: dict[str, list[float]] = {nid: [] for nid in ids}
-        bwd: dict[str, list[float]] = {nid: [] for nid in ids}
-        total: list[float] = []
         half = x[: max(1, x.shape[0] // 2)]
-        fwd_half: dict[str, list[float]] = {nid: [] for nid in ids}
-        bwd_half: dict[str, list[float]] = {nid: [] for nid in ids}
         try:
-            for r in range(warmup + reps):
-                if x.shape[0] >= 2:  # half a microbatch: what a 2-way split replica runs
-                    fh = _forward_times(model, mods, half, clock, {})
-                    bh = _backward_times(model, mods, half, clock)
-                    if r >= warmup:
-                        for nid in ids:
-                            fwd_half[nid].append(fh[nid])
-                            bwd_half[nid].append(bh[nid])
-                f = _forward_times(model, mods, x, clock, act)
-                b = _backward_times(model, mods, x, clock)
-                t0 = time.perf_counter()
-                _step(model, x, clock)
-                t = time.perf_counter() - t0
-                if r >= warmup:
-                    total.append(t)
-                    for nid in ids:
-                        fwd[nid].append(f[nid])
-                        bwd[nid].append(b[nid])
+            times = _time_layers(model, mods, x, half, clock, warmup, reps)
+            update_rate = _update_rate(model, x, clock, warmup, reps)
+            model.zero_grad(set_to_none=True)
+            for m, flag in flags.items():
+                m.inplace = flag
+            saved, inplace = _memory_pass(model, mods, x.clone())
         except PipeplanError:
             raise
         except Exception as e:  # e.g. in-place ops that full backward hooks reject
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise PipeplanError(f"model {spec!r}: profiling failed ({type(e).__name__}: {reason})") from None
-        update_rate = _update_rate(model, x, clock, warmup, reps)
-        model.zero_grad(set_to_none=True)
     finally:
         torch.set_num_threads(old_threads)
     med = statistics.median
-    nodes = [NodeSpec(id=nid, fwd=med(fwd[nid]), bwd=med(bwd[nid]),
-                      params=_nbytes(list(mods[nid].parameters())), act=act.get(nid, 0.0),
-                      desc=_describe(mods[nid])) for nid in ids]
-    spread = {nid: [min(a + b for a, b in zip(fwd[nid], bwd[nid])),
-                    max(a + b for a, b in zip(fwd[nid], bwd[nid]))] for nid in ids}
-    # Time of a share phi of the microbatch: fixed + phi x (t - fixed), fitted from the full
-    # and the half microbatch (weights read once per call do not shrink with the batch).
-    fixed = {}
-    if x.shape[0] >= 2:
-        phi = half.shape[0] / x.shape[0]
-        for nid in ids:
-            pair = []
-            for full_t, half_t in ((med(fwd[nid]), med(fwd_half[nid])), (med(bwd[nid]), med(bwd_half[nid]))):
-                c = (half_t - phi * full_t) / (1 - phi)
-                pair.append(min(max(c, 0.0), full_t))
-            fixed[nid] = pair
+    nodes = [NodeSpec(id=nid, fwd=med(times.fwd[nid]), bwd=med(times.bwd[nid]),
+                      params=_nbytes(list(mods[nid].parameters())), act=times.act.get(nid, 0.0),
+                      desc=_describe(mods[nid]), inplace=inplace.get(nid, False), saved=saved[nid])
+             for nid in ids]
+    spread = {nid: [min(a + b for a, b in zip(times.fwd[nid], times.bwd[nid])),
+                    max(a + b for a, b in zip(times.fwd[nid], times.bwd[nid]))] for nid in ids}
+    fixed = _fixed_parts(times, half.shape[0] / x.shape[0]) if x.shape[0] >= 2 else {}
     meta = {"source": "pipeplan profile", "spec": spec, "device": str(dev), "threads": threads,
             "fixed_s": fixed, "update_s_per_byte": update_rate,
             "microbatch": int(x.shape[0]), "torch": torch.__version__, "warmup": warmup, "reps": reps,
-            "total_s": med(total), "spread": spread,
+            "total_s": med(times.total), "spread": spread,
             "reference": f"this machine, one process, {threads} thread{'s' if threads > 1 else ''}"}
     return Graph.from_nodes(spec.rsplit(":", 1)[-1], nodes, edges, meta=meta)

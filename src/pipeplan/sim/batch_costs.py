@@ -44,13 +44,6 @@ def _per_stage(owner: np.ndarray, weights: np.ndarray, s_count: int) -> np.ndarr
     return np.bincount(idx, weights=np.tile(weights, count), minlength=count * s_count).reshape(count, s_count)
 
 
-def _kept(g: Graph) -> np.ndarray:
-    kept = getattr(g, "saved", None)
-    kept = g.act if kept is None else kept
-    inplace = getattr(g, "inplace", None)
-    return kept if inplace is None else np.where(inplace, 0.0, kept)
-
-
 def _fixed(g: Graph) -> np.ndarray:
     fixed = np.zeros((2, len(g)))
     for nid, pair in (g.meta.get("fixed_s") or {}).items():
@@ -84,7 +77,7 @@ def batch_costs(g: Graph, owner: np.ndarray, s_count: int, recompute: np.ndarray
     fixed = _fixed(g)
     return BatchCosts(_per_stage(own, g.fwd, s_count), _per_stage(own, g.bwd, s_count),
                       _per_stage(own, fixed[0], s_count), _per_stage(own, fixed[1], s_count),
-                      _per_stage(own, g.params, s_count), _per_stage(own, _kept(g), s_count),
+                      _per_stage(own, g.params, s_count), _per_stage(own, g.saved, s_count),
                       np.concatenate([np.zeros((count, 1)), boundary], axis=1), boundary, crossing,
                       recompute.astype(bool), valid,
                       float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)))

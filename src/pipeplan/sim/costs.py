@@ -69,11 +69,7 @@ def stage_costs(plan: Plan) -> StageCosts:
         i = g.index.get(nid)
         if i is not None:
             fixed[:, i] = pair
-    kept = getattr(g, "saved", None)
-    kept = g.act if kept is None else kept
-    inplace = getattr(g, "inplace", None)
-    if inplace is not None:
-        kept = np.where(inplace, 0.0, kept)
+    kept = g.saved  # what autograd keeps per node (docs/memory.md); in-place nodes keep none of their own
     recompute = np.array([plan.recomputes(s) for s in range(s_count)], dtype=bool)
     return StageCosts(per(g.fwd), per(g.bwd), per(fixed[0]), per(fixed[1]), per(g.params), per(kept),
                       np.concatenate(([0.0], boundary)), boundary, crossing, recompute,
