@@ -8,7 +8,7 @@ import pytest
 
 from pipeplan.cli import main
 
-from conftest import PROFILE_TABLE, profile_path
+from conftest import profile_path
 
 
 def run_json(capsys, *argv):
@@ -39,9 +39,10 @@ def test_compare_json_shape(capsys):
     assert names == {"dp", "gpipe"}  # only the planners asked for
     for r in res["results"]:
         assert r["iteration_s"] > 0 and "search_s" in r and r["plan"]["stages"]
-    times = [r["iteration_s"] for r in res["results"]]
-    fits = [not r["over_memory"] for r in res["results"]]
-    assert all(a <= b for (a, fa), (b, fb) in zip(zip(times, fits), zip(times[1:], fits[1:])) if fa == fb)
+    fitting = [r["iteration_s"] for r in res["results"] if r["fits"]]
+    assert fitting == sorted(fitting)
+    flags = [r["fits"] for r in res["results"]]
+    assert flags == sorted(flags, reverse=True)  # plans that fit first
 
 
 def test_human_output(capsys, tmp_path):
@@ -63,7 +64,7 @@ def check_compare(res: dict) -> None:
         assert r["iteration_s"] > 0
         assert r["fits"] == (not r["over_memory"])
         if not r["fits"]:
-            assert "over by" in r["memory"] and r["over_memory_bytes"], r["memory"]
+            assert "over by" in r["memory"] and set(r["memory_over_bytes"]) == set(r["over_memory"]), r["memory"]
         stages = r["plan"]["stages"]
         assert sum(len(s["nodes"]) for s in stages) == len({n for s in stages for n in s["nodes"]})
 
@@ -74,7 +75,7 @@ def test_profiles_on_every_preset(name, capsys):
     for preset in PRESETS:
         check_compare(run_json(capsys, "compare", "--model", path, "--cluster", preset, "--microbatches", "8"))
         plan = run_json(capsys, "plan", "--model", path, "--cluster", preset, "--planner", "gpipe",
-                        "--microbatches", "2", "--allow-over-memory")
+                        "--microbatches", "2")
         assert plan["iteration_s"] > 0
 
 

@@ -29,7 +29,7 @@ REFERENCE = {"vgg16": ([3, 1], 0.1701790624), "alexnet": ([2, 1, 1], 0.022186)}
 def test_matches_published_program(model, capsys):
     path = str(profile_path(model))
     assert main(["plan", "--model", path, "--cluster", "hier:servers=1,gpus=4,intra=10GB/s",
-                 "--planner", "pipedream", "--json", "--allow-over-memory"]) == 0
+                 "--planner", "pipedream", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     replication, objective = REFERENCE[model]
     assert [len(s["devices"]) for s in plan["stages"]] == replication

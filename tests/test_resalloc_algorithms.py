@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeplan.errors import PipeplanError
+from pipeplan.errors import Infeasible, PipeplanError
 from pipeplan.planners.resalloc.allocation import (batch_allocation, closed_form_allocation, closed_form_beta,
                                                    greedy_allocation, optimal_allocation, times_for)
 from pipeplan.planners.resalloc.grouping import (EXAMPLE_DEVICE_KINDS, EXAMPLE_WORKLOAD, _set_partitions,
@@ -87,7 +87,7 @@ def test_allocation_edge_cases():
         assert max(times_for(f_rows[k], g_rows[k], rows_beta[k])) == pytest.approx(t)
     with pytest.raises(PipeplanError, match="constant"):
         closed_form_allocation([1.0, 2.0], [1.0, 1.0])
-    with pytest.raises(PipeplanError, match="forward"):
+    with pytest.raises(Infeasible, match="forward"):
         optimal_allocation([np.inf, np.inf], [1.0, 1.0])
     with pytest.raises(PipeplanError, match="positive"):
         optimal_allocation([0.0], [1.0])
@@ -164,11 +164,11 @@ def test_partition_errors():
         partition([[1.0]], [[1.0]], [0.0], 0)
     with pytest.raises(PipeplanError, match="comm"):
         partition([[1.0]], [[1.0]], [0.0, 1.0], 1)
-    with pytest.raises(PipeplanError, match="layer 1"):
+    with pytest.raises(Infeasible, match="layer 1"):
         partition([[1.0, np.inf], [np.inf, np.inf]], [[1.0, 1.0], [1.0, 1.0]], [0.0, 0.0], 2)
     disjoint = [[1.0, np.inf], [np.inf, 1.0]]           # layer 0 on resource 0 only, layer 1 on 1 only
     assert partition(disjoint, disjoint, [0.5, 0.0], 2)[1] == [(0, 0), (1, 1)]
-    with pytest.raises(PipeplanError, match="at most 1 runs"):
+    with pytest.raises(Infeasible, match="at most 1 runs"):
         partition(disjoint, disjoint, [0.5, 0.0], 1)
     with pytest.raises(PipeplanError, match="method"):
         partition([[1.0]], [[1.0]], [0.0], 1, method="fast")

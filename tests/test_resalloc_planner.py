@@ -34,7 +34,7 @@ def test_plans_every_depth_and_allocation_helps():
 
 def test_chooses_a_depth_on_mobile_4(capsys):
     assert main(["plan", "--model", str(profile_path("alexnet")), "--cluster", "mobile-4", "--planner",
-                 "resalloc", "--microbatches", "8", "--json", "--allow-over-memory"]) == 0
+                 "resalloc", "--microbatches", "8", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["schedule"] == "fb-parallel" and d["resalloc"]["depth"] >= 1 and d["iteration_s"] > 0
     assert main(["compare", "--model", "zoo:googlenet?microbatch=8", "--cluster", "mobile-4", "--json"]) == 0
@@ -53,8 +53,32 @@ def test_heterogeneous_grouping():
 
 
 @pytest.mark.parametrize("opt,fragment", [("beta=1.5", "beta must be in"), ("depth=9", "depth must be"),
-                                          ("beta=x", "expected a number")])
+                                          ("beta=x", "option beta='x': expected a number"),
+                                          ("depth=2.5", "option depth='2.5': expected an integer"),
+                                          ("alpha=1", "has no option 'alpha' (its options: beta, depth)")])
 def test_bad_options(opt, fragment, capsys):
     assert main(["plan", "--model", "zoo:alexnet", "--cluster", "mobile-4", "--planner", "resalloc",
                  "-O", opt]) == 2
-    assert fragment in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
+
+
+SPLIT = """devices:
+  - {name: a, memory: 16GiB, resources: [{name: cpu, fwd_speed: 1, bwd_speed: 1}]}
+  - {name: b, memory: 16GiB, resources: [{name: gpu, fwd_speed: 4, bwd_speed: 4}]}
+bandwidth: 1e9
+"""
+
+
+def test_a_depth_that_cannot_run_is_skipped(tmp_path, capsys):
+    """Two workers {cpu} and {gpu}: Alg. 1 gives every worker the weakest one's resources,
+    none, so depth 2 cannot run; depth 1 (one worker with both) can."""
+    path = tmp_path / "split.yaml"
+    path.write_text(SPLIT)
+    argv = ["plan", "--model", "zoo:alexnet", "--cluster", str(path), "--planner", "resalloc", "-O", "beta=0.5"]
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["resalloc"]["depth"] == 1 and plan["stages"][0]["devices"] == ["a", "b"]
+    assert main([*argv, "-O", "depth=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no pipeline depth can run" in err and "layer 0 cannot run" in err

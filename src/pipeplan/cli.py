@@ -1,4 +1,5 @@
-"""``pipeplan`` command line: plan, simulate, compare, models, clusters.
+"""``pipeplan`` command line: plan, simulate, compare, planners, models, clusters, profile,
+calibrate, run. It parses, calls the library, and prints.
 
 Errors a user can cause print one line and exit with code 2; nothing is half-written.
 """
@@ -71,8 +72,7 @@ def _options(args):
             raise PipeplanError(f"-O/--planner-option: expected KEY=VALUE, got {item!r}")
         extra.append((key, value))
     return PlanOptions(microbatches=args.microbatches or 32, schedule=getattr(args, "schedule", None),
-                       optimizer=args.optimizer, allow_over_memory=args.allow_over_memory,
-                       extra=tuple(extra), global_batch=_global_batch(args))
+                       optimizer=args.optimizer, extra=tuple(extra), global_batch=_global_batch(args))
 
 
 def _global_batch(args) -> int | None:
@@ -137,13 +137,13 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .planners.compare import compare, default_planners
+    from .planners.compare import best_row, compare, default_planners
     from .report import print_compare
 
     graph, cluster = _load_inputs(args)
     names = args.planners.split(",") if args.planners else default_planners(cluster)
     rows = compare(graph, cluster, names, _options(args))
-    top = rows[0] if rows and rows[0].result is not None else None
+    top = best_row(rows) if any(r.result is not None for r in rows) else None
     if args.gantt and top is not None:
         from .viz import draw_gantt
 
@@ -249,6 +249,27 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_planners(args) -> int:
+    from rich.table import Table
+
+    from .planners.base import planner_catalog
+    from .report import make_console
+
+    entries = planner_catalog()
+    if args.json:
+        print(json.dumps({"planners": entries}))
+        return 0
+    table = Table(title="planners (use as --planner NAME; options as -O KEY=VALUE)")
+    for col in ("name", "description", "schedule", "options"):
+        table.add_column(col)
+    for e in entries:
+        opts = "\n".join(f"{o['name']} ({o['type']}, default {o['default']}): {o['help']}"
+                         + (f" [{'|'.join(o['choices'])}]" if "choices" in o else "") for o in e["options"])
+        table.add_row(e["name"], e["description"], e["default_schedule"], opts or "-")
+    make_console().print(table)
+    return 0
+
+
 def cmd_models(args) -> int:
     from rich.table import Table
 
@@ -314,10 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"],
                         help="optimizer whose state counts in memory (default adam)")
         sp.add_argument("--memory-limit", help="memory per device, overriding the cluster's (e.g. 16GiB)")
-        sp.add_argument("--allow-over-memory", action="store_true",
-                        help="keep plans that overflow a device's memory (flagged) instead of refusing them")
         sp.add_argument("-O", "--planner-option", action="append", metavar="KEY=VALUE",
-                        help="planner-specific option, e.g. straight=1 or compression=10 for pipedream")
+                        help="planner option, e.g. replicas=split for dp ('pipeplan planners' lists them)")
         sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
 
     sp = sub.add_parser("plan", help="plan one model on one cluster")
@@ -377,6 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_run)
 
+    sp = sub.add_parser("planners", help="list the planners, their default schedules and options")
+    sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    sp.set_defaults(fn=cmd_planners)
     sp = sub.add_parser("models", help="list the zoo models")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_models)

@@ -68,14 +68,26 @@ def print_prediction(result: SimResult, console: Console, plan: Plan | None = No
                       f"{variant['recompute'] or 'none'}")
 
 
+def _fits_cell(row: dict) -> str:
+    """"yes", or "no:" with the device that overflows most, its stage, and by how much."""
+    if row["fits"]:
+        return "yes"
+    over = row["memory_over_bytes"]
+    worst = max(over, key=over.get)
+    stage = next(k for k, s in enumerate(row["plan"]["stages"]) if worst in s["devices"])
+    return f"[red]no: {worst} (stage {stage}) over by {fmt_bytes(over[worst])}[/red]"
+
+
 def print_compare(rows: list[dict], title: str, console: Console | None = None) -> None:
+    """The rows of ``CompareRow.to_dict``: a plan that does not fit names its worst device
+    and by how much; a planner that could not plan shows its reason."""
     console = console or make_console()
     table = Table(title=title)
     gap = any(r.get("gap_vs_exact") is not None for r in rows)
     cols = ["rank", "planner", "stages", "replication", "iteration", "speedup vs dp", "efficiency",
-            *(["gap to exact"] if gap else []), "search", "memory"]
+            *(["gap to exact"] if gap else []), "search", "fits"]
     for col in cols:
-        table.add_column(col, justify="left" if col in ("planner", "replication", "memory") else "right")
+        table.add_column(col, justify="left" if col in ("planner", "replication", "fits") else "right")
     for k, r in enumerate(rows, start=1):
         if "error" in r:
             table.add_row("-", r["planner"], *["-"] * (len(cols) - 3), f"[red]{r['error']}[/red]")
@@ -88,5 +100,5 @@ def print_compare(rows: list[dict], title: str, console: Console | None = None) 
                       f"{r['efficiency']:.1%}",
                       *([f"{r['gap_vs_exact']:+.1%}"] if gap else []),
                       fmt_time(r["search_s"]),
-                      "fits" if r["fits"] else f"[red]{r['memory']}[/red]")
+                      _fits_cell(r))
     console.print(table)

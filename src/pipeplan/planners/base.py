@@ -1,16 +1,21 @@
-"""What every planner takes and the registry that names them.
+"""What every planner takes, the registry that names them, and ``run_planner``.
 
 A planner is ``plan(graph, cluster, options) -> Plan``; the caller simulates the plan for its
-prediction (``evaluate``), so every planner is judged by the same simulator.
+prediction (``evaluate``), so every planner is judged by the same simulator. A planner's own
+settings (``-O KEY=VALUE``) are a frozen dataclass given at registration; ``planner_options``
+parses ``PlanOptions.extra`` into it, so an unknown key or a bad value is one clear error.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+import types
+import typing
+from dataclasses import MISSING, dataclass, fields, is_dataclass
+from typing import Any, Callable, TypeVar
 
 import numpy as np
-from typing import Callable
 
 from ..cluster import Cluster
 from ..errors import PipeplanError
@@ -20,6 +25,8 @@ from ..sim import SimResult, simulate
 from ..units import fmt_bytes
 from .variants import fit_memory, plan_for_global_batch
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class PlanOptions:
@@ -28,9 +35,11 @@ class PlanOptions:
     optimizer: str = "adam"
     seed: int = 0
     time_budget_s: float = 60.0
-    allow_over_memory: bool = False  # keep a plan that overflows (what-if runs)
+    #: what-if runs: planners ignore memory when they choose, and no fitting variant is
+    #: looked for (the plan is still flagged when it overflows)
+    allow_over_memory: bool = False
     global_batch: int | None = None  # samples per iteration: the planner layer picks microbatch size and M
-    extra: tuple[tuple[str, str], ...] = ()  # planner-specific KEY=VALUE options (-O)
+    extra: tuple[tuple[str, str], ...] = ()  # planner-specific KEY=VALUE options (-O), see planner_options
 
     def option(self, key: str, default: str | None = None) -> str | None:
         return dict(self.extra).get(key, default)
@@ -45,21 +54,125 @@ class PlanOptions:
             raise PipeplanError(f"planner option {key}={v!r}: expected a number") from None
 
 
+# -- typed planner options -------------------------------------------------------------------
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _base_type(hint: Any) -> tuple[type, bool]:
+    """(bool|int|float|str, optional) of a field's type hint."""
+    optional = False
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(hint))
+        hint = args[0] if len(args) == 1 else None
+    if hint not in _EXPECTED:
+        raise TypeError(f"planner option type {hint!r}: use bool, int, float, str or an Optional of one")
+    return hint, optional
+
+
+def _parse_value(text: str, hint: Any, choices: tuple[str, ...] | None) -> Any:
+    """``text`` as ``hint``; ValueError naming what was expected."""
+    base, optional = _base_type(hint)
+    expected = f"one of {', '.join(choices)}" if choices else _EXPECTED[base]
+    if optional and text.strip().lower() == "none":
+        return None
+    value: Any
+    if base is bool:
+        low = text.strip().lower()
+        if low not in _TRUE + _FALSE:
+            raise ValueError(expected)
+        value = low in _TRUE
+    elif base in (int, float):
+        try:
+            value = base(text)
+        except ValueError:
+            raise ValueError(expected) from None
+        if math.isnan(value):
+            raise ValueError(expected)
+    else:
+        value = text
+    if choices and value not in choices:
+        raise ValueError(expected)
+    return value
+
+
+def option_fields(cls: type) -> list[dict[str, Any]]:
+    """Name, type, default, help (and choices) of each field of an options dataclass."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        if f.default is MISSING:
+            raise TypeError(f"planner option {f.name!r} of {cls.__name__}: needs a default")
+        base, optional = _base_type(hints[f.name])
+        row = {"name": f.name, "type": base.__name__ + (" | None" if optional else ""),
+               "default": f.default, "help": f.metadata.get("help", "")}
+        if f.metadata.get("choices"):
+            row["choices"] = list(f.metadata["choices"])
+        out.append(row)
+    return out
+
+
+def planner_options(cls: type[T], options: PlanOptions, planner: str) -> T:
+    """``options.extra`` (``-O KEY=VALUE`` pairs; the last of a key wins) as the frozen
+    dataclass ``cls``: fields typed bool, int, float, str or Optional of one (``none``),
+    ``metadata={"help": ..., "choices": (...)}``. An unknown key or a value that does not
+    parse is a PipeplanError naming the planner, the key and what it takes."""
+    known = {f.name: f for f in fields(cls)}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for key, text in options.extra:
+        f = known.get(key)
+        if f is None:
+            what = f"its options: {', '.join(known)}" if known else "it takes none"
+            raise PipeplanError(f"planner {planner!r} has no option {key!r} ({what})")
+        try:
+            values[key] = _parse_value(text, hints[key], f.metadata.get("choices"))
+        except ValueError as e:
+            raise PipeplanError(f"planner {planner!r}: option {key}={text!r}: expected {e}") from None
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a planner that takes none."""
+
+
+# -- the registry ----------------------------------------------------------------------------
+
 @dataclass(frozen=True)
 class PlannerInfo:
     name: str
     description: str
     default_schedule: str
     fn: Callable[[Graph, Cluster, PlanOptions], Plan]
+    options: type = NoOptions  # the frozen dataclass its -O options parse into
     memory_variants: bool = True  # False: the plan is kept as its program returns it, flagged
+
+    def parse_options(self, options: PlanOptions) -> Any:
+        return planner_options(self.options, options, self.name)
+
+    def describe(self) -> dict[str, Any]:
+        """What ``pipeplan planners`` lists."""
+        return {"name": self.name, "description": self.description, "default_schedule": self.default_schedule,
+                "options": option_fields(self.options)}
 
 
 REGISTRY: dict[str, PlannerInfo] = {}
 
 
-def register(name: str, description: str, default_schedule: str, memory_variants: bool = True):
+def register(name: str, description: str, default_schedule: str, options: type | None = None,
+             memory_variants: bool = True):
+    """Register ``fn(graph, cluster, PlanOptions) -> Plan`` under ``name``; ``options``: the
+    frozen dataclass of its ``-O`` options (None: it takes none)."""
+    if options is not None and not is_dataclass(options):
+        raise TypeError(f"planner {name!r}: options must be a dataclass, got {options!r}")
+    cls = options or NoOptions
+    option_fields(cls)  # a field of an unsupported type fails at import, not at the user
+
     def deco(fn: Callable[[Graph, Cluster, PlanOptions], Plan]):
-        REGISTRY[name] = PlannerInfo(name, description, default_schedule, fn, memory_variants)
+        REGISTRY[name] = PlannerInfo(name, description, default_schedule, fn, cls, memory_variants)
         return fn
     return deco
 
@@ -73,13 +186,24 @@ def get_planner(name: str) -> PlannerInfo:
     return info
 
 
+def planner_catalog() -> list[dict[str, Any]]:
+    """Every planner: name, description, default schedule, options (``pipeplan planners``)."""
+    get_planner("dp")  # loads the registry
+    return [REGISTRY[n].describe() for n in sorted(REGISTRY)]
+
+
+# -- running a planner -----------------------------------------------------------------------
+
 def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions) -> tuple[Plan, SimResult]:
-    """Plan, time the search, simulate, and store the prediction in the plan. With
-    ``options.global_batch`` the microbatch size and count are chosen too (every split the
-    planner is run on counts as search time)."""
+    """Plan, time the search, simulate, and store the prediction in the plan. Every planner
+    answers: a plan that overflows a device is replaced by its fastest variant that fits
+    (``variants.fit_memory``), or kept and flagged (``result.over_memory``) when none does.
+    With ``options.global_batch`` the microbatch size and count are chosen too (every split
+    the planner is run on counts as search time)."""
     if options.microbatches < 1:
         raise PipeplanError(f"--microbatches must be >= 1, got {options.microbatches}")
     info = get_planner(name)
+    info.parse_options(options)  # bad -O options are a user error before any work
     t0 = time.perf_counter()
     if options.global_batch is not None:
         plan = plan_for_global_batch(info.fn, graph, cluster, options, options.global_batch,
@@ -90,12 +214,18 @@ def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions)
     plan.search_s = time.perf_counter() - t0
     plan.planner = name
     result = evaluate(plan)
-    if result.over_memory and info.memory_variants and not options.allow_over_memory:  # its plan,
-        fitted = fit_memory(plan)  # or its fastest variant that fits (planning time too)
+    if result.over_memory and info.memory_variants and not options.allow_over_memory:
+        fitted = fit_memory(plan)  # its fastest variant that fits (planning time too)
         if fitted is not plan:
             fitted.search_s, fitted.planner = time.perf_counter() - t0, name
             plan, result = fitted, evaluate(fitted)
     return plan, result
+
+
+def memory_over_bytes(result: SimResult) -> dict[str, float]:
+    """Each device over its memory: by how many bytes."""
+    return {d: float(m - lim) for d, m, lim in zip(result.devices, result.memory_bytes, result.memory_limit)
+            if m > lim}
 
 
 def overflow_text(result: SimResult) -> str:

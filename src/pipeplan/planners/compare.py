@@ -1,29 +1,34 @@
 """Compare planners on the same inputs, and ``best``: the fastest plan that fits.
 
-Every planner answers (its plan, flagged when it does not fit); a row carries an error
-only when the planner cannot plan this instance at all (e.g. too large for ``exact``).
+Every planner answers (its plan, or its fastest variant that fits, flagged when none does);
+a row carries an error only when the planner cannot plan this instance at all (e.g. too
+large for ``exact``, or no link to run a pipeline over). ``-O KEY=VALUE`` options go to the
+compared planners that declare KEY; a key none of them declares is a user error.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..cluster import Cluster
 from ..errors import Infeasible, PipeplanError
 from ..graph import Graph
 from ..plan import Plan
 from ..sim import SimResult
-from .base import REGISTRY, PlanOptions, get_planner, overflow_text, run_planner
+from .base import REGISTRY, PlanOptions, get_planner, memory_over_bytes, option_fields, overflow_text, run_planner
+from .variants import overflow_ratio
 
 
 @dataclass
 class CompareRow:
+    """One planner's answer: its plan and simulation, or the one-line reason it has none."""
+
     planner: str
     plan: Plan | None = None
     result: SimResult | None = None
     error: str | None = None
-    speedup_vs_dp: float | None = None
-    gap_vs_exact: float | None = None
+    speedup_vs_dp: float | None = None  # dp's iteration / this one's (dp's plan fits)
+    gap_vs_exact: float | None = None  # this iteration / exact's - 1 (exact's plan fits)
 
     @property
     def fits(self) -> bool:
@@ -34,6 +39,24 @@ class CompareRow:
         return self.result.iteration_s if self.result is not None else float("inf")
 
     @property
+    def search_s(self) -> float | None:
+        return self.plan.search_s if self.plan is not None else None
+
+    @property
+    def efficiency(self) -> float | None:
+        return self.result.efficiency if self.result is not None else None
+
+    @property
+    def over_memory(self) -> list[str]:
+        """The devices over their memory."""
+        return list(self.result.over_memory) if self.result is not None else []
+
+    @property
+    def memory_over_bytes(self) -> dict[str, float]:
+        """Each device over its memory: by how many bytes."""
+        return memory_over_bytes(self.result) if self.result is not None else {}
+
+    @property
     def memory_verdict(self) -> str:
         return self.error or overflow_text(self.result)
 
@@ -41,13 +64,11 @@ class CompareRow:
         """The JSON row of ``pipeplan compare --json``."""
         if self.result is None:
             return {"planner": self.planner, "error": self.error}
-        r, p = self.result, self.plan
-        over = {d: float(m - lim) for d, m, lim in zip(r.devices, r.memory_bytes, r.memory_limit) if m > lim}
-        return {"planner": self.planner, "iteration_s": r.iteration_s, "search_s": p.search_s,
-                "efficiency": r.efficiency, "replication": p.replication(), "fits": self.fits,
-                "over_memory": r.over_memory, "over_memory_bytes": over, "memory": self.memory_verdict,
-                "speedup_vs_dp": self.speedup_vs_dp, "gap_vs_exact": self.gap_vs_exact,
-                "plan": p.to_dict(embed=False)}
+        return {"planner": self.planner, "iteration_s": self.iteration_s, "search_s": self.search_s,
+                "efficiency": self.efficiency, "replication": self.plan.replication(), "fits": self.fits,
+                "over_memory": self.over_memory, "memory_over_bytes": self.memory_over_bytes,
+                "memory": self.memory_verdict, "speedup_vs_dp": self.speedup_vs_dp,
+                "gap_vs_exact": self.gap_vs_exact, "plan": self.plan.to_dict(embed=False)}
 
 
 def default_planners(cluster: Cluster) -> list[str]:
@@ -58,15 +79,32 @@ def default_planners(cluster: Cluster) -> list[str]:
     return sorted(n for n in REGISTRY if n != "exact" and (n != "resalloc" or multi))
 
 
-def compare(graph: Graph, cluster: Cluster, planners: list[str], options: PlanOptions) -> list[CompareRow]:
-    """One row per planner: plans that fit first, fastest first; then those that overflow;
-    then errors."""
+def options_per_planner(planners: list[str], options: PlanOptions) -> dict[str, PlanOptions]:
+    """Each planner's options with only the ``-O`` keys it declares, checked (bad values are
+    PipeplanErrors before any work); a key no compared planner declares is a PipeplanError."""
+    declared = {name: {f["name"] for f in option_fields(get_planner(name).options)} for name in planners}
+    for key, _ in options.extra:
+        if not any(key in keys for keys in declared.values()):
+            known = "; ".join(f"{n}: {', '.join(sorted(k))}" for n, k in declared.items() if k) or "none"
+            raise PipeplanError(f"planner option {key!r} is not an option of any compared planner "
+                                f"(their options: {known})")
+    out = {}
     for name in planners:
-        get_planner(name)  # an unknown name is a user error before any work
+        mine = replace(options, extra=tuple((k, v) for k, v in options.extra if k in declared[name]))
+        get_planner(name).parse_options(mine)
+        out[name] = mine
+    return out
+
+
+def compare(graph: Graph, cluster: Cluster, planners: list[str], options: PlanOptions) -> list[CompareRow]:
+    """One row per planner: plans that fit first, fastest first; then those that overflow,
+    least over first (largest memory / limit); then errors (a planner that cannot plan this
+    instance). So the first row is ``best_row``'s choice."""
+    per_planner = options_per_planner(planners, options)  # unknown names and bad options first
     rows = []
     for name in planners:
         try:
-            plan, result = run_planner(name, graph, cluster, options)
+            plan, result = run_planner(name, graph, cluster, per_planner[name])
             rows.append(CompareRow(name, plan, result))
         except (PipeplanError, Infeasible) as e:
             rows.append(CompareRow(name, error=str(e)))
@@ -76,13 +114,23 @@ def compare(graph: Graph, cluster: Cluster, planners: list[str], options: PlanOp
     for r in ok:
         r.speedup_vs_dp = dp / r.iteration_s if dp and r.iteration_s > 0 else None
         r.gap_vs_exact = r.iteration_s / exact - 1.0 if exact else None
-    ok.sort(key=lambda r: (not r.fits, r.iteration_s))
+    ok.sort(key=lambda r: (0.0, r.iteration_s) if r.fits else (overflow_ratio(r.result), r.iteration_s))
     return ok + [r for r in rows if r.result is None]
 
 
+def best_row(rows: list[CompareRow]) -> CompareRow:
+    """The fastest row that fits; if none fits, the one that overflows least (largest memory /
+    limit over its devices), flagged by ``fits``. PipeplanError when no planner answered."""
+    answered = [r for r in rows if r.result is not None]
+    if not answered:
+        raise PipeplanError("no planner could plan this: " + "; ".join(f"{r.error}" for r in rows))
+    fitting = [r for r in answered if r.fits]
+    if fitting:
+        return min(fitting, key=lambda r: r.iteration_s)
+    return min(answered, key=lambda r: (overflow_ratio(r.result), r.iteration_s))
+
+
 def best(graph: Graph, cluster: Cluster, options: PlanOptions, planners: list[str] | None = None) -> CompareRow:
-    """The fastest plan that fits; if none fits, the fastest one, flagged."""
-    rows = compare(graph, cluster, planners or default_planners(cluster), options)
-    if rows[0].result is None:
-        raise PipeplanError("; ".join(r.error or "" for r in rows))
-    return rows[0]
+    """The fastest plan that fits among ``planners`` (default: ``default_planners``); if none
+    fits, the one that overflows least, flagged."""
+    return best_row(compare(graph, cluster, planners or default_planners(cluster), options))

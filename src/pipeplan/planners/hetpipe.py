@@ -17,7 +17,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..graph import Graph
 from ..plan import Plan, Stage
-from ..errors import PipeplanError
+from ..errors import Infeasible
 from .base import PlanOptions, fits, register
 from .pipedream import run_pipedream
 from .pipedream_dp import DPOptions, Level
@@ -39,8 +39,8 @@ def plan_hetpipe(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
         try:
             plan = _hetpipe_plan(graph, cluster, options, DPOptions(
                 straight_pipeline=True, memory_size=float(cluster.memory.min())))
-        except PipeplanError:
-            pass  # reported as over memory by the caller
+        except Infeasible:
+            pass  # no partition fits: the balanced one, flagged by the caller
     return plan
 
 

@@ -19,15 +19,17 @@ plan as ``levels_flattened``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from ..cluster import Cluster
-from ..errors import PipeplanError
+from ..errors import Infeasible
 from ..graph import Graph
 from ..graph.antichain import AntichainDag, TooManyStates, antichain_dag, compress_branches
 from ..plan import Plan, Stage
 from ..units import parse_bytes
-from .base import PlanOptions, register
+from .base import PlanOptions, planner_options, register
 from .pipedream_dp import DPOptions, DPResult, Level, solve
 
 MAX_STATES = 5000
@@ -126,7 +128,7 @@ def run_pipedream(graph: Graph, cluster: Cluster, opts: DPOptions = DPOptions(),
         groups_of_devices = [[d for grp in groups_of_devices for d in grp]]
     result = solve(dag, levels, opts, out_act)
     if not result.stages:
-        raise PipeplanError(f"pipedream: no partition of {graph.name!r} fits the memory limit")
+        raise Infeasible(f"pipedream: no partition of {graph.name!r} fits the memory limit")
     nodes = stage_nodes(graph, dag, groups, result)
     devices = _map_devices(result, levels, groups_of_devices, cluster)
     notes = {"levels": [{"workers": lv.workers, "bandwidth": lv.bandwidth} for lv in levels],
@@ -157,20 +159,25 @@ def _map_devices(result: DPResult, levels: list[Level], groups: list[list[int]],
     return out
 
 
+@dataclass(frozen=True)
+class PipedreamOptions:
+    straight: bool = field(default=False, metadata={"help": "no replication (PipeDream's --straight_pipeline)"})
+    compression: float | None = field(default=None, metadata={
+        "help": "count inter-stage transfers, with PipeDream's activation compression ratio"})
+    memory: str | None = field(default=None, metadata={
+        "help": "memory per worker (e.g. 16GiB) for PipeDream's memory-constrained DP; none: no check"})
+
+
 @register("pipedream", "PipeDream's optimizer: antichain DP with replication over a hierarchical "
-          "topology (SOSP'19)", "1f1b", memory_variants=False)
+          "topology (SOSP'19)", "1f1b", options=PipedreamOptions, memory_variants=False)
 def plan_pipedream(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """What PipeDream's program returns: no memory check unless asked (``-O memory=16GiB``:
     its ``--use_memory_constraint`` with that memory per worker); the simulator's memory
-    verdict is reported beside the plan. Other options (``-O KEY=VALUE``): ``straight=1``
-    (no replication), ``compression=RATIO`` (count transfers, PipeDream's activation
-    compression ratio)."""
-    straight = options.option("straight", "0") not in ("0", "false", "no")
-    ratio = options.float_option("compression")
-    memory = options.option("memory")
-    limit = parse_bytes(memory, "pipedream -O memory") if memory is not None else None
-    return _pipedream_plan(graph, cluster, options, DPOptions(straight_pipeline=straight,
-                                                               activation_compression_ratio=ratio,
+    verdict is reported beside the plan."""
+    opts = planner_options(PipedreamOptions, options, "pipedream")
+    limit = parse_bytes(opts.memory, "pipedream -O memory") if opts.memory is not None else None
+    return _pipedream_plan(graph, cluster, options, DPOptions(straight_pipeline=opts.straight,
+                                                               activation_compression_ratio=opts.compression,
                                                                memory_size=limit))
 
 

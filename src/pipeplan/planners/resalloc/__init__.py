@@ -21,15 +21,17 @@ to their speeds and all-reduce their gradients — pipeplan's cost model, where 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from ...cluster import Cluster
 from ...costmodel import transfer_time
-from ...errors import PipeplanError
+from ...errors import Infeasible, PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan, Stage
 from ...sim import simulate
-from ..base import PlanOptions, register
+from ..base import PlanOptions, planner_options, register
 from .grouping import local_search_groups
 from .partition import partition
 
@@ -110,28 +112,41 @@ def plan_for_depth(graph: Graph, cluster: Cluster, q: int, options: PlanOptions,
                                     "beta": "optimal (LP)" if beta is None else beta}})
 
 
+@dataclass(frozen=True)
+class ResallocOptions:
+    beta: float | None = field(default=None, metadata={
+        "help": "one forward share in (0, 1) for every resource (0.5: the paper's 'without resource "
+                "allocation'); default: each worker's optimum, the LP of §IV-A"})
+    depth: int | None = field(default=None, metadata={
+        "help": "pipeline depth q (workers); default: every q from 1 to min(devices, layers), the "
+                "fastest kept"})
+
+
 @register("resalloc", "resource allocation: forward/backward split of each device's resources, "
-          "binary-search partition, grouping of heterogeneous devices", "fb-parallel")
+          "binary-search partition, grouping of heterogeneous devices", "fb-parallel", options=ResallocOptions)
 def plan_resalloc(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
-    beta = options.float_option("beta")
-    if beta is not None and not 0 < beta < 1:
-        raise PipeplanError(f"resalloc: beta must be in (0, 1), got {beta}")
-    depth = options.option("depth")
-    n_layers = len(graph)
-    if depth is not None:
-        if not depth.isdigit() or not 1 <= int(depth) <= min(len(cluster), n_layers):
-            raise PipeplanError(f"resalloc: depth must be an integer in 1..{min(len(cluster), n_layers)}")
-        depths = [int(depth)]
-    else:
-        depths = list(range(1, min(len(cluster), n_layers) + 1))
-    best, over = None, None
-    for q in depths:
-        plan = plan_for_depth(graph, cluster, q, options, beta)
-        r = simulate(plan, timeline=False)
+    """The fastest depth that fits (else the one that overflows least); a depth whose
+    partition cannot run (a pass no resource of the weakest worker can run) is skipped."""
+    opts = planner_options(ResallocOptions, options, "resalloc")
+    deepest = min(len(cluster), len(graph))
+    if opts.beta is not None and not 0 < opts.beta < 1:
+        raise PipeplanError(f"resalloc: beta must be in (0, 1), got {opts.beta}")
+    if opts.depth is not None and not 1 <= opts.depth <= deepest:
+        raise PipeplanError(f"resalloc: depth must be an integer in 1..{deepest}, got {opts.depth}")
+    best, over, reason = None, None, None
+    for q in [opts.depth] if opts.depth is not None else range(1, deepest + 1):
+        try:
+            plan = plan_for_depth(graph, cluster, q, options, opts.beta)
+            r = simulate(plan, timeline=False)
+        except Infeasible as e:
+            reason = f"depth {q}: {e}"
+            continue
         if r.over_memory and not options.allow_over_memory:
             excess = float((r.memory_bytes - r.memory_limit).max())
             over = (excess, plan) if over is None or excess < over[0] else over
             continue
         if best is None or r.iteration_s < best[0]:
             best = (r.iteration_s, plan)
+    if best is None and over is None:
+        raise Infeasible(f"resalloc: no pipeline depth can run on {cluster.name!r} ({reason})")
     return best[1] if best is not None else over[1]  # nothing fits: the plan that overflows least

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linprog
 
-from ...errors import PipeplanError
+from ...errors import Infeasible, PipeplanError
 
 __all__ = ["optimal_allocation", "closed_form_beta", "closed_form_allocation", "times_for",
            "greedy_allocation", "batch_allocation", "batch_time"]
@@ -43,9 +43,9 @@ def _pair(f, g) -> tuple[np.ndarray, np.ndarray]:
             raise PipeplanError(f"resource allocation: {name} must hold positive times (inf = resource "
                                 f"unusable), got {x.tolist()}")
     if np.isinf(f).all():
-        raise PipeplanError("resource allocation: no resource can run the forward pass (all f are inf)")
+        raise Infeasible("resource allocation: no resource can run the forward pass (all f are inf)")
     if np.isinf(g).all():
-        raise PipeplanError("resource allocation: no resource can run the backward pass (all g are inf)")
+        raise Infeasible("resource allocation: no resource can run the backward pass (all g are inf)")
     return f, g
 
 

@@ -28,7 +28,7 @@ from itertools import combinations
 
 import numpy as np
 
-from ...errors import PipeplanError
+from ...errors import Infeasible, PipeplanError
 from .allocation import batch_allocation, optimal_allocation, times_for
 
 __all__ = ["feasible", "partition", "brute_force_partition", "paper_bounds", "run_costs"]
@@ -144,7 +144,7 @@ def partition(lf, lg, comm, n: int, beta=None, eps: float | None = None,
     infeasible -> x = mid + eps, feasible -> y = mid). The printed bounds are not always valid
     (one resource: the whole model takes f + g > max(f, g); m >= 3 identical resources: a layer
     can take less than min_j f_j), so they are widened to [min(x, max single-layer cost),
-    max(y, whole-model cost)]. The result is within eps of the optimum. Raises PipeplanError
+    max(y, whole-model cost)]. The result is within eps of the optimum. Raises Infeasible
     when no split into <= n runs can run (a layer, or every run, lacks a resource for a pass).
     """
     lf, lg, comm, n, beta = _inputs(lf, lg, comm, n, beta)
@@ -152,13 +152,13 @@ def partition(lf, lg, comm, n: int, beta=None, eps: float | None = None,
     single = np.diag(table)
     if not np.isfinite(single).all():
         bad = int(np.nonzero(~np.isfinite(single))[0][0])
-        raise PipeplanError(f"partition: layer {bad} cannot run its forward and backward passes "
+        raise Infeasible(f"partition: layer {bad} cannot run its forward and backward passes "
                             f"{'under the fixed beta' if beta is not None else 'on any resource'}")
     lower = float(single.max())                    # every layer lies in some run
     cand = np.concatenate([table[np.isfinite(table)], comm[:-1]])
     cand = np.unique(cand[(cand >= lower) & np.isfinite(cand)])
     if _greedy(table, comm, n, float(cand[-1])) is None:   # feasibility is monotone in the limit
-        raise PipeplanError(f"partition: no split into at most {n} runs gives every run a resource for "
+        raise Infeasible(f"partition: no split into at most {n} runs gives every run a resource for "
                             f"each pass (layers need disjoint resources)")
     whole = float(table[0, -1]) if np.isfinite(table[0, -1]) else float(cand[-1])
     if method == "exact":
@@ -208,7 +208,7 @@ def brute_force_partition(lf, lg, comm, n: int, beta=None) -> tuple[float, Runs]
             if beta is None:
                 try:
                     cache[s, e] = optimal_allocation(f, g)[1]
-                except PipeplanError:              # a pass no resource can run
+                except Infeasible:                 # a pass no resource can run
                     cache[s, e] = np.inf
             else:
                 cache[s, e] = max(times_for(f, g, beta))

@@ -94,9 +94,11 @@ def prm(lin: Linearization, cluster: Cluster, order: list[int], microbatches: in
         e = p + r
         sp = smin[p, e][:, None, None]
         t = m_count * dcomp[None] / (r * sp)
-        if r > 1:
+        if r > 1:  # the ring all-reduce (costmodel.allreduce_time): free without parameters
             bw_g = bin_[p, e][:, None, None]
-            t = t + 2.0 * (r - 1) / r * dpar[None] / bw_g + 2 * (r - 1) * lin_in[p, e][:, None, None]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ring = 2.0 * (r - 1) / r * dpar[None] / bw_g + 2 * (r - 1) * lin_in[p, e][:, None, None]
+            t = t + np.where(dpar[None] > 0, ring, 0.0)
         fits = state_bytes(dpar[None], optimizer) <= mmin[p, e][:, None, None]
         return np.where(valid_ll[None] & fits, t, INF)
 

@@ -1,0 +1,153 @@
+"""Typed planner options (-O KEY=VALUE): parsing, one-line errors, the planners listing,
+and the options of the baselines (dp's replica modes, GPipe's re-materialization)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from pipeplan.cli import main
+from pipeplan.cluster import Cluster, Device, hierarchical
+from pipeplan.errors import PipeplanError
+from pipeplan.graph import Graph, load_graph
+from pipeplan.plan import Plan, Stage
+from pipeplan.planners import REGISTRY, PlanOptions, planner_options, run_planner
+from pipeplan.planners.base import register
+from pipeplan.sim import simulate
+
+
+@dataclass(frozen=True)
+class Knobs:
+    flag: bool = field(default=False, metadata={"help": "a switch"})
+    count: int = field(default=3, metadata={"help": "how many"})
+    rate: float | None = field(default=None, metadata={"help": "how fast"})
+    mode: str = field(default="a", metadata={"help": "which", "choices": ("a", "b")})
+
+
+def parse(*pairs: str) -> Knobs:
+    return planner_options(Knobs, PlanOptions(extra=tuple(tuple(p.split("=", 1)) for p in pairs)), "toy")
+
+
+def test_values_parse_into_their_types():
+    assert parse() == Knobs()
+    assert parse("flag=yes", "count=7", "rate=2.5", "mode=b") == Knobs(True, 7, 2.5, "b")
+    assert parse("flag=0", "rate=none", "count=1", "count=4") == Knobs(False, 4, None, "a")  # the last wins
+    assert parse("flag=TRUE").flag is True and parse("flag=off").flag is False
+
+
+@pytest.mark.parametrize("pair,message", [
+    ("speed=1", "planner 'toy' has no option 'speed' (its options: flag, count, rate, mode)"),
+    ("count=2.5", "planner 'toy': option count='2.5': expected an integer"),
+    ("rate=fast", "planner 'toy': option rate='fast': expected a number"),
+    ("rate=nan", "planner 'toy': option rate='nan': expected a number"),
+    ("flag=maybe", "planner 'toy': option flag='maybe': expected true or false"),
+    ("mode=c", "planner 'toy': option mode='c': expected one of a, b"),
+    ("count=none", "planner 'toy': option count='none': expected an integer"),
+])
+def test_bad_keys_and_values(pair, message):
+    with pytest.raises(PipeplanError) as err:
+        parse(pair)
+    assert str(err.value) == message
+
+
+def test_unsupported_option_types_fail_at_registration():
+    @dataclass(frozen=True)
+    class Listy:
+        items: tuple = ()
+
+    @dataclass(frozen=True)
+    class Required:
+        count: int
+
+    with pytest.raises(TypeError, match="use bool, int, float, str"):
+        register("listy", "-", "1f1b", options=Listy)
+    with pytest.raises(TypeError, match="'count' of Required: needs a default"):
+        register("required", "-", "1f1b", options=Required)
+    assert "listy" not in REGISTRY and "required" not in REGISTRY
+
+
+def cli_error(capsys, *argv: str) -> str:
+    assert main(list(argv)) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    return captured.err
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["plan", "--planner", "dp", "-O", "replicas=sideways"],
+     "planner 'dp': option replicas='sideways': expected one of split, round-robin, auto"),
+    (["plan", "--planner", "dp", "-O", "straight=1"], "planner 'dp' has no option 'straight' (its options: replicas)"),
+    (["plan", "--planner", "spp", "-O", "depth=2"], "planner 'spp' has no option 'depth' (it takes none)"),
+    (["plan", "--planner", "gpipe", "-O", "recompute=perhaps"], "option recompute='perhaps': expected true or false"),
+    (["plan", "-O", "nonsense=1"], "planner option 'nonsense' is not an option of any compared planner"),
+    (["compare", "--planners", "gpipe,spp", "-O", "replicas=split"], "(their options: gpipe: recompute)"),
+    (["compare", "--planners", "dp,gpipe", "-O", "replicas=x"], "option replicas='x': expected one of"),
+    (["plan", "--planner", "dp", "-O", "replicas"], "-O/--planner-option: expected KEY=VALUE, got 'replicas'"),
+])
+def test_cli_bad_options_one_line_exit_2(capsys, tmp_path, argv, fragment):
+    out = tmp_path / "p.json"
+    extra = ["--out", str(out)] if argv[0] == "plan" else []
+    err = cli_error(capsys, *argv, "--model", "zoo:alexnet", "--cluster", "v100x4", "--microbatches", "4", *extra)
+    assert fragment in err
+    assert not out.exists()
+
+
+def test_compare_gives_each_planner_its_own_options(capsys):
+    assert main(["compare", "--model", "zoo:alexnet", "--cluster", "v100x4", "--microbatches", "4",
+                 "--planners", "dp,gpipe", "-O", "replicas=split", "-O", "recompute=false", "--json"]) == 0
+    rows = {r["planner"]: r["plan"] for r in json.loads(capsys.readouterr().out)["results"]}
+    assert rows["dp"]["replicas"] == "split" and "recompute" not in rows["gpipe"]
+
+
+def test_planners_listing(capsys):
+    assert main(["planners", "--json"]) == 0
+    listed = {p["name"]: p for p in json.loads(capsys.readouterr().out)["planners"]}
+    assert {"dp", "gpipe", "pipedream", "hetpipe", "spp", "exact", "resalloc"} <= set(listed)
+    assert listed["dp"]["default_schedule"] == "1f1b" and listed["gpipe"]["default_schedule"] == "gpipe"
+    assert listed["dp"]["options"] == [{"name": "replicas", "type": "str", "default": "auto",
+                                        "help": listed["dp"]["options"][0]["help"],
+                                        "choices": ["split", "round-robin", "auto"]}]
+    assert [(o["name"], o["type"], o["default"]) for o in listed["resalloc"]["options"]] == [
+        ("beta", "float | None", None), ("depth", "int | None", None)]
+    assert all(p["description"] and all(o["help"] for o in p["options"]) for p in listed.values())
+    assert main(["planners"]) == 0
+    text = capsys.readouterr().out
+    assert "replicas" in text and "fb-parallel" in text
+
+
+# -- the baselines' options ----------------------------------------------------------------------
+
+def unequal_pair() -> tuple[Graph, Cluster]:
+    """Two devices, one twice as fast: whole microbatches in turn leave the fast one idle
+    half the time, splitting each microbatch by speed does not."""
+    devs = [Device("fast", speed=2.0, memory=64e9), Device("slow", speed=1.0, memory=64e9)]
+    bw = np.full((2, 2), 1e12)
+    return Graph.chain("c", [1.0, 1.0], [2.0, 2.0], params=[1e3, 1e3], act=[1e3, 1e3]), Cluster("pair", devs, bw, np.zeros((2, 2)))
+
+
+def test_dp_replicas_modes_and_auto_takes_the_faster():
+    g, c = unequal_pair()
+    times = {}
+    for mode in ("split", "round-robin"):
+        plan, result = run_planner("dp", g, c, PlanOptions(microbatches=2, extra=(("replicas", mode),)))
+        assert plan.replicas == mode and [s.devices for s in plan.stages] == [["fast", "slow"]]
+        manual = Plan(g, c, [Stage(list(g.ids), ["fast", "slow"])], 2, schedule="1f1b", replicas=mode)
+        times[mode] = simulate(manual).iteration_s
+        assert result.iteration_s == pytest.approx(times[mode])
+    # closed form, compute only: split runs 2 x 6 s of work at speeds 2+1 -> 4 s; round-robin
+    # gives each device one microbatch of 6 s: the slow one takes 6 s
+    assert times["split"] == pytest.approx(4.0, rel=1e-3) and times["round-robin"] == pytest.approx(6.0, rel=1e-3)
+    auto, _ = run_planner("dp", g, c, PlanOptions(microbatches=2))
+    assert auto.replicas == "split"
+
+
+def test_gpipe_rematerializes_unless_told_not_to():
+    g = load_graph("zoo:alexnet")
+    c = hierarchical("h", 1, 4, 1e10, 1e10)
+    plan, _ = run_planner("gpipe", g, c, PlanOptions(microbatches=4))
+    assert plan.recompute == [True] * plan.num_stages and plan.schedule == "gpipe"
+    keep, _ = run_planner("gpipe", g, c, PlanOptions(microbatches=4, extra=(("recompute", "false"),)))
+    assert keep.recompute is None and [s.nodes for s in keep.stages] == [s.nodes for s in plan.stages]
