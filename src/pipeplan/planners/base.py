@@ -41,18 +41,6 @@ class PlanOptions:
     global_batch: int | None = None  # samples per iteration: the planner layer picks microbatch size and M
     extra: tuple[tuple[str, str], ...] = ()  # planner-specific KEY=VALUE options (-O), see planner_options
 
-    def option(self, key: str, default: str | None = None) -> str | None:
-        return dict(self.extra).get(key, default)
-
-    def float_option(self, key: str) -> float | None:
-        v = self.option(key)
-        if v is None:
-            return None
-        try:
-            return float(v)
-        except ValueError:
-            raise PipeplanError(f"planner option {key}={v!r}: expected a number") from None
-
 
 # -- typed planner options -------------------------------------------------------------------
 

@@ -1,21 +1,58 @@
 """``exact``: the yardstick — the best simulated plan of a small instance, by exhaustive search.
 
-Searches every interval partition of the (linearized) layers x every assignment of disjoint
-device sets to the stages (devices may stay idle) x replica sharing {split, round-robin}
-x schedules {gpipe, 1f1b, spp-pe}, and simulates each candidate; a candidate that overflows
-is tried again with re-materialization on the stages that overflow. Interchangeable devices
-(same speed and memory, and swapping them leaves every link unchanged) are counted, not
-named, so symmetric assignments are tried once. Branch and bound: a partial plan whose
-busiest stage or channel already needs at least the incumbent's time is cut:
+What it searches: every interval partition of the (linearized) layers x every assignment of
+disjoint non-empty device sets to the stages (devices may stay idle) x replica sharing
+{split, round-robin} x, for round-robin, every order of each stage's replicas (replica r
+of k takes microbatches r, r+k, ..., so the order decides who takes the extra microbatches
+and which replicas exchange data) x schedules {gpipe, 1f1b, spp-pe}. Each candidate is
+simulated; one that overflows is simulated again with re-materialization (Huang et al.
+2019, §2.3) on exactly the stages that overflowed, and kept if it then fits.
 
-- a stage needs at least ``M (f+b) / (sum of its devices' peak rates)`` (the fastest each
-  device can go: solo speed, sum of resources; fixed per-call times, overhead, recomputation
-  and the optimizer step only add), after the first microbatch's forwards and before the
-  last one's backwards through the stages before it (each at least ``(f+b)/(sum of rates)``
-  per microbatch, whichever replica runs it);
-- a channel: ``channel_bound``, valid for both replica modes and either duplex;
-- memory: a stage whose weights, gradients and optimizer state alone overflow one of its
-  devices overflows in every completion (the simulator counts at least that).
+Reductions, each exact:
+
+- Interchangeable devices (equal in every field but the name, and swapping them leaves
+  every link unchanged) are counted, not named: swapping two of them maps every plan onto
+  one the simulator times identically. Round-robin orders are enumerated as sequences of
+  device classes; replicas after the M-th take no microbatch and keep one order.
+- Split replicas run one program in lockstep on a microbatch shared by speed: their order
+  in a stage is immaterial.
+
+Branch and bound, per replica mode: a partial plan is cut when, for each mode, a lower
+bound on the simulated iteration of every completion already reaches the best plan found.
+With ``peak`` a device's most reference work per second in any pass (its solo speed when
+calibrated, the sum over its resources of the faster pass: ``sim.bounds.peak_rates``), the
+bounds below hold for every completion, schedule, recompute setting, latency, one-way
+link, per-call fixed time, action overhead and optimizer step (these only add time), on
+full- and half-duplex clusters:
+
+- compute: every task lasts at least its work over the summed peak of the devices that run
+  it (a split share adds its fixed part at the slowest replica's speed, so it never goes
+  below work / sum of speeds). A stage's busiest device is busy at least
+  ``M (f+b) / sum(peak)``; round-robin replica r runs ``len(range(r, M, k))`` whole
+  microbatches, so in any order the slowest replica runs at least the fewest and some
+  replica the most (with the order fixed, each its own count at its peak). That device's
+  first task is a forward, which waits for its microbatch's forwards and forward transfers
+  through the stages before; after its last backward come that microbatch's backward
+  transfers and backwards through them: at least ``(f+b)/sum(peak)`` per stage and the
+  cheapest transfer each way per cut. A cut no edge crosses still orders the stages but
+  sends nothing (no transfer, no channel).
+- channel: split stages send all M microbatches over one channel per direction (both
+  directions on one channel when half-duplex), each transfer of ``costmodel.transfer_time``.
+  Round-robin replicas each use their own channel per pair of replicas and direction: the
+  busiest pair carries ``max_x,y #{m < M: m mod k_a = x, m mod k_b = y}`` transfers each way,
+  each at least the cheapest single link's bytes / bandwidth + latency. A direction is
+  added to the other only on a half-duplex cluster (one shared channel); else the larger.
+- memory: weights, gradients and optimizer state are counted on every device of a stage
+  (each device's program lists the stage), whatever else it holds; a stage whose state alone
+  exceeds one of its devices overflows in every completion, with or without re-materialization.
+
+Floating sums in another order than the simulator's are absorbed by a relative ``SLACK``.
+With full-duplex links and no contention, re-materializing exactly the stages that
+overflow is also the best recompute setting: each channel carries its transfers in its
+sender's program order, so the iteration is a longest path, non-decreasing in every
+duration, and a stage's memory depends only on its own setting (``tests/test_exact.py``).
+On a half-duplex cluster or with contention the engine's arbitration can make extra
+recomputation a few percent faster; exact does not search that (docs/spp.md).
 
 The search starts from the SPP plan (an incumbent only). A time budget stops it; the plan
 then says ``complete: false``. ``tests/test_exact.py`` checks it against a brute force.
@@ -25,38 +62,38 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
 from ..cluster import Cluster
-from ..costmodel import state_bytes, transfer_time
+from ..costmodel import state_bytes
 from ..errors import Infeasible, PipeplanError
 from ..graph import Graph, linearize
 from ..plan import Plan, Stage
-from ..sim import simulate
+from ..sim import SimResult, simulate
 from ..sim.bounds import peak_rates
-from .base import PlanOptions, register
+from .base import PlanOptions, planner_options, register
 
 MAX_LAYERS, MAX_DEVICES = 12, 8
 SCHEDULES = ("gpipe", "1f1b", "spp-pe")
+MODES = ("split", "round-robin")
+SLACK = 1e-9  # relative: prune only what the bound beats by more than float noise
 
 
 def device_classes(cluster: Cluster) -> list[list[int]]:
-    """Partition devices into classes of pairwise interchangeable devices."""
+    """Partition devices into classes of pairwise interchangeable devices (swapping two is
+    an automorphism of the cluster, so the relation is an equivalence)."""
     bw, lat = cluster.bandwidth, cluster.latency
     v = len(cluster)
 
     def same(a: int, b: int) -> bool:
-        da, db = cluster.devices[a], cluster.devices[b]
-        # everything the simulator reads of a device: speed, memory, contention (solo speed,
-        # server), resources
-        if (da.speed, da.memory, da.solo_speed, da.server, da.resources) != \
-                (db.speed, db.memory, db.solo_speed, db.server, db.resources):
-            return False
+        if replace(cluster.devices[a], name="") != replace(cluster.devices[b], name=""):
+            return False  # everything the simulator may read of a device
         others = [x for x in range(v) if x not in (a, b)]
-        return (np.array_equal(bw[a, others], bw[b, others]) and np.array_equal(bw[others, a], bw[others, b])
-                and np.array_equal(lat[a, others], lat[b, others]) and np.array_equal(lat[others, a], lat[others, b])
-                and bw[a, b] == bw[b, a] and lat[a, b] == lat[b, a])
+        return all(np.array_equal(m[a, others], m[b, others]) and np.array_equal(m[others, a], m[others, b])
+                   and m[a, b] == m[b, a] for m in (bw, lat))
 
     classes: list[list[int]] = []
     for d in range(v):
@@ -69,127 +106,259 @@ def device_classes(cluster: Cluster) -> list[list[int]]:
     return classes
 
 
-def _rematerialized(plan: Plan, r, least_over: list) -> tuple[Plan, object]:
-    """The plan with re-materialization on the stages that overflow (the least work that can
-    make it fit: re-materialization only changes its own stage's memory and only adds time);
-    remembers the plan that overflows least in case nothing fits."""
-    over = sorted({s for s, b, lim in zip(r.stage_of_device, r.memory_bytes, r.memory_limit) if b > lim})
-    fixed = Plan(plan.graph, plan.cluster, plan.stages, plan.microbatches, schedule=plan.schedule,
-                 optimizer=plan.optimizer, replicas=plan.replicas, recompute=[s in over for s in range(plan.num_stages)])
-    fr = simulate(fixed, timeline=False)
-    if fr.over_memory:
-        excess = float((fr.memory_bytes - fr.memory_limit).max())
-        if least_over[1] is None or excess < least_over[0]:
-            least_over[0], least_over[1] = excess, fixed
-    return fixed, fr
+def crossed_cuts(graph: Graph, order: np.ndarray) -> np.ndarray:
+    """``out[k]``: some edge crosses the cut after the first k nodes of ``order`` (else the
+    simulator orders the two stages but sends nothing between them)."""
+    n = len(graph)
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    diff = np.zeros(n + 2)
+    for u, w in graph.edges:
+        lo, hi = sorted((int(pos[u]), int(pos[w])))
+        diff[lo + 1] += 1
+        diff[hi + 1] -= 1
+    return np.cumsum(diff)[: n + 1] > 0
 
 
-def channel_bound(cluster: Cluster, a: list[int], b: list[int], nbytes: float, m: int) -> float:
-    """Least time the busiest channel between device sets a (stage s) and b (s+1) needs for M
-    microbatches, in either replica mode. Split replicas: one channel per direction carries
-    all M transfers (both directions share it on a half-duplex cluster). Round-robin: each
-    microbatch goes from one replica of a to one of b, over one of at most |a||b| channels,
-    so one channel carries at least ceil(M / |a||b|) transfers, each at least the fastest
-    pair's time. Raises Infeasible when a link has no bandwidth."""
-    half = cluster.meta.get("duplex", "full") == "half"
-    tf, tb = transfer_time(cluster, a, b, nbytes), transfer_time(cluster, b, a, nbytes)
-    split = m * ((tf + tb) if half else max(tf, tb))
-    ia, ib = np.ix_(a, b)
-    with np.errstate(divide="ignore"):
-        pf = float((nbytes / cluster.bandwidth[ia, ib] + cluster.latency[ia, ib]).min())
-        pb = float((nbytes / cluster.bandwidth[ib.T, ia.T] + cluster.latency[ib.T, ia.T]).min())
-    count = -(-m // (len(a) * len(b)))
-    return min(split, count * ((pf + pb) if half else max(pf, pb)))
+def link_floors(cluster: Cluster, a: list[int], b: list[int], nbytes: float) -> np.ndarray:
+    """Least transfer time of one microbatch a -> b and b -> a, per mode: rows (split,
+    round-robin), columns (forward, backward). Split: ``costmodel.transfer_time``;
+    round-robin: the cheapest single link. inf where no link can carry it."""
+    out = np.full((2, 2), np.inf)
+    for col, (src, dst) in enumerate(((a, b), (b, a))):
+        bw = cluster.bandwidth[np.ix_(src, dst)]
+        lat = cluster.latency[np.ix_(src, dst)]
+        if bw.min() > 0:
+            out[0, col] = nbytes / (len(src) * len(dst) * float(bw.min())) + float(lat.max())
+        ok = bw > 0
+        if ok.any():
+            out[1, col] = float((nbytes / bw[ok] + lat[ok]).min())
+    return out
 
 
-@register("exact", "exhaustive search over partitions, replication, mapping and schedules "
-          "(small instances: <= 12 layers, <= 8 devices)", "best")
-def plan_exact(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
-    lin = linearize(graph)
-    n, v, m = lin.n, len(cluster), options.microbatches
-    if n > MAX_LAYERS or v > MAX_DEVICES:
-        raise PipeplanError(f"exact: instance too large ({n} layers, {v} devices; "
-                            f"at most {MAX_LAYERS} and {MAX_DEVICES})")
-    budget = options.float_option("budget") or options.time_budget_s
-    t0 = time.perf_counter()
-    classes = device_classes(cluster)
-    speed, mem = peak_rates(cluster), cluster.memory  # the fastest each device can go
-    comp = lin.fwd_cum + lin.bwd_cum
-    par = lin.params_cum
-    stats = {"candidates": 0, "simulated": 0, "complete": True, "device_classes": len(classes)}
-    best: list = [np.inf, None]
-    least_over: list = [np.inf, None]  # reported when nothing fits
+def busiest_pair(ka: int, kb: int, m: int) -> int:
+    """Most microbatches one round-robin replica pair exchanges: m goes from replica
+    m mod ka to replica m mod kb."""
+    micro = np.arange(m)
+    return int(np.bincount((micro % ka) * kb + micro % kb).max())
 
-    def consider(stages_idx: list[tuple[int, int, list[int]]]) -> None:
-        stats["candidates"] += 1
-        replicated = any(len(d) > 1 for _, _, d in stages_idx)
-        stages = [Stage([graph.ids[u] for u in lin.interval(a, b)], [cluster.devices[d].name for d in devs])
-                  for a, b, devs in stages_idx]
-        for mode in (("split", "round-robin") if replicated else ("split",)):
-            for sched in SCHEDULES:
-                plan = Plan(graph, cluster, stages, m, schedule=sched, optimizer=options.optimizer, replicas=mode)
+
+def channel_bounds(floors: np.ndarray, half: bool, ka: int, kb: int, m: int) -> np.ndarray:
+    """Least time the busiest channel between two consecutive stages needs, per mode."""
+    per = floors.sum(axis=1) if half else floors.max(axis=1)
+    return per * np.array([m, busiest_pair(ka, kb, m)])
+
+
+def replica_orders(devs: list[int], class_of: list[int], m: int) -> list[list[int]]:
+    """Every distinct round-robin order of a stage's devices up to interchangeable devices:
+    the class sequence of the first min(k, M) replicas (the others run no microbatch)."""
+    labels = sorted(class_of[d] for d in devs)
+    out = []
+    for head in sorted({p[:m] for p in itertools.permutations(labels)}):
+        rest = list(labels)
+        for c in head:
+            rest.remove(c)
+        pools = {c: [d for d in devs if class_of[d] == c] for c in set(labels)}
+        out.append([pools[c].pop(0) for c in list(head) + rest])
+    return out
+
+
+class _Part(NamedTuple):
+    """A placed stage: layers [layer, end) of the linearization on ``devs``; ``through``:
+    per mode, the least time one microbatch spends before and after it (its chain)."""
+
+    layer: int
+    end: int
+    devs: list[int]
+    through: np.ndarray
+
+
+def round_robin_shares(k: int, m: int) -> np.ndarray:
+    """Microbatches of round-robin replica r of k: r, r+k, ... below M."""
+    return np.array([len(range(r, m, k)) for r in range(k)])
+
+
+@dataclass
+class _Best:
+    """The fastest plan that fits so far, and the one that overflows least (reported when
+    nothing fits)."""
+
+    time: float = np.inf
+    plan: Plan | None = None
+    least_over: float = np.inf
+    over_plan: Plan | None = None
+
+    def offer(self, plan: Plan, r: SimResult, allow_over: bool) -> None:
+        if not r.over_memory or allow_over:
+            if r.iteration_s < self.time:
+                self.time, self.plan = r.iteration_s, plan
+        else:
+            excess = float((r.memory_bytes - r.memory_limit).max())
+            if excess < self.least_over:
+                self.least_over, self.over_plan = excess, plan
+
+
+def rematerialized(plan: Plan, r: SimResult) -> Plan:
+    """The plan with re-materialization on exactly the stages whose devices overflow."""
+    over = {s for s, b, lim in zip(r.stage_of_device, r.memory_bytes, r.memory_limit) if b > lim}
+    return replace(plan, recompute=[s in over for s in range(plan.num_stages)])
+
+
+@dataclass
+class _Search:
+    """Depth-first over stages: the next stage's end layer and device classes, with
+    per-mode lower bounds (module docstring)."""
+
+    graph: Graph
+    cluster: Cluster
+    options: PlanOptions
+    budget: float
+    t0: float = field(default_factory=time.perf_counter)
+    best: _Best = field(default_factory=_Best)
+
+    def __post_init__(self) -> None:
+        self.lin = linearize(self.graph)
+        self.classes = device_classes(self.cluster)
+        self.class_of = [0] * len(self.cluster)
+        for k, cls in enumerate(self.classes):
+            for d in cls:
+                self.class_of[d] = k
+        self.peak, self.mem = peak_rates(self.cluster), self.cluster.memory
+        self.comp = self.lin.fwd_cum + self.lin.bwd_cum
+        self.crossed = crossed_cuts(self.graph, self.lin.order)
+        self.half = self.cluster.meta.get("duplex", "full") == "half"
+        self.stats = {"candidates": 0, "simulated": 0, "complete": True, "device_classes": len(self.classes)}
+
+    def out_of_time(self) -> bool:
+        if time.perf_counter() - self.t0 > self.budget:
+            self.stats["complete"] = False
+        return not self.stats["complete"]
+
+    def simulate_fit(self, plan: Plan) -> None:
+        """Simulate a candidate (and its re-materialized variant when it overflows)."""
+        try:
+            r = simulate(plan, timeline=False)
+            self.stats["simulated"] += 1
+            if r.over_memory and not self.options.allow_over_memory:
+                plan = rematerialized(plan, r)
                 r = simulate(plan, timeline=False)
-                stats["simulated"] += 1
-                if r.over_memory and not options.allow_over_memory:
-                    plan, r = _rematerialized(plan, r, least_over)
-                    stats["simulated"] += 1
-                if (not r.over_memory or options.allow_over_memory) and r.iteration_s < best[0]:
-                    best[0], best[1] = r.iteration_s, plan
+                self.stats["simulated"] += 1
+        except Infeasible:  # a round-robin pair with no link
+            return
+        self.best.offer(plan, r, self.options.allow_over_memory)
 
-    # incumbent: SPP's plan, when it has one
+    def consider(self, parts: list[_Part], alive: np.ndarray, bound: np.ndarray) -> None:
+        """Every mode still alive x replica order x schedule of a complete partition."""
+        self.stats["candidates"] += 1
+        g, cl, m = self.graph, self.cluster, self.options.microbatches
+        layers = [[g.ids[u] for u in self.lin.interval(p.layer, p.end)] for p in parts]
+        replicated = any(len(p.devs) > 1 for p in parts)
+        for mode in MODES if replicated else MODES[:1]:  # one device per stage: the modes coincide
+            if not alive[MODES.index(mode)]:
+                continue
+            orders = ([[p.devs for p in parts]] if mode == "split" else
+                      itertools.product(*[replica_orders(p.devs, self.class_of, m) for p in parts]))
+            for devs in orders:
+                if self.out_of_time():
+                    return
+                if mode != "split" and max(bound[1], self.order_bound(parts, devs)) * (1 - SLACK) >= self.best.time:
+                    continue
+                stages = [Stage(ls, [cl.devices[d].name for d in ds]) for ls, ds in zip(layers, devs)]
+                for sched in SCHEDULES:
+                    self.simulate_fit(Plan(g, cl, stages, m, schedule=sched, optimizer=self.options.optimizer,
+                                           replicas=mode))
+
+    def order_bound(self, parts: list[_Part], orders: tuple[list[int], ...]) -> float:
+        """Round-robin with these replica orders: each stage's busiest replica (its own
+        microbatches at its peak rate) between its chain's two halves."""
+        m, out = self.options.microbatches, 0.0
+        for p, devs in zip(parts, orders):
+            work = float(self.comp[p.end] - self.comp[p.layer])
+            busiest = float((round_robin_shares(len(devs), m) / self.peak[devs]).max()) * work
+            out = max(out, float(p.through[1]) + busiest)
+        return out
+
+    def stage_bounds(self, layer: int, end: int, prev: list[int] | None, devs: list[int],
+                     path: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per mode: the bound this stage sets, and the chain through it (``path``: one
+        microbatch's forward and backward through the stages before, transfers between)."""
+        m = self.options.microbatches
+        peak = self.peak[devs]
+        work = float(self.comp[end] - self.comp[layer])
+        rr = round_robin_shares(len(devs), m)  # in some order: the slowest takes >= min, someone max
+        busiest = work * np.array([m / peak.sum(), max(m / peak.sum(), rr.min() / peak.min(), rr.max() / peak.max())])
+        chan, through = np.zeros(2), path  # an uncrossed cut orders the stages, sends nothing
+        if prev is not None and self.crossed[layer]:
+            floors = link_floors(self.cluster, prev, devs, float(self.lin.cut_bytes[layer]))
+            chan = channel_bounds(floors, self.half, len(prev), len(devs), m)
+            through = path + floors.sum(axis=1)
+        return np.maximum(chan, through + busiest), through
+
+    def search(self, layer: int, avail: list[int], prev: list[int] | None, parts: list,
+               load: np.ndarray, path: np.ndarray) -> None:
+        """Extend ``parts`` (layers before ``layer`` placed) by one stage in every way the
+        bounds ``load`` (per mode, so far) and ``path`` (the chain so far) leave open."""
+        n = self.lin.n
+        for end in range(layer + 1, n + 1):
+            state = state_bytes(float(self.lin.params_cum[end] - self.lin.params_cum[layer]), self.options.optimizer)
+            for counts in itertools.product(*[range(a + 1) for a in avail]):
+                if self.out_of_time():
+                    return
+                if not any(counts):
+                    continue
+                devs = [d for k, c in enumerate(counts) for d in self.classes[k][len(self.classes[k]) - avail[k]:][:c]]
+                if state > float(self.mem[devs].min()) * (1 + SLACK) and not self.options.allow_over_memory:
+                    continue
+                bound, through = self.stage_bounds(layer, end, prev, devs, path)
+                bound = np.maximum(load, bound)
+                alive = bound * (1 - SLACK) < self.best.time
+                if not alive.any():
+                    continue
+                rest = [a - c for a, c in zip(avail, counts)]
+                here = parts + [_Part(layer, end, devs, through)]
+                per_micro = float(self.comp[end] - self.comp[layer]) / float(self.peak[devs].sum())
+                if end == n:
+                    self.consider(here, alive, bound)
+                elif any(rest):
+                    self.search(end, rest, devs, here, bound, through + per_micro)
+
+
+def _seed(graph: Graph, cluster: Cluster, options: PlanOptions, best: _Best) -> None:
+    """SPP's plan as the first incumbent, when it lies in the searched space."""
+    from .spp import plan_spp
+
     try:
-        from .spp import plan_spp
-
-        seed = plan_spp(graph, cluster, options)
-        r = simulate(seed, timeline=False)
-        if not r.over_memory or options.allow_over_memory:
-            best[0], best[1] = r.iteration_s, seed
+        seed = plan_spp(graph, cluster, replace(options, extra=()))  # exact's -O options are not SPP's
+        if seed.schedule in SCHEDULES and not any(seed.recompute or []):
+            best.offer(seed, simulate(seed, timeline=False), options.allow_over_memory)
     except (PipeplanError, Infeasible):
         pass
 
-    def choices(avail: list[int]):
-        """Non-empty count vectors over the classes, within what is still available."""
-        for counts in itertools.product(*[range(a + 1) for a in avail]):
-            if any(counts):
-                yield counts
 
-    def search(layer: int, avail: list[int], prev: list[int] | None, stages: list, load: float,
-               path: float) -> None:
-        if time.perf_counter() - t0 > budget:
-            stats["complete"] = False
-            return
-        for b in range(layer + 1, n + 1):
-            work = m * float(comp[b] - comp[layer])
-            state = state_bytes(float(par[b] - par[layer]), options.optimizer)
-            for counts in choices(avail):
-                devs = [d for k, c in enumerate(counts) for d in classes[k][len(classes[k]) - avail[k]:][:c]]
-                if state > float(mem[devs].min()) and not options.allow_over_memory:
-                    continue
-                total_speed = float(speed[devs].sum())
-                # the stage's M microbatches, after the first one's forwards through the stages
-                # before it and before the last one's backwards through them
-                bound = max(load, path + work / total_speed)
-                if prev is not None:
-                    try:
-                        bound = max(bound, channel_bound(cluster, prev, devs, float(lin.cut_bytes[layer]), m))
-                    except Infeasible:  # no link between the two device sets
-                        continue
-                if bound >= best[0]:
-                    continue
-                rest = [a - c for a, c in zip(avail, counts)]
-                here = stages + [(layer, b, devs)]
-                if b == n:
-                    consider(here)
-                elif any(rest):
-                    search(b, rest, devs, here, bound, path + work / (m * total_speed))
-                if not stats["complete"]:
-                    return
+@dataclass(frozen=True)
+class ExactOptions:
+    budget: float | None = field(default=None, metadata={
+        "help": "seconds the search may take (default: the planner time budget); when it runs out "
+                "the plan says complete: false"})
 
-    search(0, [len(c) for c in classes], None, [], 0.0, 0.0)
-    plan = best[1] if best[1] is not None else least_over[1]
+
+@register("exact", "exhaustive search over partitions, replication, mapping, replica order and "
+          "schedules (small instances: <= 12 layers, <= 8 devices)", "best", options=ExactOptions)
+def plan_exact(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
+    """The best simulated plan of a small instance (module docstring)."""
+    budget = planner_options(ExactOptions, options, "exact").budget
+    n, v = len(graph), len(cluster)
+    if n > MAX_LAYERS or v > MAX_DEVICES:
+        raise PipeplanError(f"exact: instance too large ({n} layers, {v} devices; "
+                            f"at most {MAX_LAYERS} and {MAX_DEVICES})")
+    budget = options.time_budget_s if budget is None else budget
+    s = _Search(graph, cluster, options, budget)
+    _seed(graph, cluster, options, s.best)
+    s.search(0, [len(c) for c in s.classes], None, [], np.zeros(2), np.zeros(2))
+    plan = s.best.plan or s.best.over_plan
     if plan is None:
         raise Infeasible("exact: no plan fits in memory: the weights, gradients and optimizer state "
                          "alone overflow every device set")
-    stats["seconds"] = time.perf_counter() - t0
-    plan.extra = {"exact": stats}
+    s.stats["seconds"] = time.perf_counter() - s.t0
+    plan.extra = {"exact": s.stats}
     return plan
