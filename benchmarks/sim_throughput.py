@@ -25,7 +25,7 @@ from pipeplan.plan import Plan, Stage
 from pipeplan.sim import simulate
 from pipeplan.sim.batch import BatchEvaluator
 
-from _results import write_json
+from _results import add_out_argument, write_json
 
 TARGETS = {"tasks_per_second": 1_000_000, "plans_per_second": 20_000}
 
@@ -82,13 +82,14 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the results as JSON only")
     ap.add_argument("--repeat", type=int, default=5, help="best of N runs (default 5)")
     ap.add_argument("--batch", type=int, default=4000, help="candidates per batched call (default 4000)")
+    add_out_argument(ap)
     args = ap.parse_args()
     single = [measure_single(s, m, tl, args.repeat) for s, m in ((8, 32), (32, 128)) for tl in (False, True)]
     batch = measure_batch(8, 32, args.batch, args.repeat)
     big = next(c for c in single if c["stages"] == 32 and not c["timeline"])
     out = {"tasks_per_second": big["tasks_per_second"], "plans_per_second": batch["plans_per_second"],
            "targets": TARGETS, "single": single, "batch": batch}
-    write_json("sim_throughput.json", out)
+    write_json(args.out / "sim_throughput.json", out)
     if args.json:
         print(json.dumps(out))
         return

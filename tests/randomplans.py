@@ -27,9 +27,14 @@ def random_graph(rng: np.random.Generator, layers: int) -> Graph:
         meta["fixed_s"] = {nid: [float(rng.uniform(0, 2e-4)), float(rng.uniform(0, 2e-4))] for nid in ids}
     if rng.random() < 0.3:
         meta["update_s_per_byte"] = float(rng.uniform(1e-12, 1e-10))
+    act = rng.uniform(1e5, 8e6, layers)
+    inplace = saved = None
+    if rng.random() < 0.3:  # in-place nodes and what autograd keeps, as a profile records them
+        inplace = np.r_[False, rng.random(layers - 1) < 0.3]
+        saved = np.where(inplace, 0.0, act * rng.choice([0.0, 0.5, 1.0, 3.0], layers))
     return Graph(name="random", ids=ids, fwd=rng.uniform(1e-4, 3e-3, layers), bwd=rng.uniform(2e-4, 6e-3, layers),
-                 params=rng.uniform(0, 4e7, layers), act=rng.uniform(1e5, 8e6, layers),
-                 flops=np.full(layers, np.nan), desc=[""] * layers, edges=edges, meta=meta)
+                 params=rng.uniform(0, 4e7, layers), act=act, flops=np.full(layers, np.nan),
+                 desc=[""] * layers, edges=edges, meta=meta, inplace=inplace, saved=saved)
 
 
 def _device(rng: np.random.Generator, i: int, servers: int) -> Device:

@@ -250,3 +250,26 @@ def test_compression_ratio_equals_brute_force(layers, workers, seed):
                             worst = max(worst, 2 * acts[e - 1] / (bw * r) / ratio)
                 best = min(best, worst)
     assert res.objective_s == pytest.approx(best, rel=1e-12)
+
+
+def test_ties_keep_the_single_stage_as_pipedreams_program_does():
+    """PipeDream's program starts A[j][m] from all of state j on m+1 workers and replaces it
+    only when a split is strictly faster. Two layers of 1 s on 2 workers: one stage on both
+    takes 2/2 = 1 s, a split max(1, 1) = 1 s: the single data-parallel stage is kept."""
+    g = Graph.chain("c", [0.5, 0.5], [0.5, 0.5])
+    res = solve(antichain_dag(g), [Level(2, 1e10)])
+    assert res.objective_s == 1.0
+    assert [s.workers[0] for s in res.stages] == [2]
+
+
+def test_ties_between_replication_factors_take_the_fewest_for_the_last_stage():
+    """For one split point PipeDream's program tries the last stage on m' = 1, 2, ... workers
+    and keeps the first strictly best. Two layers of 2 s, the first with parameters P where
+    4 P / bw = 3.5 s, on 3 workers: [2, 1] takes max((2 + 3.5/2)/2, 2) = 2 s and [1, 2]
+    max(2, 2/2) = 2 s (one stage on 3: (4 + 3.5 * 2/3) / 3 > 2 s): the program keeps
+    m' = 1, replication [2, 1]."""
+    bw = 1e10
+    g = Graph.chain("c", [1.0, 1.0], [1.0, 1.0], params=[0.875 * bw, 0.0])
+    res = solve(antichain_dag(g), [Level(3, bw)])
+    assert res.objective_s == 2.0
+    assert [s.workers[0] for s in res.stages] == [2, 1]

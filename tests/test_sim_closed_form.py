@@ -76,18 +76,21 @@ def test_speed_scales_compute():
 
 
 def test_memory_follows_schedule():
-    """1F1B keeps min(S - s, M) microbatches in flight on stage s; GPipe keeps all M."""
+    """1F1B keeps min(S - s, M) microbatches in flight on stage s; GPipe keeps all M; each
+    backward step adds its gradient pair (w.r.t. the layer's output and input; the first
+    layer's input needs none)."""
     s_count, m, act, params = 4, 8, 1000.0, 10.0
     g = uniform_chain(s_count, act=act, params=params)
     for sched, inflight in (("1f1b", [min(s_count - s, m) for s in range(s_count)]), ("gpipe", [m] * s_count)):
         r = simulate(chain_plan(g, one_server(s_count), list(range(s_count + 1)), [1] * s_count, m, sched))
         stash = np.array([act] + [2 * act] * (s_count - 1))  # own output (+ received input)
-        assert np.allclose(r.memory_bytes, 4 * params + np.array(inflight) * stash)
+        pair = np.array([act] + [2 * act] * (s_count - 1))
+        assert np.allclose(r.memory_bytes, 4 * params + np.array(inflight) * stash + pair)
 
 
 def test_memory_flags_devices_over_their_limit():
     g = uniform_chain(2, act=2.0**30, params=1.0)
-    c = hierarchical("c", 1, 2, 1e9, 1e9, memory=4 * 2.0**30)
+    c = hierarchical("c", 1, 2, 1e9, 1e9, memory=5 * 2.0**30)  # 1F1B: 2 + 1 and 2 + 2 GiB
     r = simulate(chain_plan(g, c, [0, 1, 2], [1, 1], 8, "gpipe"))
     assert r.over_memory == ["s0g0", "s0g1"]
     r = simulate(chain_plan(g, c, [0, 1, 2], [1, 1], 2, "1f1b"))
@@ -161,3 +164,21 @@ def test_runtime_overhead_per_action():
     c.meta["action_overhead_s"] = o
     r = simulate(chain_plan(g, c, list(range(s_count + 1)), [1] * s_count, m, "1f1b"))
     assert r.iteration_s == pytest.approx((m + s_count - 1) * (f + b + 2 * o))
+
+
+def test_sent_outputs_and_gradient_pairs_closed_form():
+    """Linear (output 100 B, kept by nobody in its stage) -> ReLU (keeps its 100 B output) ->
+    Linear (10 B), GPipe, M = 2, cut after the first Linear. Stage 0 holds the output it sent
+    until its backward: 2 x 100, + its gradient pair 100 (the model's input needs no
+    gradient). Stage 1 keeps 100 + 10 of its own + 100 received, per microbatch, + the pair
+    100 + 100 of the ReLU. With the ReLU in place (its storage the Linear's, which it keeps),
+    cut after the ReLU: stage 0 keeps 100 per microbatch and sends nothing more; its largest
+    pair is the ReLU's, 200."""
+    g = Graph.chain("c", [1.0] * 3, [1.0] * 3, act=[100.0, 100.0, 10.0], saved=[0.0, 100.0, 10.0])
+    assert g.sent_held.tolist() == [100.0, 0.0, 0.0] and g.grad_pair.tolist() == [100.0, 200.0, 110.0]
+    r = simulate(chain_plan(g, one_server(2), [0, 1, 3], [1, 1], 2, "gpipe"), timeline=False)
+    assert r.memory_bytes.tolist() == pytest.approx([2 * 100 + 100, 2 * (110 + 100) + 200])
+    g2 = Graph.chain("c", [1.0] * 3, [1.0] * 3, act=[100.0, 100.0, 10.0], inplace=[False, True, False])
+    assert g2.saved.tolist() == [100.0, 0.0, 10.0] and g2.sent_held.tolist() == [0.0, 0.0, 0.0]
+    r = simulate(chain_plan(g2, one_server(2), [0, 2, 3], [1, 1], 2, "gpipe"), timeline=False)
+    assert r.memory_bytes.tolist() == pytest.approx([2 * 100 + 200, 2 * (10 + 100) + 110])

@@ -154,47 +154,50 @@ def test_fit_memory_matches_brute_force():
 
 
 def test_fit_memory_closed_form_two_stages():
-    """GPipe keeps all 4 microbatches; 1F1B keeps 2 on stage 0 and 1 on stage 1. With 1e6
-    bytes per layer output and no parameters (docs/design.md, memory model): GPipe needs 8e6
-    and 12e6 bytes, GPipe re-materializing 2e6 and 4e6 + 2e6, 1F1B 4e6 and 3e6. Under a 5e6
-    limit only 1F1B fits, with no re-materialization."""
+    """GPipe keeps all 4 microbatches; 1F1B keeps 2 on stage 0 and 1 on stage 1; a backward
+    step adds its gradient pair (2e6 on both stages). With 1e6 bytes per layer output and no
+    parameters (docs/memory.md): GPipe needs 8e6 + 2e6 and 12e6 + 2e6 bytes, GPipe
+    re-materializing 0 + 2e6 + 2e6 and 4e6 + 2e6 + 2e6, 1F1B 4e6 + 2e6 and 3e6 + 2e6. Under
+    a 6.5e6 limit only 1F1B fits, with no re-materialization."""
     g = uniform_chain(4, act=1e6)
-    c = one_server(2).with_memory(5e6)
+    c = one_server(2).with_memory(6.5e6)
     plan = Plan(g, c, [Stage(g.ids[:2], [c.names[0]]), Stage(g.ids[2:], [c.names[1]])], 4, schedule="gpipe")
     r = simulate(plan, timeline=False)
-    assert r.memory_bytes.tolist() == pytest.approx([8e6, 12e6])
+    assert r.memory_bytes.tolist() == pytest.approx([10e6, 14e6])
     rec = simulate(replace(plan, recompute=[True, True]), timeline=False)
-    assert rec.memory_bytes.tolist() == pytest.approx([2e6, 6e6])
+    assert rec.memory_bytes.tolist() == pytest.approx([4e6, 8e6])
     got = fit_memory(plan)
     assert got.schedule == "1f1b" and got.recompute is None
-    assert simulate(got, timeline=False).memory_bytes.tolist() == pytest.approx([4e6, 3e6])
+    assert simulate(got, timeline=False).memory_bytes.tolist() == pytest.approx([6e6, 5e6])
     assert got.extra["memory_variant"] == {"schedule": "1f1b", "recompute": [], "added_recompute": [],
                                            "original_schedule": "gpipe"}
     assert plan.extra == {} and plan.schedule == "gpipe"  # the planner's plan is left as it was
 
 
 def test_fit_memory_recomputes_only_the_overflowing_stage():
-    """1F1B: stage 0 keeps 2 microbatches of 2e6 + 0, stage 1 one of 2e6 + 1e6. A 3.5e6 limit
-    is passed by stage 0 only; re-materializing it: 0 x 2 + 2e6 during a backward."""
+    """1F1B: stage 0 keeps 2 microbatches of 2e6 + 0, stage 1 one of 2e6 + 1e6, each + 2e6 of
+    gradients during a backward. A 5.5e6 limit is passed by stage 0 only; re-materializing
+    it: 0 x 2 + 2e6 + 2e6 during a backward."""
     g = uniform_chain(4, act=1e6)
-    c = one_server(2).with_memory(3.5e6)
+    c = one_server(2).with_memory(5.5e6)
     plan = Plan(g, c, [Stage(g.ids[:2], [c.names[0]]), Stage(g.ids[2:], [c.names[1]])], 4, schedule="1f1b")
     got = fit_memory(plan)
     assert got.recompute == [True, False] and got.schedule == "1f1b"
-    assert simulate(got, timeline=False).memory_bytes.tolist() == pytest.approx([2e6, 3e6])
+    assert simulate(got, timeline=False).memory_bytes.tolist() == pytest.approx([4e6, 5e6])
     assert simulate(got, timeline=False).iteration_s > simulate(plan, timeline=False).iteration_s
 
 
 def test_recompute_payoffs_closed_form():
-    """1F1B, M = 4, two stages of two layers (forward 1 s each, outputs 1e6 bytes): stage 0
-    keeps 2 x 2e6 bytes, 2e6 when re-materializing, for 4 x 2 s more compute: 2.5e5 B/s;
-    stage 1 keeps 1 x (2e6 + 1e6) either way (1e6 received + 2e6 again): 0 B/s."""
+    """1F1B, M = 4, two stages of two layers (forward 1 s each, outputs 1e6 bytes, gradient
+    pairs 2e6): stage 0 peaks at 2 x 2e6 + 2e6 bytes, 2e6 + 2e6 when re-materializing, for
+    4 x 2 s more compute: 2.5e5 B/s; stage 1 at 1 x (2e6 + 1e6) + 2e6 either way (1e6
+    received + 2e6 again + 2e6): 0 B/s."""
     g = uniform_chain(4, act=1e6)
     c = one_server(2)
     plan = Plan(g, c, [Stage(g.ids[:2], [c.names[0]]), Stage(g.ids[2:], [c.names[1]])], 4, schedule="1f1b")
     got = recompute_payoffs(plan, simulate(plan, timeline=False), [0, 1])
     assert got == {0: pytest.approx(2.5e5), 1: pytest.approx(0.0, abs=1e-9)}
-    tight = replace(plan, cluster=c.with_memory(2.5e6))  # stage 1 needs 3e6 either way
+    tight = replace(plan, cluster=c.with_memory(4.5e6))  # stage 1 needs 5e6 either way
     assert recompute_payoffs(tight, simulate(tight, timeline=False), [0, 1]) is None
 
 

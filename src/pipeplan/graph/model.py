@@ -108,6 +108,7 @@ class Graph:
             self.succ[u].append(v)
             self.pred[v].append(u)
         self.topo = self._topological_order()
+        self._derived_memory()
 
     def _memory_fields(self, where: str, n: int) -> None:
         """Fill ``inplace`` and ``saved`` (defaults where None) and check their shapes."""
@@ -118,6 +119,25 @@ class Graph:
         if self.act.shape == (n,) and self.saved is None:
             self.saved = default_saved(self.act, self.inplace)
         self.saved = np.asarray(self.saved, dtype=float)
+
+    def _derived_memory(self) -> None:
+        """Per-node memory terms a stage pays beyond ``saved`` (docs/memory.md):
+
+        ``sent_held[i]``: bytes a stage keeps until its backward when node i's output leaves
+        it (torch.distributed.pipelining holds a stage's outputs to call backward on them),
+        beyond what the stage's layers keep of that storage anyway: an in-place or view
+        node's storage is its first input's, so it is looked up there.
+        ``grad_pair[i]``: bytes of the gradients that live together during node i's
+        backward, w.r.t. its output and w.r.t. each of its inputs."""
+        root = np.arange(len(self.ids))
+        for i in self.topo:
+            if self.inplace[i] and self.pred[i]:
+                root[i] = root[self.pred[i][0]]
+        self.sent_held = np.maximum(self.act - self.saved[root], 0.0)
+        self.grad_pair = self.act.copy()
+        if self.edges:
+            e = np.asarray(self.edges, dtype=np.int64)
+            np.add.at(self.grad_pair, e[:, 1], self.act[e[:, 0]])
 
     # -- construction -------------------------------------------------------------------
     @classmethod

@@ -23,8 +23,10 @@ Semantics follow PipeDream's published optimizer (``optimizer_graph_hierarchical
 
 The objective A[full][W-1] is PipeDream's "time per stage in pipeline". Where PipeDream's
 program loops over (k, r) per state in Python, this evaluates all (j, k) ancestor pairs of
-one worker count at once with numpy; ties between equally good splits may be broken
-differently (PipeDream's own order depends on set iteration).
+one worker count at once with numpy. Ties are broken as PipeDream's program does where it is
+deterministic (a split must be strictly faster than the single stage; for one split point the
+fewest workers for the last stage win); between split points its order follows a set of
+node objects hashed by identity, so here the earliest state wins (docs/baselines.md).
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ class BatchCosts:
     params: np.ndarray
     outputs: np.ndarray
     received: np.ndarray
+    held: np.ndarray
+    workspace: np.ndarray
     boundary: np.ndarray
     crossing: np.ndarray
     recompute: np.ndarray
@@ -30,7 +32,11 @@ class BatchCosts:
 
     @property
     def stash(self) -> np.ndarray:
-        return self.outputs + self.received
+        return self.outputs + self.received + self.held
+
+    @property
+    def kept_recomputing(self) -> np.ndarray:
+        return self.received + self.held
 
     def take(self, idx: np.ndarray) -> "BatchCosts":
         return BatchCosts(**{f.name: getattr(self, f.name) if f.name == "input_fraction" else getattr(self, f.name)[idx]
@@ -42,6 +48,14 @@ def _per_stage(owner: np.ndarray, weights: np.ndarray, s_count: int) -> np.ndarr
     count = owner.shape[0]
     idx = (owner + s_count * np.arange(count)[:, None]).ravel()
     return np.bincount(idx, weights=np.tile(weights, count), minlength=count * s_count).reshape(count, s_count)
+
+
+def _stage_max(owner: np.ndarray, weights: np.ndarray, s_count: int) -> np.ndarray:
+    """Row-wise maximum of ``weights[u]`` over the nodes of each stage (0 for an empty one)."""
+    count = owner.shape[0]
+    out = np.zeros(count * s_count)
+    np.maximum.at(out, (owner + s_count * np.arange(count)[:, None]).ravel(), np.tile(weights, count))
+    return out.reshape(count, s_count)
 
 
 def _fixed(g: Graph) -> np.ndarray:
@@ -75,10 +89,13 @@ def batch_costs(g: Graph, owner: np.ndarray, s_count: int, recompute: np.ndarray
     boundary = np.cumsum(diff.reshape(count, width), axis=1)[:, : s_count - 1]
     crossing = np.cumsum(edge_diff.reshape(count, width), axis=1)[:, : s_count - 1] > 0
     fixed = _fixed(g)
+    held = np.bincount((own + s_count * np.arange(count)[:, None])[cross], weights=np.broadcast_to(
+        g.sent_held, own.shape)[cross], minlength=count * s_count).reshape(count, s_count)
     return BatchCosts(_per_stage(own, g.fwd, s_count), _per_stage(own, g.bwd, s_count),
                       _per_stage(own, fixed[0], s_count), _per_stage(own, fixed[1], s_count),
                       _per_stage(own, g.params, s_count), _per_stage(own, g.saved, s_count),
-                      np.concatenate([np.zeros((count, 1)), boundary], axis=1), boundary, crossing,
+                      np.concatenate([np.zeros((count, 1)), boundary], axis=1), held,
+                      _stage_max(own, g.grad_pair, s_count), boundary, crossing,
                       recompute.astype(bool), valid,
                       float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)))
 

@@ -226,10 +226,10 @@ def _memory(sh: _Shape, c: BatchCosts, fs: np.ndarray, optimizer: str) -> np.nda
         count = np.cumsum(np.where(k == _F, 1.0, np.where(frees, -1.0, 0.0)))
         at_back = (k == _B) | (k == _I)
         rec = c.recompute[:, st]
-        keep = np.where(rec, c.received[:, st], c.stash[:, st])
+        keep = np.where(rec, c.kept_recomputing[:, st], c.stash[:, st])
         most, before_back = count.max(initial=0.0), (count + frees)[at_back].max(initial=0.0)
-        peak = np.where(rec & at_back.any(), np.maximum(keep * most, keep * before_back + c.outputs[:, st]),
-                        keep * most)
+        redo = np.where(rec, c.outputs[:, st], 0.0) + c.workspace[:, st]
+        peak = np.where(at_back.any(), np.maximum(keep * most, keep * before_back + redo), keep * most)
         fixed = c.params[:, st] * factor + (max(most - 1, 0) * c.params[:, st] if sh.steady else 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             frac = np.where(gf[:, gi:gi + 1] > 0, fs / gf[:, gi:gi + 1], 0.0)

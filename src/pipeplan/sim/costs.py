@@ -19,9 +19,11 @@ class StageCosts:
     """Whole-microbatch costs on the reference device, per stage s:
     ``fwd[s]``, ``bwd[s]`` (s) and their fixed per-call parts, ``params[s]`` (bytes),
     ``outputs[s]`` (bytes of the stage's own activations kept for backward), ``received[s]``
-    (bytes of the activations it received); per cut s|s+1: ``boundary[s]`` (bytes crossing
-    it) and ``crossing[s]`` (some edge crosses it, so the two stages must talk even if the
-    bytes are 0); ``recompute[s]``: the stage re-materializes (Huang et al. 2019, §2.3)."""
+    (bytes of the activations it received), ``held[s]`` (bytes of the outputs it sends that
+    it keeps until their backward beyond ``outputs``), ``workspace[s]`` (the largest gradient
+    pair of one of its backward steps, docs/memory.md); per cut s|s+1: ``boundary[s]`` (bytes
+    crossing it) and ``crossing[s]`` (some edge crosses it, so the two stages must talk even
+    if the bytes are 0); ``recompute[s]``: the stage re-materializes (Huang et al. 2019, §2.3)."""
 
     fwd: np.ndarray
     bwd: np.ndarray
@@ -30,6 +32,8 @@ class StageCosts:
     params: np.ndarray
     outputs: np.ndarray
     received: np.ndarray
+    held: np.ndarray
+    workspace: np.ndarray
     boundary: np.ndarray
     crossing: np.ndarray
     recompute: np.ndarray
@@ -38,12 +42,19 @@ class StageCosts:
     @property
     def stash(self) -> np.ndarray:
         """Bytes kept per microbatch in flight without recomputation."""
-        return self.outputs + self.received
+        return self.outputs + self.received + self.held
+
+    @property
+    def kept_recomputing(self) -> np.ndarray:
+        """Bytes kept per microbatch in flight by a re-materializing stage."""
+        return self.received + self.held
 
 
-def _cuts(owner: np.ndarray, edges: list, act: np.ndarray, s_count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes crossing each cut and whether any edge crosses it: an output of a node in
-    stage a consumed up to stage b crosses cuts a|a+1 ... b-1|b (relayed stage by stage)."""
+def _cuts(owner: np.ndarray, edges: list, act: np.ndarray,
+          s_count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bytes crossing each cut, whether any edge crosses it, and which nodes' outputs leave
+    their stage: an output of a node in stage a consumed up to stage b crosses cuts
+    a|a+1 ... b-1|b (relayed stage by stage)."""
     last = owner.copy()
     if edges:
         e = np.asarray(edges, dtype=np.int64)
@@ -55,7 +66,7 @@ def _cuts(owner: np.ndarray, edges: list, act: np.ndarray, s_count: int) -> tupl
     np.add.at(diff, last[cross], -act[cross])
     np.add.at(edge_diff, owner[cross], 1)
     np.add.at(edge_diff, last[cross], -1)
-    return np.cumsum(diff)[: s_count - 1], np.cumsum(edge_diff)[: s_count - 1] > 0
+    return np.cumsum(diff)[: s_count - 1], np.cumsum(edge_diff)[: s_count - 1] > 0, cross
 
 
 def stage_costs(plan: Plan) -> StageCosts:
@@ -63,7 +74,7 @@ def stage_costs(plan: Plan) -> StageCosts:
     s_count = plan.num_stages
     owner = plan.stage_of_node()
     per = lambda w: np.bincount(owner, weights=w, minlength=s_count)  # noqa: E731
-    boundary, crossing = _cuts(owner, g.edges, g.act, s_count)
+    boundary, crossing, leaves = _cuts(owner, g.edges, g.act, s_count)
     fixed = np.zeros((2, len(g)))
     for nid, pair in (g.meta.get("fixed_s") or {}).items():
         i = g.index.get(nid)
@@ -71,6 +82,9 @@ def stage_costs(plan: Plan) -> StageCosts:
             fixed[:, i] = pair
     kept = g.saved  # what autograd keeps per node (docs/memory.md); in-place nodes keep none of their own
     recompute = np.array([plan.recomputes(s) for s in range(s_count)], dtype=bool)
+    workspace = np.zeros(s_count)
+    np.maximum.at(workspace, owner, g.grad_pair)
     return StageCosts(per(g.fwd), per(g.bwd), per(fixed[0]), per(fixed[1]), per(g.params), per(kept),
-                      np.concatenate(([0.0], boundary)), boundary, crossing, recompute,
+                      np.concatenate(([0.0], boundary)), per(np.where(leaves, g.sent_held, 0.0)), workspace,
+                      boundary, crossing, recompute,
                       float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)))

@@ -5,8 +5,10 @@ walking its program, the activations it keeps for backward: for each microbatch 
 (forward done, backward not yet), its share of the stage's kept activations and of the
 activations it received. A share is the device's part of the microbatch's samples, in
 proportion to its speed among the replicas running it. A re-materializing stage (Huang et
-al. 2019, §2.3) keeps only what it received, and during each backward holds one microbatch's
-activations again. A split backward frees at W. An asynchronous steady state (PipeDream's
+al. 2019, §2.3) keeps only what it received and sent, and during each backward holds one
+microbatch's activations again. Every backward step also holds its gradient pair (the
+gradients w.r.t. a layer's output and input, ``StageCosts.workspace``). A split backward
+frees at W. An asynchronous steady state (PipeDream's
 weight stashing, §3.3) keeps one weight version per microbatch in flight beyond the first.
 """
 
@@ -29,13 +31,14 @@ def _activation_peak(g: Group, costs: StageCosts, share_f: np.ndarray) -> tuple[
     k, s, m = p.kinds[comp], p.stages[comp], p.micro[comp]
     with np.errstate(divide="ignore", invalid="ignore"):
         frac = np.where(share_f[s, m] > 0, 1.0 / share_f[s, m], 0.0)
-    keep = np.where(costs.recompute[s], costs.received[s], costs.stash[s]) * frac
+    keep = np.where(costs.recompute[s], costs.kept_recomputing[s], costs.stash[s]) * frac
     frees = (k == Kind.B) | (k == Kind.W)
     delta = np.where(k == Kind.F, keep, np.where(frees, -keep, 0.0))
     level = np.cumsum(delta)
     before = level - delta  # level just before each action
-    redo = (costs.recompute[s] & ((k == Kind.B) | (k == Kind.I))) * costs.outputs[s] * frac
-    peak = float(max(level.max(initial=0.0), (before + redo).max(initial=0.0)))
+    back = (k == Kind.B) | (k == Kind.I)
+    extra = back * (costs.recompute[s] * costs.outputs[s] + costs.workspace[s]) * frac
+    peak = float(max(level.max(initial=0.0), (before + extra).max(initial=0.0)))
     count = np.cumsum(np.where(k == Kind.F, 1, np.where(frees, -1, 0)))
     return peak, int(count.max(initial=0))
 
