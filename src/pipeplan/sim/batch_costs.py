@@ -7,36 +7,15 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ..graph import Graph
-from .costs import DEFAULT_INPUT_FRACTION
+from .costs import DEFAULT_INPUT_FRACTION, StageCosts
 
 
-@dataclass
-class BatchCosts:
+@dataclass(frozen=True)
+class BatchCosts(StageCosts):
     """``StageCosts`` with a leading candidate axis; ``valid[b]``: every stage has a node
     and no edge goes back to an earlier stage."""
 
-    fwd: np.ndarray
-    bwd: np.ndarray
-    fwd_fixed: np.ndarray
-    bwd_fixed: np.ndarray
-    params: np.ndarray
-    outputs: np.ndarray
-    received: np.ndarray
-    held: np.ndarray
-    workspace: np.ndarray
-    boundary: np.ndarray
-    crossing: np.ndarray
-    recompute: np.ndarray
     valid: np.ndarray
-    input_fraction: float
-
-    @property
-    def stash(self) -> np.ndarray:
-        return self.outputs + self.received + self.held
-
-    @property
-    def kept_recomputing(self) -> np.ndarray:
-        return self.received + self.held
 
     def take(self, idx: np.ndarray) -> "BatchCosts":
         return BatchCosts(**{f.name: getattr(self, f.name) if f.name == "input_fraction" else getattr(self, f.name)[idx]
@@ -95,9 +74,8 @@ def batch_costs(g: Graph, owner: np.ndarray, s_count: int, recompute: np.ndarray
                       _per_stage(own, fixed[0], s_count), _per_stage(own, fixed[1], s_count),
                       _per_stage(own, g.params, s_count), _per_stage(own, g.saved, s_count),
                       np.concatenate([np.zeros((count, 1)), boundary], axis=1), held,
-                      _stage_max(own, g.grad_pair, s_count), boundary, crossing,
-                      recompute.astype(bool), valid,
-                      float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)))
+                      _stage_max(own, g.grad_pair, s_count), boundary, crossing, recompute.astype(bool),
+                      float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)), valid)
 
 
 def structure_keys(costs: BatchCosts, device_stage: np.ndarray, s_count: int, replicas: str) -> np.ndarray:
