@@ -144,6 +144,20 @@ def test_dp_replicas_modes_and_auto_takes_the_faster():
     assert auto.replicas == "split"
 
 
+def test_dp_auto_takes_the_mode_that_fits():
+    """Two equal devices, M = 2: round-robin runs a whole microbatch per device (8e9 bytes
+    kept + an 8e9 gradient pair), no slower than splitting each microbatch in halves, but only
+    the halves fit in 12e9 bytes."""
+    devs = [Device(f"d{i}", speed=1.0, memory=12e9) for i in range(2)]
+    c = Cluster("pair", devs, np.full((2, 2), 1e12), np.zeros((2, 2)))
+    g = Graph.chain("c", [1.0, 1.0], [2.0, 2.0], params=[1e3, 1e3], act=[4e9, 4e9])
+    whole, halves = (simulate(Plan(g, c, [Stage(list(g.ids), c.names)], 2, schedule="1f1b", replicas=m))
+                     for m in ("round-robin", "split"))
+    assert whole.over_memory and not halves.over_memory and whole.iteration_s <= halves.iteration_s
+    auto, result = run_planner("dp", g, c, PlanOptions(microbatches=2))
+    assert auto.replicas == "split" and not result.over_memory
+
+
 def test_gpipe_rematerializes_unless_told_not_to():
     g = load_graph("zoo:alexnet")
     c = hierarchical("h", 1, 4, 1e10, 1e10)

@@ -17,12 +17,12 @@ from .base import PlanOptions, planner_options, register
 class DataParallelOptions:
     replicas: str = field(default="auto", metadata={
         "help": "split: every microbatch split over all devices (samples in proportion to speed); "
-                "round-robin: whole microbatches in turn; auto: the faster of the two, simulated",
+                "round-robin: whole microbatches in turn; auto: the faster of the two that fits, simulated",
         "choices": (*REPLICA_MODES, "auto")})
 
 
 @register("dp", "data parallelism: every device holds the whole model, one all-reduce; "
-          "microbatches whole (round-robin) or split over the devices, whichever is faster", "1f1b",
+          "microbatches whole (round-robin) or split over the devices, the faster that fits", "1f1b",
           options=DataParallelOptions)
 def plan_dp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """Data parallelism as DRL-PP §1 describes it (Krizhevsky et al. 2012): the input is
@@ -35,7 +35,12 @@ def plan_dp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
              for m in (("round-robin", "split") if mode == "auto" else (mode,))]
     if len(plans) == 1:
         return plans[0]
-    return min(plans, key=lambda p: simulate(p, timeline=False).iteration_s)  # ties: round-robin
+
+    def rank(p: Plan) -> tuple[bool, float]:  # fitting first (a split share keeps less), then time
+        r = simulate(p, timeline=False)
+        return bool(r.over_memory) and not options.allow_over_memory, r.iteration_s
+
+    return min(plans, key=rank)  # ties: round-robin
 
 
 @dataclass(frozen=True)
