@@ -222,7 +222,8 @@ def cmd_calibrate(args) -> int:
 
 def cmd_run(args) -> int:
     from .plan import load_plan
-    from .runtime.executor import RunConfig, max_rel_diff, reference_params, run_plan
+    from .runtime.check import check_run
+    from .runtime.executor import RunConfig, run_plan
     from .units import fmt_time
 
     plan = load_plan(args.plan)
@@ -230,23 +231,26 @@ def cmd_run(args) -> int:
                     timeout_s=args.timeout)
     out = run_plan(plan, cfg)
     staged = out.pop("_params")
+    check = None
     if args.check:
-        from .runtime.models import load_model
-
-        _, x = load_model(args.model, plan.graph.meta.get("microbatch"), cfg.seed)
-        out["max_rel_diff"] = max_rel_diff(staged, reference_params(plan, cfg, int(x.shape[0])))
+        check = check_run(plan, args.model, staged, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
+                          threads=cfg.threads, microbatch=out["microbatch"])
+        out["max_rel_diff"], out["check"] = check.max_rel_diff, check.to_dict()
+    code = 0 if check is None or check.verdict == "pass" else 1
+    for w in out["warnings"]:
+        print(f"warning: {w}", file=sys.stderr)
     if args.json:
         print(json.dumps(out))
-        return 0
+        return code
     print(f"{plan.planner} plan, schedule {plan.schedule}, {out['processes']} processes, "
           f"{args.steps} steps after {args.warmup} warm-up")
     print(f"measured {fmt_time(out['measured_s'])} per iteration (median), predicted "
           f"{fmt_time(out['predicted_s'])}: prediction error {out['error']:.1%}")
-    if args.check:
-        verdict = "OK" if out["max_rel_diff"] <= 1e-5 else "MISMATCH"
-        print(f"check against one-process training: largest relative parameter difference "
-              f"{out['max_rel_diff']:.2e} ({verdict})")
-    return 0
+    if check is not None:
+        print(f"check against one-process training: largest relative difference {check.max_rel_diff:.2e} "
+              f"({check.worst}; tolerance {check.tolerance:g}): {check.verdict.upper()}"
+              + (f" — {check.note}" if check.note else ""))
+    return code
 
 
 def cmd_planners(args) -> int:
@@ -392,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker process (default 1)")
     sp.add_argument("--timeout", type=float, default=300.0, help="seconds before a stuck run is ended")
     sp.add_argument("--check", action="store_true",
-                    help="also train in one process and compare the parameters (max_rel_diff)")
+                    help="also train in one process and compare parameters and buffers; exit 1 unless "
+                         "they agree (check.verdict: pass, fail or not comparable)")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_run)
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import os
 import queue as queue_mod
+import signal
 import socket
 import statistics
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
@@ -31,6 +33,7 @@ from torch import nn
 from ..errors import PipeplanError
 from ..plan import Plan
 from ..schedule import make_schedule
+from .data import global_batch, pipeline_samples, squared_error
 from .models import load_model
 from .translate import microbatches_of, pipeline_orders
 
@@ -104,31 +107,65 @@ def check_plan_against_model(plan: Plan, model: nn.Module, spec: str, microbatch
         raise PipeplanError(f"plan: a microbatch of {microbatch} samples cannot be split evenly over {k} replicas")
 
 
-def _global_batch(model: nn.Module, x: torch.Tensor, m_count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed + 1)
-    z = x.shape[0]
-    xs = torch.randn((m_count * z, *x.shape[1:]), generator=gen)
+def _starts_in_place(layers: list[nn.Module]) -> bool:
+    """The stage's first layers write their input in place (past views such as Flatten)."""
+    for m in layers:
+        if getattr(m, "inplace", False):
+            return True
+        if not isinstance(m, (nn.Flatten, nn.Unflatten, nn.Identity)):
+            return False
+    return False
+
+
+class Copied(nn.Module):
+    """A stage whose first layer writes its input in place: the tensor a stage receives is a
+    leaf that requires grad, which autograd forbids writing, so the stage works on a copy."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.clone())
+
+
+def _stage_examples(layers: OrderedDict, before: list[str], stage: list[str],
+                    sample: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stage's input and output for one local microbatch, computed in eval mode without
+    gradients, so torch's pipelining needs no metadata inference (which would run the stage in
+    train mode on uninitialized tensors and corrupt its BatchNorm statistics)."""
+    modules = [layers[n] for n in before + stage]
+    for m in modules:
+        m.eval()
     with torch.no_grad():
-        out_shape = model(xs[:1]).shape[1:]
-    ys = torch.randn((m_count * z, *out_shape), generator=gen)
-    return xs, ys
+        h = sample.clone()
+        for n in before:
+            h = layers[n](h)
+        inp = h.clone()
+        for n in stage:
+            h = layers[n](h)
+    for m in modules:
+        m.train()
+    # what autograd will see: a received input needs its gradient, every output has one
+    return inp.requires_grad_(bool(before) and inp.is_floating_point()), h.requires_grad_(h.is_floating_point())
 
 
-def _pipeline_samples(m_count: int, z: int, p: int, k: int, replicas: str) -> torch.Tensor:
-    """Indices of the global batch's samples that pipeline p processes, microbatch by microbatch."""
-    idx = []
-    for m in microbatches_of(p, k, m_count, replicas):
-        if replicas == "split":
-            part = z // k
-            idx.append(torch.arange(m * z + p * part, m * z + (p + 1) * part))
-        else:
-            idx.append(torch.arange(m * z, (m + 1) * z))
-    return torch.cat(idx)
+def _die_with_parent(parent: int) -> None:
+    """Linux: this process gets SIGKILL when its parent ends, however it ends."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent ended before the request took effect
+        os._exit(1)
 
 
 def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, results) -> None:
     from ..plan import plan_from_dict
 
+    _die_with_parent(cfg["parent"])
     stage_index = -1
     try:
         import torch.distributed as dist
@@ -145,20 +182,25 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         dp_groups = [dist.new_group([q * s_count + s for q in range(k)]) for s in range(s_count)] if k > 1 else []
         model, x = load_model(cfg["spec"], cfg["microbatch"], cfg["seed"])
         layers = layers_of(model, cfg["spec"])
-        xs, ys = _global_batch(model, x, plan.microbatches, cfg["seed"])
+        xs, ys = global_batch(model, x, plan.microbatches, cfg["seed"])
         z = x.shape[0]
-        sel = _pipeline_samples(plan.microbatches, z, pipe, k, plan.replicas)
-        layers_mod = nn.Sequential(OrderedDict((n, layers[n]) for n in plan.stages[stage_index].nodes))
-        stage_mod = Recomputed(layers_mod) if plan.recomputes(stage_index) else layers_mod
+        sel = pipeline_samples(plan.microbatches, z, pipe, k, plan.replicas)
+        names = plan.stages[stage_index].nodes
+        before = [n for st in plan.stages[:stage_index] for n in st.nodes]
+        inp, out = _stage_examples(layers, before, names, xs[sel][: z // k if plan.replicas == "split" else z])
+        layers_mod = nn.Sequential(OrderedDict((n, layers[n]) for n in names))
+        stage_mod = Copied(layers_mod) if stage_index > 0 and _starts_in_place(list(layers_mod)) else layers_mod
+        stage_mod = Recomputed(stage_mod) if plan.recomputes(stage_index) else stage_mod
         denom = float(ys.numel())
 
         def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return ((out - target) ** 2).sum() / denom
+            return squared_error(out, target, denom)
 
         sched_ir = make_schedule(plan.schedule, plan.stage_devices(), plan.microbatches, plan.replicas)
         order = pipeline_orders(sched_ir, plan.stage_devices(), plan.replicas)[pipe]
         n_local = len(microbatches_of(pipe, k, plan.microbatches, plan.replicas))
-        stage = PipelineStage(stage_mod, stage_index, s_count, torch.device("cpu"), group=pp_groups[pipe])
+        stage = PipelineStage(stage_mod, stage_index, s_count, torch.device("cpu"), input_args=inp, output_args=out,
+                              group=pp_groups[pipe])
         sched = _PipelineScheduleRuntime([stage], n_microbatches=n_local, loss_fn=loss_fn, scale_grads=False)
         sched._prepare_schedule_with_comms(order)
         opt = torch.optim.SGD(stage_mod.parameters(), lr=cfg["lr"], momentum=0.9)
@@ -189,11 +231,13 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as e:  # report to the parent, which ends the run
-        results.put(("error", rank, stage_index, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+        text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        results.put(("error", rank, stage_index, f"{type(e).__name__}: {text}"))
         raise SystemExit(1)
 
 
 def _end_all(procs: list) -> None:
+    procs = [p for p in procs if p.pid is not None]  # started
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -203,6 +247,37 @@ def _end_all(procs: list) -> None:
         if p.is_alive():
             p.kill()
             p.join(5)
+
+
+def target_warnings(plan: Plan, cores: int | None = None) -> list[str]:
+    """What makes this run differ from what the plan was made for: devices that are not the
+    CPU processes the executor starts, or more processes than cores."""
+    cores = cores or os.cpu_count() or 1
+    world = sum(len(s.devices) for s in plan.stages)
+    used = {d for s in plan.stages for d in s.devices}
+    kinds = sorted({plan.cluster.devices[plan.cluster.index[d]].kind for d in used})
+    out = []
+    if any(k.upper() != "CPU" for k in kinds):
+        out.append(f"the plan was made for cluster {plan.cluster.name!r} ({', '.join(kinds)}) and runs here as "
+                   f"{world} CPU processes: its prediction is for {plan.cluster.name!r}, not for this machine "
+                   "(pipeplan calibrate writes a cluster of this machine to plan for)")
+    if world > cores:
+        out.append(f"{world} worker processes on {cores} cores: they share cores, so times are slower than "
+                   "either the plan or a calibration assumes")
+    return out
+
+
+def _end_on_signals():
+    """SIGTERM (and SIGINT) end the run as an error, so its workers are ended before the
+    parent goes (a worker also dies with its parent, ``_die_with_parent``); returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        raise PipeplanError(f"run interrupted by {signal.Signals(signum).name}; every worker process was ended")
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    return lambda: [signal.signal(s, h) for s, h in old.items()]
 
 
 def run_plan(plan: Plan, cfg: RunConfig) -> dict:
@@ -216,18 +291,19 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    wcfg = {**asdict(cfg), "microbatch": int(x.shape[0])}
+    wcfg = {**asdict(cfg), "microbatch": int(x.shape[0]), "parent": os.getpid()}
     plan_dict = plan.to_dict()
     procs = [ctx.Process(target=_worker, args=(r, world, port, plan_dict, wcfg, results), daemon=True)
              for r in range(world)]
-    for p in procs:
-        p.start()
     params: dict[int, dict] = {}
     times: list[float] = []
     deadline = time.time() + cfg.timeout_s
     s_count = plan.num_stages
     errors: dict[int, str] = {}
+    restore = _end_on_signals()
     try:
+        for p in procs:
+            p.start()
         while True:
             try:
                 msg = results.get(timeout=0.05)
@@ -253,11 +329,13 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
                                     f"did not finish within {cfg.timeout_s:g} s")
     finally:
         _end_all(procs)
+        restore()
     steady = times[cfg.warmup:] or times
     measured = statistics.median(steady)
     out = {"measured_s": measured, "predicted_s": predicted, "error": abs(predicted - measured) / measured,
            "steps": cfg.steps, "warmup": cfg.warmup, "processes": world, "per_step_s": times,
-           "schedule": plan.schedule, "replicas": plan.replicas}
+           "schedule": plan.schedule, "replicas": plan.replicas, "microbatch": int(x.shape[0]),
+           "warnings": target_warnings(plan)}
     out["_params"] = params
     return out
 
@@ -292,28 +370,3 @@ def _diagnose(plan: Plan, procs: list, errors: dict[int, str], results) -> str:
 def _device_of(plan: Plan, rank: int) -> str:
     s_count = plan.num_stages
     return plan.stages[rank % s_count].devices[rank // s_count]
-
-
-def reference_params(plan: Plan, cfg: RunConfig, microbatch: int) -> dict[str, torch.Tensor]:
-    """The same training in one process: same model, seed, global batch, loss and optimizer."""
-    torch.set_num_threads(cfg.threads)
-    model, x = load_model(cfg.spec, microbatch, cfg.seed)
-    xs, ys = _global_batch(model, x, plan.microbatches, cfg.seed)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    for _ in range(cfg.warmup + cfg.steps):
-        opt.zero_grad()
-        loss = ((model(xs) - ys) ** 2).sum() / float(ys.numel())
-        loss.backward()
-        opt.step()
-    return {n: t.detach().clone() for n, t in model.state_dict().items()}
-
-
-def max_rel_diff(staged: dict[int, dict], ref: dict[str, torch.Tensor]) -> float:
-    worst = 0.0
-    for stage_params in staged.values():
-        for name, t in stage_params.items():
-            t = torch.as_tensor(t)
-            r = ref[name]
-            scale = float(r.abs().max()) or 1.0
-            worst = max(worst, float((t - r).abs().max()) / scale)
-    return worst

@@ -1,0 +1,117 @@
+"""``run --check``: the run's parameters and buffers against the same training in one process.
+
+The reference trains the same model (same seed, global batch, loss and optimizer) one
+microbatch share at a time, in the order each pipeline runs them, so layers that depend on
+the batch (BatchNorm) see exactly the batches they saw in the run: pipeline p's share of
+microbatch m (all of it, or a 1/k part when split), with pipeline p's own running
+statistics, which are kept apart per pipeline as each replica keeps its own. Gradients add up
+over shares as over microbatches and replicas. Pipeline 0's state (every stage) is compared.
+
+What cannot be compared is said, not hidden: random layers (Dropout) draw other numbers in
+each process; a re-materialized stage runs its forward twice, so a BatchNorm in it updates
+its running statistics twice (its buffers are then left out of the comparison).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..plan import Plan
+from .data import global_batch, share, squared_error
+from .models import load_model
+from .translate import microbatches_of
+
+TOLERANCE = 1e-5
+
+
+@dataclass
+class CheckResult:
+    verdict: str  # "pass", "fail" or "not comparable"
+    max_rel_diff: float
+    worst: str  # the tensor with the largest relative difference
+    tolerance: float = TOLERANCE
+    left_out: list[str] = field(default_factory=list)  # tensors not compared, with the reason in ``note``
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "max_rel_diff": self.max_rel_diff, "worst": self.worst,
+                "tolerance": self.tolerance, "left_out": self.left_out, "note": self.note}
+
+
+def _random_layers(model: nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
+
+
+def _twice_updated_buffers(plan: Plan, model: nn.Module) -> list[str]:
+    """Running statistics of batch-norm layers inside re-materialized stages."""
+    out = []
+    for s, stage in enumerate(plan.stages):
+        if not plan.recomputes(s):
+            continue
+        for n, m in model.named_modules():
+            if isinstance(m, nn.modules.batchnorm._NormBase) and n.split(".")[0] in stage.nodes:
+                out += [f"{n}.{b}" for b, _ in m.named_buffers()]
+    return out
+
+
+def reference_state(plan: Plan, spec: str, steps: int, lr: float, seed: int, threads: int,
+                    microbatch: int) -> dict[str, torch.Tensor]:
+    """Pipeline 0's state after ``steps`` iterations trained in one process (module docstring)."""
+    torch.set_num_threads(threads)
+    model, x = load_model(spec, microbatch, seed)
+    xs, ys = global_batch(model, x, plan.microbatches, seed)
+    z, k, m_count = x.shape[0], len(plan.stages[0].devices), plan.microbatches
+    denom = float(ys.numel())
+    order = sorted((m, p) for p in range(k) for m in microbatches_of(p, k, m_count, plan.replicas))
+    buffers = [{n: b.detach().clone() for n, b in model.named_buffers()} for _ in range(k)]
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for _ in range(steps):
+        opt.zero_grad()
+        for m, p in order:
+            with torch.no_grad():
+                for n, b in model.named_buffers():
+                    b.copy_(buffers[p][n])
+            rows = share(m, z, p, k, plan.replicas)
+            squared_error(model(xs[rows]), ys[rows], denom).backward()
+            buffers[p] = {n: b.detach().clone() for n, b in model.named_buffers()}
+        opt.step()
+    state = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    return {**state, **{n: b for n, b in buffers[0].items() if n in state}}
+
+
+def compare_states(staged: dict[int, dict], ref: dict[str, torch.Tensor],
+                   skip: frozenset[str] = frozenset()) -> tuple[float, str]:
+    """Largest difference relative to the reference tensor's largest magnitude, and where."""
+    worst, where = 0.0, ""
+    for stage_state in staged.values():
+        for name, t in stage_state.items():
+            if name in skip:
+                continue
+            t, r = torch.as_tensor(t).double(), ref[name].double()
+            scale = float(r.abs().max()) if r.numel() else 0.0
+            diff = float((t - r).abs().max()) / (scale or 1.0) if r.numel() else 0.0
+            if diff > worst or not where:
+                worst, where = max(worst, diff), name
+    return worst, where
+
+
+def check_run(plan: Plan, spec: str, staged: dict[int, dict], *, steps: int, lr: float, seed: int,
+              threads: int, microbatch: int) -> CheckResult:
+    """The verdict on a run's final state (``staged``: stage -> tensor name -> values)."""
+    model, _ = load_model(spec, microbatch, seed)
+    random = _random_layers(model)
+    twice = _twice_updated_buffers(plan, model)
+    ref = reference_state(plan, spec, steps, lr, seed, threads, microbatch)
+    worst, where = compare_states(staged, ref, frozenset(twice))
+    note = ""
+    if twice:
+        note = ("re-materialized stages update their BatchNorm running statistics twice per microbatch "
+                "(the forward runs again in the backward); those buffers were not compared")
+    if random:
+        return CheckResult("not comparable", worst, where, left_out=twice,
+                           note=f"random layers ({', '.join(random[:3])}) draw other numbers in each process; "
+                                "set their p to 0 to check")
+    return CheckResult("pass" if worst <= TOLERANCE else "fail", worst, where, left_out=twice, note=note)

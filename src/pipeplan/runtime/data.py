@@ -1,0 +1,42 @@
+"""The training every run and its check share: a fixed random global batch, which samples
+each pipeline takes, and the loss (mean squared error written as a sum over the global
+element count, so that microbatches and replicas add up to the one-process gradient)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .translate import microbatches_of
+
+
+def global_batch(model: nn.Module, x: torch.Tensor, m_count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """M microbatches of random inputs shaped like ``x`` and random targets shaped like the
+    model's output (probed in eval mode, so no buffer changes)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    z = x.shape[0]
+    xs = torch.randn((m_count * z, *x.shape[1:]), generator=gen)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out_shape = model(xs[:1]).shape[1:]
+    model.train(was_training)
+    ys = torch.randn((m_count * z, *out_shape), generator=gen)
+    return xs, ys
+
+
+def share(m: int, z: int, p: int, k: int, replicas: str) -> torch.Tensor:
+    """Indices of the samples of microbatch m that pipeline p runs (a 1/k part when split)."""
+    if replicas == "split":
+        part = z // k
+        return torch.arange(m * z + p * part, m * z + (p + 1) * part)
+    return torch.arange(m * z, (m + 1) * z)
+
+
+def pipeline_samples(m_count: int, z: int, p: int, k: int, replicas: str) -> torch.Tensor:
+    """Indices of the global batch's samples that pipeline p processes, microbatch by microbatch."""
+    return torch.cat([share(m, z, p, k, replicas) for m in microbatches_of(p, k, m_count, replicas)])
+
+
+def squared_error(out: torch.Tensor, target: torch.Tensor, denom: float) -> torch.Tensor:
+    return ((out - target) ** 2).sum() / denom

@@ -1,0 +1,35 @@
+"""Model factories for the runtime tests (``--model runtime_models:FACTORY``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def bn_cnn() -> tuple[nn.Module, torch.Tensor]:
+    """conv + BatchNorm + ReLU(inplace=True), as torchvision writes them: a stage cut after a
+    BatchNorm starts with an in-place layer."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+                          nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    return model, torch.randn(8, 3, 8, 8)
+
+
+def dropout_mlp() -> tuple[nn.Module, torch.Tensor]:
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 4))
+    return model, torch.randn(8, 16)
+
+
+class _RankSkew(nn.Module):
+    """Adds the worker's rank to its input: a model that trains differently when distributed,
+    which --check must catch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        return x + (dist.get_rank() if dist.is_initialized() else 0)
+
+
+def rank_skewed() -> tuple[nn.Module, torch.Tensor]:
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), _RankSkew(), nn.Linear(32, 4))
+    return model, torch.randn(8, 16)
