@@ -33,3 +33,24 @@ class _RankSkew(nn.Module):
 def rank_skewed() -> tuple[nn.Module, torch.Tensor]:
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), _RankSkew(), nn.Linear(32, 4))
     return model, torch.randn(8, 16)
+
+
+class Residual(nn.Module):
+    """Not a Sequential: a skip connection around two layers and a functional add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, 32)
+        self.act = nn.ReLU()
+        self.a = nn.Linear(32, 32)
+        self.b = nn.Linear(32, 32)
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.inp(x))
+        y = self.b(torch.relu(self.a(h)))
+        return self.out(y + h)
+
+
+def residual() -> tuple[nn.Module, torch.Tensor]:
+    return Residual(), torch.randn(8, 16)

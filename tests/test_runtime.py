@@ -262,3 +262,34 @@ def test_a_plan_for_another_cluster_is_warned_about():
     assert target_warnings(plan, cores=4) == []
     assert target_warnings(plan, cores=2) == ["3 worker processes on 2 cores: they share cores, so times are slower "
                                               "than either the plan or a calibration assumes"]
+
+
+@pytest.mark.parametrize("cuts", [[["inp", "act", "a"], ["b", "out"]], [["inp", "act"], ["a"], ["b", "out"]]])
+def test_any_module_with_a_skip_edge_across_stages(cuts):
+    """The profiler's graph of a non-Sequential module (edges act -> a and act -> out) is the
+    graph the executor splits; the skip value h crosses one cut, or is relayed over two."""
+    from pipeplan.runtime.profiler import profile_model
+
+    spec = "runtime_models:residual"
+    g = profile_model(spec, warmup=0, reps=1)
+    assert ("act", "out") in [(g.ids[u], g.ids[v]) for u, v in g.edges]
+    c = hierarchical("local", 1, len(cuts), 1e9, 1e9)
+    plan = Plan(g, c, [Stage(ns, [d]) for ns, d in zip(cuts, c.names)], 4, schedule="1f1b")
+    cfg = RunConfig(spec, steps=2, timeout_s=120)
+    out = run_plan(plan, cfg)
+    got = check_run(plan, spec, out.pop("_params"), steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
+                    threads=cfg.threads, microbatch=out["microbatch"])
+    assert got.verdict == "pass", got
+
+
+def test_a_plan_against_the_data_flow_is_refused_before_start():
+    """A graph file that lost its edges lets a plan put b before a; the runtime's own split
+    of the model refuses it, naming the layer."""
+    spec = "runtime_models:residual"
+    ids = ["inp", "act", "a", "b", "out"]
+    g = Graph(name="m", ids=ids, fwd=[1e-3] * 5, bwd=[2e-3] * 5, params=[0.0] * 5, act=[1e4] * 5,
+              flops=[float("nan")] * 5, desc=[""] * 5, edges=[], meta={"microbatch": 8})
+    c = hierarchical("local", 1, 2, 1e9, 1e9)
+    plan = Plan(g, c, [Stage(["inp", "act", "b"], ["s0g0"]), Stage(["a", "out"], ["s0g1"])], 4, schedule="1f1b")
+    with pytest.raises(PipeplanError, match="stage 0 runs 'b', which needs a value computed in stage 1"):
+        run_plan(plan, RunConfig(spec))

@@ -1,7 +1,9 @@
 """Execute a plan on torch.distributed: one process per device, stages pipelined with
 torch.distributed.pipelining, replicated stages all-reduced in their own process group.
 
-Layout: a plan whose stages all have k devices runs as k pipelines of S stages (rank =
+Stages are cut from the model's fx trace (``split.py``): any module the profiler can trace,
+skip connections across stages included. Layout: a plan whose stages all have k devices
+runs as k pipelines of S stages (rank =
 p*S + s; pipeline p holds device p of every stage). Each pipeline is a process group driven
 by ``_PipelineScheduleRuntime`` with the action lists translated from pipeplan's schedule
 IR (``translate.py``); after each step, each stage's gradients are summed over its k
@@ -23,7 +25,6 @@ import socket
 import statistics
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
 import torch
@@ -35,6 +36,7 @@ from ..plan import Plan
 from ..schedule import make_schedule
 from .data import global_batch, pipeline_samples, squared_error
 from .models import load_model
+from .split import split_model
 from .translate import microbatches_of, pipeline_orders
 
 
@@ -57,10 +59,10 @@ class Recomputed(nn.Module):
         super().__init__()
         self.inner = inner
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
         from torch.utils.checkpoint import checkpoint
 
-        return checkpoint(self.inner, x, use_reentrant=False)
+        return checkpoint(self.inner, *args, use_reentrant=False)
 
 
 def _free_port() -> int:
@@ -69,29 +71,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def layers_of(model: nn.Module, spec: str) -> OrderedDict:
-    if not isinstance(model, nn.Sequential):
-        raise PipeplanError(f"model {spec!r}: the executor runs nn.Sequential models (stages are runs of "
-                            "its children); wrap the layers in nn.Sequential")
-    return OrderedDict(model.named_children())
-
-
-def check_plan_against_model(plan: Plan, model: nn.Module, spec: str, microbatch: int) -> None:
-    """Refuse, before any process starts, a plan that does not match the model or the runtime."""
-    names = list(layers_of(model, spec))
-    ids = set(plan.graph.ids)
-    unknown = [n for s in plan.stages for n in s.nodes if n not in names]
-    if unknown:
-        raise PipeplanError(f"plan does not match model {spec!r}: node {unknown[0]!r} is not one of its layers "
-                            f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})")
-    missing = [n for n in names if n not in ids]
-    if missing:
-        raise PipeplanError(f"plan does not match model {spec!r}: layer {missing[0]!r} is in no stage")
-    pos = {n: i for i, n in enumerate(names)}
-    flat = [pos[n] for s in plan.stages for n in s.nodes]
-    if flat != list(range(len(names))):
-        raise PipeplanError("plan: the executor needs each stage to be a consecutive run of the model's "
-                            "layers, in order")
+def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec: str) -> None:
+    """Refuse, before any process starts, a plan that does not match the model or the runtime:
+    the model is split into the plan's stages and one microbatch runs through them."""
     ks = {len(s.devices) for s in plan.stages}
     if len(ks) != 1:
         raise PipeplanError("plan: the executor runs plans whose stages all have the same number of devices "
@@ -103,51 +85,37 @@ def check_plan_against_model(plan: Plan, model: nn.Module, spec: str, microbatch
                 else "forward and backward lanes side by side")
         raise PipeplanError(f"run: schedule {plan.schedule!r} is evaluated as {what}; the runtime executes "
                             "synchronous schedules: re-plan with --schedule 1f1b")
-    if plan.replicas == "split" and k > 1 and microbatch % k:
-        raise PipeplanError(f"plan: a microbatch of {microbatch} samples cannot be split evenly over {k} replicas")
+    if plan.replicas == "split" and k > 1 and x.shape[0] % k:
+        raise PipeplanError(f"plan: a microbatch of {x.shape[0]} samples cannot be split evenly over {k} replicas")
+    parts = split_model(model, [s.nodes for s in plan.stages], spec)
+    stage_examples(model, parts, len(parts) - 1, x)
 
 
-def _starts_in_place(layers: list[nn.Module]) -> bool:
-    """The stage's first layers write their input in place (past views such as Flatten)."""
-    for m in layers:
-        if getattr(m, "inplace", False):
-            return True
-        if not isinstance(m, (nn.Flatten, nn.Unflatten, nn.Identity)):
-            return False
-    return False
+def _as_tuple(v) -> tuple:
+    return v if isinstance(v, tuple) else (v,)
 
 
-class Copied(nn.Module):
-    """A stage whose first layer writes its input in place: the tensor a stage receives is a
-    leaf that requires grad, which autograd forbids writing, so the stage works on a copy."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x.clone())
-
-
-def _stage_examples(layers: OrderedDict, before: list[str], stage: list[str],
-                    sample: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stage's input and output for one local microbatch, computed in eval mode without
+def stage_examples(model: nn.Module, parts: list[nn.Module], stage_index: int,
+                   sample: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """The stage's inputs and outputs for one local microbatch, computed in eval mode without
     gradients, so torch's pipelining needs no metadata inference (which would run the stage in
-    train mode on uninitialized tensors and corrupt its BatchNorm statistics)."""
-    modules = [layers[n] for n in before + stage]
-    for m in modules:
-        m.eval()
-    with torch.no_grad():
-        h = sample.clone()
-        for n in before:
-            h = layers[n](h)
-        inp = h.clone()
-        for n in stage:
-            h = layers[n](h)
-    for m in modules:
-        m.train()
+    train mode on uninitialized tensors and corrupt its BatchNorm statistics). Whatever
+    crosses a cut must be a tensor."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            args: tuple = (sample.clone(),)
+            for s in range(stage_index + 1):
+                inp, args = args, _as_tuple(parts[s](*args))
+                bad = [type(v).__name__ for v in args if not isinstance(v, torch.Tensor)]
+                if bad and s < len(parts) - 1:
+                    raise PipeplanError(f"plan: stage {s} would send a {bad[0]} to stage {s + 1}; only tensors "
+                                        "cross stages: move the cut")
+    finally:
+        model.train()
     # what autograd will see: a received input needs its gradient, every output has one
-    return inp.requires_grad_(bool(before) and inp.is_floating_point()), h.requires_grad_(h.is_floating_point())
+    inp = tuple(t.requires_grad_(stage_index > 0 and t.is_floating_point()) for t in inp)
+    return inp, tuple(t.requires_grad_(t.is_floating_point()) for t in args)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -181,16 +149,13 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         pp_groups = [dist.new_group([q * s_count + s for s in range(s_count)]) for q in range(k)]
         dp_groups = [dist.new_group([q * s_count + s for q in range(k)]) for s in range(s_count)] if k > 1 else []
         model, x = load_model(cfg["spec"], cfg["microbatch"], cfg["seed"])
-        layers = layers_of(model, cfg["spec"])
+        parts = split_model(model, [st.nodes for st in plan.stages], cfg["spec"])
         xs, ys = global_batch(model, x, plan.microbatches, cfg["seed"])
         z = x.shape[0]
         sel = pipeline_samples(plan.microbatches, z, pipe, k, plan.replicas)
-        names = plan.stages[stage_index].nodes
-        before = [n for st in plan.stages[:stage_index] for n in st.nodes]
-        inp, out = _stage_examples(layers, before, names, xs[sel][: z // k if plan.replicas == "split" else z])
-        layers_mod = nn.Sequential(OrderedDict((n, layers[n]) for n in names))
-        stage_mod = Copied(layers_mod) if stage_index > 0 and _starts_in_place(list(layers_mod)) else layers_mod
-        stage_mod = Recomputed(stage_mod) if plan.recomputes(stage_index) else stage_mod
+        inp, out = stage_examples(model, parts, stage_index, xs[sel][: z // k if plan.replicas == "split" else z])
+        part = parts[stage_index]
+        stage_mod = Recomputed(part) if plan.recomputes(stage_index) else part
         denom = float(ys.numel())
 
         def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -225,7 +190,7 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         if pipe == 0:
             # plain arrays: torch's shared-memory tensors would need this process to outlive the read
             results.put(("params", stage_index, {n: t.detach().cpu().numpy().copy()
-                                                 for n, t in layers_mod.state_dict().items()}))
+                                                 for n, t in part.state_dict().items()}))
         if rank == 0:
             results.put(("times", times))
         dist.barrier()
@@ -285,7 +250,7 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
     from ..sim import simulate
 
     model, x = load_model(cfg.spec, plan.graph.meta.get("microbatch"), cfg.seed)
-    check_plan_against_model(plan, model, cfg.spec, x.shape[0])
+    check_plan_against_model(plan, model, x, cfg.spec)
     predicted = simulate(plan, timeline=False).iteration_s
     world = sum(len(s.devices) for s in plan.stages)
     ctx = mp.get_context("spawn")

@@ -45,6 +45,7 @@ from torch import nn
 from ..errors import PipeplanError
 from ..graph.model import Graph, NodeSpec
 from .models import load_model
+from .trace import layer_graph
 
 _HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
 
@@ -98,38 +99,12 @@ def _device(device: str) -> torch.device:
 
 
 def _layers(model: nn.Module) -> tuple[list[str], list[tuple[str, str]]]:
-    """Node ids (module FQNs, in execution order) and data-flow edges between them."""
+    """Node ids and edges: the children of a plain ``nn.Sequential`` in a chain, else the
+    fx trace's layers (``trace.layer_graph``), which is what the executor splits."""
     if isinstance(model, nn.Sequential) and type(model).forward is nn.Sequential.forward:
         ids = [name for name, _ in model.named_children()]
         return ids, list(zip(ids[:-1], ids[1:]))
-    import torch.fx as fx
-
-    class _Leaves(fx.Tracer):
-        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-            return True
-
-    try:
-        graph = _Leaves().trace(model)
-    except Exception as e:  # any tracing failure: tell the user how to fix it
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise PipeplanError("cannot split the model into layers: wrap the layers in nn.Sequential "
-                            f"or make forward traceable by torch.fx ({reason})") from None
-    ids: list[str] = []
-    edges: list[tuple[str, str]] = []
-    producers: dict[Any, set[str]] = {}  # fx node -> the layers whose outputs flow into it
-    for node in graph.nodes:
-        srcs = set().union(*(producers.get(a, set()) for a in node.all_input_nodes))
-        if node.op == "call_module":
-            if node.target in ids:
-                raise PipeplanError(f"module {node.target!r} is called more than once in forward; "
-                                    "pipeplan needs each layer to run once per microbatch")
-            edges += [(s, node.target) for s in ids if s in srcs]
-            ids.append(node.target)
-            srcs = {node.target}
-        producers[node] = srcs
-    if not ids:
-        raise PipeplanError("the model's forward calls no submodules: nothing to split into layers")
-    return ids, edges
+    return layer_graph(model)
 
 
 def _describe(m: nn.Module) -> str:
