@@ -92,7 +92,7 @@ def reference(plan: Plan, cfg: RunConfig, microbatch: int, extra_steps: int = 0)
 
 
 @pytest.mark.parametrize("schedule,replicas,split_at,devices", [
-    ("gpipe", "split", 7, 2), ("1f1b", "split", 7, 2), ("spp-pe", "split", 7, 2)])  # replicas: the BatchNorm test
+    ("gpipe", "split", 7, 2)])  # 1f1b and spp-pe: the BatchNorm, skip-edge and HF tests run them
 def test_check_matches_one_process_training(schedule, replicas, split_at, devices):
     """(The gpipe plan re-materializes its first stage: torch.utils.checkpoint.)"""
     plan = plan_for(schedule, replicas, split_at, devices)
@@ -144,8 +144,10 @@ def test_plan_not_matching_the_model_is_refused_before_start():
         run_plan(uneven, RunConfig("example:mlp"))
 
 
-@pytest.mark.parametrize("schedule", ["async-1f1b", "fb-parallel"])
-def test_steady_state_schedules_are_refused_before_start(schedule, tmp_path):
+def test_steady_state_schedules_are_refused_before_start(tmp_path):
+    with pytest.raises(PipeplanError, match="'async-1f1b' is evaluated as an asynchronous steady state"):
+        run_plan(plan_for("async-1f1b", "split", 7, 2), RunConfig("example:mlp"))
+    schedule = "fb-parallel"  # and through the command line: one line, exit 2
     plan = plan_for(schedule, "split", 7, 2)
     plan.save(tmp_path / "p.json")
     proc = subprocess.run([sys.executable, "-m", "pipeplan", "run", str(tmp_path / "p.json"), "--model", "example:mlp"],
@@ -177,12 +179,13 @@ def test_cli_check_that_fails_exits_1(tmp_path):
     assert check["verdict"] == "fail" and check["max_rel_diff"] > 1e-3
 
 
-@pytest.mark.parametrize("replicas,split_at,devices", [("split", 2, 2), ("split", None, 2), ("round-robin", None, 2)])
-def test_batchnorm_buffers_and_a_stage_starting_in_place(replicas, split_at, devices):
+@pytest.mark.parametrize("schedule,replicas,split_at,devices", [
+    ("spp-pe", "split", 2, 2), ("1f1b", "split", None, 2), ("1f1b", "round-robin", None, 2)])
+def test_batchnorm_buffers_and_a_stage_starting_in_place(schedule, replicas, split_at, devices):
     """Stage 1 of the split at 2 starts with ReLU(inplace=True) on what it received; every
     BatchNorm's running statistics after the run equal one-process training's, replica by
     replica (a split replica normalizes its half of each microbatch)."""
-    plan = plan_for("1f1b", replicas, split_at, devices, spec="runtime_models:bn_cnn")
+    plan = plan_for(schedule, replicas, split_at, devices, spec="runtime_models:bn_cnn")
     cfg = RunConfig("runtime_models:bn_cnn", steps=2, timeout_s=120)
     out = run_plan(plan, cfg)
     staged = out.pop("_params")

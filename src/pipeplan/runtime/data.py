@@ -11,11 +11,15 @@ from .translate import microbatches_of
 
 
 def global_batch(model: nn.Module, x: torch.Tensor, m_count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """M microbatches of random inputs shaped like ``x`` and random targets shaped like the
-    model's output (probed in eval mode, so no buffer changes)."""
+    """M microbatches of random inputs shaped like ``x`` (integers below its largest when it
+    holds indices) and random targets shaped like the model's output (probed in eval mode, so
+    no buffer changes)."""
     gen = torch.Generator().manual_seed(seed + 1)
     z = x.shape[0]
-    xs = torch.randn((m_count * z, *x.shape[1:]), generator=gen)
+    if x.is_floating_point():
+        xs = torch.randn((m_count * z, *x.shape[1:]), generator=gen)
+    else:  # token ids and other indices: drawn from the range the example uses
+        xs = torch.randint(0, int(x.max()) + 1, (m_count * z, *x.shape[1:]), generator=gen, dtype=x.dtype)
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -25,11 +29,17 @@ def global_batch(model: nn.Module, x: torch.Tensor, m_count: int, seed: int) -> 
     return xs, ys
 
 
+def share_size(z: int, p: int, k: int, replicas: str) -> int:
+    """Samples of each microbatch that pipeline p runs: all of them, or when split one of k
+    parts as even as whole samples allow (the first z mod k parts one sample larger)."""
+    return z // k + (p < z % k) if replicas == "split" else z
+
+
 def share(m: int, z: int, p: int, k: int, replicas: str) -> torch.Tensor:
-    """Indices of the samples of microbatch m that pipeline p runs (a 1/k part when split)."""
+    """Indices of the samples of microbatch m that pipeline p runs."""
     if replicas == "split":
-        part = z // k
-        return torch.arange(m * z + p * part, m * z + (p + 1) * part)
+        start = sum(share_size(z, q, k, replicas) for q in range(p))
+        return torch.arange(m * z + start, m * z + start + share_size(z, p, k, replicas))
     return torch.arange(m * z, (m + 1) * z)
 
 

@@ -34,7 +34,7 @@ from torch import nn
 from ..errors import PipeplanError
 from ..plan import Plan
 from ..schedule import make_schedule
-from .data import global_batch, pipeline_samples, squared_error
+from .data import global_batch, pipeline_samples, share_size, squared_error
 from .models import load_model
 from .split import split_model
 from .translate import microbatches_of, pipeline_orders
@@ -85,8 +85,8 @@ def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec
                 else "forward and backward lanes side by side")
         raise PipeplanError(f"run: schedule {plan.schedule!r} is evaluated as {what}; the runtime executes "
                             "synchronous schedules: re-plan with --schedule 1f1b")
-    if plan.replicas == "split" and k > 1 and x.shape[0] % k:
-        raise PipeplanError(f"plan: a microbatch of {x.shape[0]} samples cannot be split evenly over {k} replicas")
+    if plan.replicas == "split" and x.shape[0] < k:
+        raise PipeplanError(f"plan: a microbatch of {x.shape[0]} samples cannot be split over {k} replicas")
     parts = split_model(model, [s.nodes for s in plan.stages], spec)
     stage_examples(model, parts, len(parts) - 1, x)
 
@@ -153,7 +153,7 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         xs, ys = global_batch(model, x, plan.microbatches, cfg["seed"])
         z = x.shape[0]
         sel = pipeline_samples(plan.microbatches, z, pipe, k, plan.replicas)
-        inp, out = stage_examples(model, parts, stage_index, xs[sel][: z // k if plan.replicas == "split" else z])
+        inp, out = stage_examples(model, parts, stage_index, xs[sel][: share_size(z, pipe, k, plan.replicas)])
         part = parts[stage_index]
         stage_mod = Recomputed(part) if plan.recomputes(stage_index) else part
         denom = float(ys.numel())

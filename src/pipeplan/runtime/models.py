@@ -1,4 +1,5 @@
-"""Model specs for the runtime: ``example:NAME`` or ``package.module:factory``.
+"""Model specs for the runtime: ``example:NAME``, ``hf:ARCH?key=value&...`` (Hugging Face
+``transformers`` from a config, ``hf.py``) or ``package.module:factory``.
 
 A factory is a callable returning ``(module, example_input)``; the example input is one
 microbatch (its first dimension is the microbatch size). Built-in examples are small
@@ -75,7 +76,11 @@ def load_model(spec: str, microbatch: int | None = None, seed: int = 0) -> tuple
     """Build the model of ``spec`` with a fixed seed; resize the example input's batch
     dimension to ``microbatch`` when given."""
     torch.manual_seed(seed)
-    if spec.startswith("example:"):
+    if spec.startswith("hf:"):
+        from .hf import hf_model
+
+        model, x = hf_model(spec)
+    elif spec.startswith("example:"):
         name = spec.split(":", 1)[1]
         if name not in EXAMPLES:
             raise PipeplanError(f"unknown example model {name!r} (known: {', '.join(EXAMPLES)})")

@@ -111,4 +111,17 @@ def split_model(model: nn.Module, stage_nodes: list[list[str]], spec: str) -> li
             out = [env[n] for n in crossing[s + 1]]
             g.output(out[0] if len(out) == 1 else tuple(out))
         parts.append(fx.GraphModule(model, g))
+    _no_shared_parameters(parts)
     return parts
+
+
+def _no_shared_parameters(parts: list[fx.GraphModule]) -> None:
+    """A parameter held by two stages would get two unsynchronized gradients (tied weights)."""
+    owner: dict[int, tuple[int, str]] = {}
+    for s, part in enumerate(parts):
+        for name, p in part.named_parameters():
+            first = owner.setdefault(id(p), (s, name))
+            if first[0] != s:
+                raise PipeplanError(f"plan: parameter {first[1]!r} of stage {first[0]} is also {name!r} of stage "
+                                    f"{s} (tied weights); the runtime does not share a parameter between stages: "
+                                    "keep its users in one stage")

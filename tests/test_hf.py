@@ -1,0 +1,49 @@
+"""Hugging Face models from a config (hf:ARCH?...): parsing, profiling, a pipelined run checked
+against one-process training."""
+
+import pytest
+
+from pipeplan.cluster import hierarchical
+from pipeplan.errors import PipeplanError
+from pipeplan.plan import Plan, Stage
+from pipeplan.runtime.hf import parse_spec
+
+SPEC = "hf:gpt2?n_layer=2&n_embd=64&n_head=2&seq=16&microbatch=4"
+
+
+def test_spec_parsing_and_its_errors():
+    assert parse_spec("hf:bert?num_hidden_layers=3&hidden_size=64&seq=32") == (
+        "bert", {"num_hidden_layers": 3, "hidden_size": 64}, 32, 8)
+    with pytest.raises(PipeplanError, match="unknown Hugging Face architecture 'llama'"):
+        parse_spec("hf:llama?n_layer=2")
+    with pytest.raises(PipeplanError, match="seq and microbatch must be positive integers"):
+        parse_spec("hf:gpt2?seq=0")
+
+
+@pytest.mark.slow
+def test_unknown_setting_is_named():
+    pytest.importorskip("transformers")
+    from pipeplan.runtime.models import load_model
+
+    with pytest.raises(PipeplanError, match="GPT2Config has no setting 'n_lyr'"):
+        load_model("hf:gpt2?n_lyr=2")
+
+
+@pytest.mark.slow
+def test_gpt2_pipeline_runs_and_checks():
+    """Profile -> a 2-stage 1F1B plan cut between the transformer blocks -> run on 2
+    processes -> parameters equal one-process training."""
+    pytest.importorskip("transformers")
+    from pipeplan.runtime.check import check_run
+    from pipeplan.runtime.executor import RunConfig, run_plan
+    from pipeplan.runtime.profiler import profile_model
+
+    g = profile_model(SPEC, warmup=0, reps=1)
+    assert len(g) == 5  # embeddings, 2 blocks, final norm, head
+    c = hierarchical("local", 1, 2, 1e9, 1e9)
+    plan = Plan(g, c, [Stage(g.ids[:2], ["s0g0"]), Stage(g.ids[2:], ["s0g1"])], 4, schedule="1f1b")
+    cfg = RunConfig(SPEC, steps=1, timeout_s=180)
+    out = run_plan(plan, cfg)
+    got = check_run(plan, SPEC, out.pop("_params"), steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
+                    threads=cfg.threads, microbatch=out["microbatch"])
+    assert got.verdict == "pass", got
