@@ -139,9 +139,6 @@ def test_plan_not_matching_the_model_is_refused_before_start():
     other = Plan(g, c, [Stage(names[:5], ["s0g0"]), Stage(names[5:], ["s0g1"])], 4)
     with pytest.raises(PipeplanError, match="does not match model"):
         run_plan(other, RunConfig("example:transformer"))
-    uneven = plan_for("1f1b", "split", 7, 3)
-    with pytest.raises(PipeplanError, match="same number of devices"):
-        run_plan(uneven, RunConfig("example:mlp"))
 
 
 def test_steady_state_schedules_are_refused_before_start(tmp_path):
@@ -296,3 +293,21 @@ def test_a_plan_against_the_data_flow_is_refused_before_start():
     plan = Plan(g, c, [Stage(["inp", "act", "b"], ["s0g0"]), Stage(["a", "out"], ["s0g1"])], 4, schedule="1f1b")
     with pytest.raises(PipeplanError, match="stage 0 runs 'b', which needs a value computed in stage 1"):
         run_plan(plan, RunConfig(spec))
+
+
+@pytest.mark.parametrize("replicas,devices", [("split", [2, 1]), ("round-robin", [1, 2])])
+def test_uneven_replication_redistributes_and_trains_as_one_process(replicas, devices):
+    """Stages on 2 and 1 devices (and 1 and 2): pipeplan's own executor moves each share's
+    rows between the groups; the parameters equal one-process training, and not one step
+    more of it."""
+    g, names, z = model_graph()
+    c = hierarchical("local", 1, 3, 1e9, 1e9)
+    plan = Plan(g, c, [Stage(names[:7], c.names[:devices[0]]), Stage(names[7:], c.names[devices[0]:])], 4,
+                schedule="1f1b", replicas=replicas)
+    cfg = RunConfig("example:mlp", steps=2, timeout_s=120)
+    out = run_plan(plan, cfg)
+    staged = out.pop("_params")
+    got = check_run(plan, cfg.spec, staged, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
+                    threads=cfg.threads, microbatch=z)
+    assert got.verdict == "pass", got
+    assert compare_states(staged, reference(plan, cfg, z, extra_steps=1))[0] > 1e-4

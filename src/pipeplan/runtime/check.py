@@ -1,7 +1,8 @@
 """``run --check``: the run's parameters and buffers against the same training in one process.
 
 The reference trains the same model (same seed, global batch, loss and optimizer) one
-microbatch share at a time, in the order each pipeline runs them, so layers that depend on
+microbatch share at a time, in the order each pipeline runs them (whole microbatches when
+stages have different numbers of devices, where no pipeline runs every stage), so layers that depend on
 the batch (BatchNorm) see exactly the batches they saw in the run: pipeline p's share of
 microbatch m (all of it, or a 1/k part when split), with pipeline p's own running
 statistics, which are kept apart per pipeline as each replica keeps its own. Gradients add up
@@ -45,6 +46,10 @@ def _random_layers(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
 
 
+def _batch_dependent(model: nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._NormBase)]
+
+
 def _twice_updated_buffers(plan: Plan, model: nn.Module) -> list[str]:
     """Running statistics of batch-norm layers inside re-materialized stages."""
     out = []
@@ -63,7 +68,9 @@ def reference_state(plan: Plan, spec: str, steps: int, lr: float, seed: int, thr
     torch.set_num_threads(threads)
     model, x = load_model(spec, microbatch, seed)
     xs, ys = global_batch(model, x, plan.microbatches, seed)
-    z, k, m_count = x.shape[0], len(plan.stages[0].devices), plan.microbatches
+    z, m_count = x.shape[0], plan.microbatches
+    uneven = len({len(s.devices) for s in plan.stages}) > 1
+    k = 1 if uneven else len(plan.stages[0].devices)  # uneven: whole microbatches (check_run says why)
     denom = float(ys.numel())
     order = sorted((m, p) for p in range(k) for m in microbatches_of(p, k, m_count, plan.replicas))
     buffers = [{n: b.detach().clone() for n, b in model.named_buffers()} for _ in range(k)]
@@ -114,4 +121,9 @@ def check_run(plan: Plan, spec: str, staged: dict[int, dict], *, steps: int, lr:
         return CheckResult("not comparable", worst, where, left_out=twice,
                            note=f"random layers ({', '.join(random[:3])}) draw other numbers in each process; "
                                 "set their p to 0 to check")
+    batch = _batch_dependent(model)
+    if batch and len({len(s.devices) for s in plan.stages}) > 1:
+        return CheckResult("not comparable", worst, where, left_out=twice,
+                           note=f"batch-dependent layers ({', '.join(batch[:3])}) see other batches when stages "
+                                "split microbatches over different numbers of devices")
     return CheckResult("pass" if worst <= TOLERANCE else "fail", worst, where, left_out=twice, note=note)

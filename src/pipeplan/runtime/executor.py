@@ -2,12 +2,13 @@
 torch.distributed.pipelining, replicated stages all-reduced in their own process group.
 
 Stages are cut from the model's fx trace (``split.py``): any module the profiler can trace,
-skip connections across stages included. Layout: a plan whose stages all have k devices
-runs as k pipelines of S stages (rank =
-p*S + s; pipeline p holds device p of every stage). Each pipeline is a process group driven
-by ``_PipelineScheduleRuntime`` with the action lists translated from pipeplan's schedule
-IR (``translate.py``); after each step, each stage's gradients are summed over its k
-devices (its own process group), then the optimizer steps. The loss is the mean squared
+skip connections across stages included. A plan whose stages all have k devices runs as k
+pipelines of S stages (rank = p*S + s; pipeline p holds device p of every stage), each a
+process group driven by torch's ``_PipelineScheduleRuntime`` with the action lists
+translated from pipeplan's schedule IR (``translate.py``); after each step, each stage's
+gradients are summed over its k devices (its own process group), then the optimizer
+steps. A plan whose stages have different numbers of devices runs on pipeplan's own
+executor of the same IR (``direct.py``). The loss is the mean squared
 error against fixed random targets over the whole global batch, written as a sum divided
 by the global element count so that microbatches and replicas add up to exactly the
 single-process gradient (``scale_grads=False``).
@@ -26,17 +27,20 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
 from ..errors import PipeplanError
 from ..plan import Plan
-from ..schedule import make_schedule
+from ..schedule import Kind, make_schedule
 from .data import global_batch, pipeline_samples, share_size, squared_error
+from .direct import allreduce_gradients, stage_major_ranks, train_direct
 from .models import load_model
-from .split import split_model
+from .split import Recomputed, split_model, stage_examples
 from .translate import microbatches_of, pipeline_orders
 
 
@@ -51,20 +55,6 @@ class RunConfig:
     timeout_s: float = 300.0
 
 
-class Recomputed(nn.Module):
-    """A stage that re-materializes its activations (GPipe §2.3): only its input is kept
-    per microbatch; the forward runs again inside the backward (torch.utils.checkpoint)."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        from torch.utils.checkpoint import checkpoint
-
-        return checkpoint(self.inner, *args, use_reentrant=False)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -74,48 +64,20 @@ def _free_port() -> int:
 def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec: str) -> None:
     """Refuse, before any process starts, a plan that does not match the model or the runtime:
     the model is split into the plan's stages and one microbatch runs through them."""
-    ks = {len(s.devices) for s in plan.stages}
-    if len(ks) != 1:
-        raise PipeplanError("plan: the executor runs plans whose stages all have the same number of devices "
-                            f"(k pipelines of S stages); this one has {[len(s.devices) for s in plan.stages]}")
-    k = ks.pop()
+    k = max(len(s.devices) for s in plan.stages)
     sched = make_schedule(plan.schedule, plan.stage_devices(), plan.microbatches, plan.replicas)
     if sched.steady_state is not None or sched.lanes:
         what = ("an asynchronous steady state (no flush, weight stashing)" if sched.steady_state is not None
                 else "forward and backward lanes side by side")
         raise PipeplanError(f"run: schedule {plan.schedule!r} is evaluated as {what}; the runtime executes "
                             "synchronous schedules: re-plan with --schedule 1f1b")
+    if not uses_pipelining(plan) and any(set(p.kinds.tolist()) - {Kind.F, Kind.B, Kind.AR} for p in sched.programs):
+        raise PipeplanError(f"run: schedule {plan.schedule!r} splits backward passes (I, W); the runtime runs "
+                            "those only when every stage has the same number of devices: re-plan with --schedule 1f1b")
     if plan.replicas == "split" and x.shape[0] < k:
         raise PipeplanError(f"plan: a microbatch of {x.shape[0]} samples cannot be split over {k} replicas")
     parts = split_model(model, [s.nodes for s in plan.stages], spec)
     stage_examples(model, parts, len(parts) - 1, x)
-
-
-def _as_tuple(v) -> tuple:
-    return v if isinstance(v, tuple) else (v,)
-
-
-def stage_examples(model: nn.Module, parts: list[nn.Module], stage_index: int,
-                   sample: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """The stage's inputs and outputs for one local microbatch, computed in eval mode without
-    gradients, so torch's pipelining needs no metadata inference (which would run the stage in
-    train mode on uninitialized tensors and corrupt its BatchNorm statistics). Whatever
-    crosses a cut must be a tensor."""
-    model.eval()
-    try:
-        with torch.no_grad():
-            args: tuple = (sample.clone(),)
-            for s in range(stage_index + 1):
-                inp, args = args, _as_tuple(parts[s](*args))
-                bad = [type(v).__name__ for v in args if not isinstance(v, torch.Tensor)]
-                if bad and s < len(parts) - 1:
-                    raise PipeplanError(f"plan: stage {s} would send a {bad[0]} to stage {s + 1}; only tensors "
-                                        "cross stages: move the cut")
-    finally:
-        model.train()
-    # what autograd will see: a received input needs its gradient, every output has one
-    inp = tuple(t.requires_grad_(stage_index > 0 and t.is_floating_point()) for t in inp)
-    return inp, tuple(t.requires_grad_(t.is_floating_point()) for t in args)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -130,67 +92,83 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def pipelined_ranks(plan: Plan) -> list[tuple[int, str]]:
+    """(stage, device) of every rank when k pipelines of S stages run: rank p*S + s."""
+    s_count, k = plan.num_stages, len(plan.stages[0].devices)
+    return [(r % s_count, plan.stages[r % s_count].devices[r // s_count]) for r in range(s_count * k)]
+
+
+def uses_pipelining(plan: Plan) -> bool:
+    """torch's pipelining runs the plan (every stage on the same number of devices); else
+    pipeplan's own executor (``direct.py``)."""
+    return len({len(s.devices) for s in plan.stages}) == 1
+
+
+def rank_layout(plan: Plan) -> list[tuple[int, str]]:
+    return pipelined_ranks(plan) if uses_pipelining(plan) else stage_major_ranks(plan)
+
+
+def _train_pipelined(rank: int, plan: Plan, cfg: dict) -> tuple[list[float], dict | None]:
+    """k pipelines of S stages on torch's ``_PipelineScheduleRuntime`` (module docstring)."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    s_count, k = plan.num_stages, len(plan.stages[0].devices)
+    stage_index, pipe = rank % s_count, rank // s_count
+    pp_groups = [dist.new_group([q * s_count + s for s in range(s_count)]) for q in range(k)]
+    dp_groups = [dist.new_group([q * s_count + s for q in range(k)]) for s in range(s_count)] if k > 1 else []
+    model, x = load_model(cfg["spec"], cfg["microbatch"], cfg["seed"])
+    parts = split_model(model, [st.nodes for st in plan.stages], cfg["spec"])
+    xs, ys = global_batch(model, x, plan.microbatches, cfg["seed"])
+    z = x.shape[0]
+    sel = pipeline_samples(plan.microbatches, z, pipe, k, plan.replicas)
+    inp, out = stage_examples(model, parts, stage_index, xs[sel][: share_size(z, pipe, k, plan.replicas)])
+    part = parts[stage_index]
+    stage_mod = Recomputed(part) if plan.recomputes(stage_index) else part
+    denom = float(ys.numel())
+
+    def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return squared_error(out, target, denom)
+
+    sched_ir = make_schedule(plan.schedule, plan.stage_devices(), plan.microbatches, plan.replicas)
+    order = pipeline_orders(sched_ir, plan.stage_devices(), plan.replicas)[pipe]
+    n_local = len(microbatches_of(pipe, k, plan.microbatches, plan.replicas))
+    stage = PipelineStage(stage_mod, stage_index, s_count, torch.device("cpu"), input_args=inp, output_args=out,
+                          group=pp_groups[pipe])
+    sched = _PipelineScheduleRuntime([stage], n_microbatches=n_local, loss_fn=loss_fn, scale_grads=False)
+    sched._prepare_schedule_with_comms(order)
+    opt = torch.optim.SGD(stage_mod.parameters(), lr=cfg["lr"], momentum=0.9)
+    times = []
+    for _ in range(cfg["warmup"] + cfg["steps"]):
+        opt.zero_grad()
+        dist.barrier()
+        t0 = time.perf_counter()
+        args = (xs[sel],) if stage_index == 0 else ()
+        kwargs = {"target": ys[sel]} if stage_index == s_count - 1 else {}
+        sched.step(*args, **kwargs)
+        if k > 1:
+            allreduce_gradients(stage_mod, dp_groups[stage_index])
+        opt.step()
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+    # plain arrays: torch's shared-memory tensors would need this process to outlive the read
+    return times, ({n: t.detach().cpu().numpy().copy() for n, t in part.state_dict().items()} if pipe == 0 else None)
+
+
 def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, results) -> None:
     from ..plan import plan_from_dict
 
     _die_with_parent(cfg["parent"])
     stage_index = -1
     try:
-        import torch.distributed as dist
-        from torch.distributed.pipelining import PipelineStage
-        from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
-
         torch.set_num_threads(cfg["threads"])
         plan = plan_from_dict(plan_dict)
-        s_count = plan.num_stages
-        k = len(plan.stages[0].devices)
-        stage_index, pipe = rank % s_count, rank // s_count
+        stage_index = rank_layout(plan)[rank][0]
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        pp_groups = [dist.new_group([q * s_count + s for s in range(s_count)]) for q in range(k)]
-        dp_groups = [dist.new_group([q * s_count + s for q in range(k)]) for s in range(s_count)] if k > 1 else []
-        model, x = load_model(cfg["spec"], cfg["microbatch"], cfg["seed"])
-        parts = split_model(model, [st.nodes for st in plan.stages], cfg["spec"])
-        xs, ys = global_batch(model, x, plan.microbatches, cfg["seed"])
-        z = x.shape[0]
-        sel = pipeline_samples(plan.microbatches, z, pipe, k, plan.replicas)
-        inp, out = stage_examples(model, parts, stage_index, xs[sel][: share_size(z, pipe, k, plan.replicas)])
-        part = parts[stage_index]
-        stage_mod = Recomputed(part) if plan.recomputes(stage_index) else part
-        denom = float(ys.numel())
-
-        def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return squared_error(out, target, denom)
-
-        sched_ir = make_schedule(plan.schedule, plan.stage_devices(), plan.microbatches, plan.replicas)
-        order = pipeline_orders(sched_ir, plan.stage_devices(), plan.replicas)[pipe]
-        n_local = len(microbatches_of(pipe, k, plan.microbatches, plan.replicas))
-        stage = PipelineStage(stage_mod, stage_index, s_count, torch.device("cpu"), input_args=inp, output_args=out,
-                              group=pp_groups[pipe])
-        sched = _PipelineScheduleRuntime([stage], n_microbatches=n_local, loss_fn=loss_fn, scale_grads=False)
-        sched._prepare_schedule_with_comms(order)
-        opt = torch.optim.SGD(stage_mod.parameters(), lr=cfg["lr"], momentum=0.9)
-        times = []
-        for step in range(cfg["warmup"] + cfg["steps"]):
-            opt.zero_grad()
-            dist.barrier()
-            t0 = time.perf_counter()
-            first, last = stage_index == 0, stage_index == s_count - 1
-            args = (xs[sel],) if first else ()
-            kwargs = {"target": ys[sel]} if last else {}
-            sched.step(*args, **kwargs)
-            if k > 1:  # one all-reduce of all the stage's gradients, flattened (as DDP buckets)
-                grads = [prm.grad for prm in stage_mod.parameters() if prm.grad is not None]
-                flat = torch._utils._flatten_dense_tensors(grads)
-                dist.all_reduce(flat, group=dp_groups[stage_index])
-                for g_, new in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-                    g_.copy_(new)
-            opt.step()
-            dist.barrier()
-            times.append(time.perf_counter() - t0)
-        if pipe == 0:
-            # plain arrays: torch's shared-memory tensors would need this process to outlive the read
-            results.put(("params", stage_index, {n: t.detach().cpu().numpy().copy()
-                                                 for n, t in part.state_dict().items()}))
+        train = _train_pipelined if uses_pipelining(plan) else train_direct
+        times, state = train(rank, plan, cfg)
+        if state is not None:
+            results.put(("params", stage_index, state))
         if rank == 0:
             results.put(("times", times))
         dist.barrier()
@@ -290,7 +268,7 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
             if time.time() > deadline:
                 stuck = [r for r, p in enumerate(procs) if p.exitcode is None]
                 r = stuck[0] if stuck else 0
-                raise PipeplanError(f"run failed: rank {r} (stage {r % s_count}, device {_device_of(plan, r)}) "
+                raise PipeplanError(f"run failed: {_who(plan, r)} "
                                     f"did not finish within {cfg.timeout_s:g} s")
     finally:
         _end_all(procs)
@@ -319,11 +297,7 @@ def _diagnose(plan: Plan, procs: list, errors: dict[int, str], results) -> str:
                 errors[msg[1]] = msg[3]
     except queue_mod.Empty:
         pass
-    s_count = plan.num_stages
-
-    def who(r: int) -> str:
-        return f"rank {r} (stage {r % s_count}, device {_device_of(plan, r)})"
-
+    who = partial(_who, plan)
     silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
     if silent:
         return f"run failed: {who(silent[0])} died with exit code {procs[silent[0]].exitcode}"
@@ -332,6 +306,6 @@ def _diagnose(plan: Plan, procs: list, errors: dict[int, str], results) -> str:
     return f"run failed: {who(r)} raised {errors[r][:300]}"
 
 
-def _device_of(plan: Plan, rank: int) -> str:
-    s_count = plan.num_stages
-    return plan.stages[rank % s_count].devices[rank // s_count]
+def _who(plan: Plan, rank: int) -> str:
+    stage, device = rank_layout(plan)[rank]
+    return f"rank {rank} (stage {stage}, device {device})"

@@ -13,6 +13,7 @@ leaf that requires grad, which autograd forbids writing) works on a copy of it.
 
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
 from torch import nn
 
@@ -125,3 +126,44 @@ def _no_shared_parameters(parts: list[fx.GraphModule]) -> None:
                 raise PipeplanError(f"plan: parameter {first[1]!r} of stage {first[0]} is also {name!r} of stage "
                                     f"{s} (tied weights); the runtime does not share a parameter between stages: "
                                     "keep its users in one stage")
+
+
+class Recomputed(nn.Module):
+    """A stage that re-materializes its activations (GPipe §2.3): only its input is kept
+    per microbatch; the forward runs again inside the backward (torch.utils.checkpoint)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.inner, *args, use_reentrant=False)
+
+
+def _as_tuple(v) -> tuple:
+    return v if isinstance(v, tuple) else (v,)
+
+
+def stage_examples(model: nn.Module, parts: list[nn.Module], stage_index: int,
+                   sample: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """The stage's inputs and outputs for one local microbatch, computed in eval mode without
+    gradients, so torch's pipelining needs no metadata inference (which would run the stage in
+    train mode on uninitialized tensors and corrupt its BatchNorm statistics). Whatever
+    crosses a cut must be a tensor."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            args: tuple = (sample.clone(),)
+            for s in range(stage_index + 1):
+                inp, args = args, _as_tuple(parts[s](*args))
+                bad = [type(v).__name__ for v in args if not isinstance(v, torch.Tensor)]
+                if bad and s < len(parts) - 1:
+                    raise PipeplanError(f"plan: stage {s} would send a {bad[0]} to stage {s + 1}; only tensors "
+                                        "cross stages: move the cut")
+    finally:
+        model.train()
+    # what autograd will see: a received input needs its gradient, every output has one
+    inp = tuple(t.requires_grad_(stage_index > 0 and t.is_floating_point()) for t in inp)
+    return inp, tuple(t.requires_grad_(t.is_floating_point()) for t in args)
