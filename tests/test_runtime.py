@@ -86,6 +86,24 @@ def plan_for(schedule: str, replicas: str, split_at: int | None, devices: int, m
     return Plan(g, c, stages, m, schedule=schedule, replicas=replicas)
 
 
+def assert_causal(out: dict, plan: Plan) -> None:
+    """The measured timeline holds every F and B once per device and microbatch, each B after
+    its F, and a stage's F(m) after the previous stage's F(m) ended (its input comes from
+    there), a backward before the previous stage's B(m) starts."""
+    tl = out["_timeline"]
+    seen = {}
+    for k, s, m, r, a, b in zip(tl.kind, tl.stage, tl.micro, tl.resource, tl.start, tl.end):
+        seen.setdefault((int(s), int(m), int(k)), []).append((float(a), float(b)))
+        assert b >= a
+    for s, st in enumerate(plan.stages):
+        for m in range(plan.microbatches):
+            f, bw = seen[(s, m, 0)], seen[(s, m, 1)]
+            assert min(a for a, _ in bw) >= min(a for a, _ in f)
+            if s:
+                assert min(a for a, _ in f) >= min(b for _, b in seen[(s - 1, m, 0)]) - 1e-3
+                assert max(b for _, b in bw) <= max(b for _, b in seen[(s - 1, m, 1)]) + 1e-3
+
+
 def reference(plan: Plan, cfg: RunConfig, microbatch: int, extra_steps: int = 0) -> dict:
     return reference_state(plan, cfg.spec, cfg.warmup + cfg.steps + extra_steps, cfg.lr, cfg.seed, cfg.threads,
                            microbatch)
@@ -101,6 +119,7 @@ def test_check_matches_one_process_training(schedule, replicas, split_at, device
     out = run_plan(plan, cfg)
     assert out["measured_s"] > 0 and out["predicted_s"] > 0
     staged = out.pop("_params")
+    assert_causal(out, plan)
     assert compare_states(staged, reference(plan, cfg, 64))[0] <= 1e-5
     # the check can fail: a reference trained one step more is far away
     assert compare_states(staged, reference(plan, cfg, 64, extra_steps=1))[0] > 1e-4
@@ -157,9 +176,14 @@ def test_cli_run_check(tmp_path):
     plan = plan_for("1f1b", "split", 7, 2)
     plan.save(tmp_path / "p.json")
     proc = subprocess.run([sys.executable, "-m", "pipeplan", "run", str(tmp_path / "p.json"), "--model", "example:mlp",
-                           "--steps", "2", "--check", "--json"], capture_output=True, text=True, timeout=300)
+                           "--steps", "2", "--check", "--json", "--trace", str(tmp_path / "m.json"),
+                           "--gantt", str(tmp_path / "m.png"), "--vs-prediction"],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
+    assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG" and json.loads((tmp_path / "m.json").read_text())
+    errors = out["action_error"]
+    assert set(errors["summary"]) == {"forward", "backward"} and len(errors["actions"]) == 2 * 2 * 4
     assert out["max_rel_diff"] <= 1e-5 and out["measured_s"] > 0 and out["predicted_s"] > 0
     assert out["check"]["verdict"] == "pass" and out["check"]["tolerance"] == 1e-5
 
@@ -307,6 +331,7 @@ def test_uneven_replication_redistributes_and_trains_as_one_process(replicas, de
     cfg = RunConfig("example:mlp", steps=2, timeout_s=120)
     out = run_plan(plan, cfg)
     staged = out.pop("_params")
+    assert_causal(out, plan)
     got = check_run(plan, cfg.spec, staged, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
                     threads=cfg.threads, microbatch=z)
     assert got.verdict == "pass", got

@@ -230,7 +230,8 @@ def cmd_run(args) -> int:
     cfg = RunConfig(spec=args.model, steps=args.steps, warmup=args.warmup, threads=args.threads,
                     timeout_s=args.timeout)
     out = run_plan(plan, cfg)
-    staged = out.pop("_params")
+    staged, timeline = out.pop("_params"), out.pop("_timeline")
+    _write_measured(args, plan, timeline, out)
     check = None
     if args.check:
         check = check_run(plan, args.model, staged, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
@@ -246,11 +247,32 @@ def cmd_run(args) -> int:
           f"{args.steps} steps after {args.warmup} warm-up")
     print(f"measured {fmt_time(out['measured_s'])} per iteration (median), predicted "
           f"{fmt_time(out['predicted_s'])}: prediction error {out['error']:.1%}")
+    if "action_error" in out:
+        print("per-action error against the prediction (median |error|): " + ", ".join(
+            f"{kind} {v['median_abs_error']:.1%}" for kind, v in out["action_error"]["summary"].items()))
     if check is not None:
         print(f"check against one-process training: largest relative difference {check.max_rel_diff:.2e} "
               f"({check.worst}; tolerance {check.tolerance:g}): {check.verdict.upper()}"
               + (f" — {check.note}" if check.note else ""))
     return code
+
+
+def _write_measured(args, plan, timeline, out: dict) -> None:
+    """--trace / --gantt of the measured step; with --vs-prediction the Gantt chart shows each
+    device's predicted row above its measured one, and ``out`` gets the per-action error."""
+    from .viz import draw_gantt, write_trace
+
+    title = f"measured (step {out['timeline_step']})"
+    if args.trace:
+        _atomic_write(args.trace, lambda p: write_trace(timeline, p, title=title))
+    if args.vs_prediction:
+        from .runtime.timing import side_by_side
+        from .sim import simulate
+
+        timeline, out["action_error"] = side_by_side(simulate(plan).timeline, timeline)
+        title = f"predicted and measured (step {out['timeline_step']})"
+    if args.gantt:
+        _atomic_write(args.gantt, lambda p: draw_gantt(timeline, p, title=title))
 
 
 def cmd_planners(args) -> int:
@@ -398,6 +420,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--check", action="store_true",
                     help="also train in one process and compare parameters and buffers; exit 1 unless "
                          "they agree (check.verdict: pass, fail or not comparable)")
+    sp.add_argument("--trace", help="write the measured step (the median one) as a Chrome/Perfetto trace")
+    sp.add_argument("--gantt", help="draw the measured step as a Gantt chart (PNG, SVG or PDF)")
+    sp.add_argument("--vs-prediction", action="store_true",
+                    help="with --gantt: each device's predicted row above its measured one; report the "
+                         "per-action error (action_error in --json)")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_run)
 

@@ -17,7 +17,6 @@ optimizer steps. Input-gradient/weight-gradient splits (I, W) are not run here.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +28,8 @@ from ..schedule import Kind, make_schedule
 from .data import global_batch, squared_error
 from .models import load_model
 from .split import Recomputed, split_model, stage_examples
+from .steps import allreduce_gradients, run_steps, state_arrays
+from .timing import Timed
 
 
 def stage_major_ranks(plan: Plan) -> list[tuple[int, str]]:
@@ -158,15 +159,15 @@ def train_direct(rank: int, plan: Plan, cfg: dict) -> tuple[list[float], dict | 
     inp, _ = stage_examples(model, parts, s, xs[:z])
     shapes = [(t.shape[1:], t.dtype) for t in inp]
     part = parts[s]
-    stage = _Stage(rank, s, plan, Recomputed(part) if plan.recomputes(s) else part, _Layout.of(plan, z), shapes,
-                   xs, ys, z)
+    layout = _Layout.of(plan, z)
+    timed = Timed(Recomputed(part) if plan.recomputes(s) else part,
+                  [m for k, m in layout.programs[rank] if k == Kind.F],
+                  [m for k, m in layout.programs[rank] if k == Kind.B])
+    stage = _Stage(rank, s, plan, timed, layout, shapes, xs, ys, z)
     opt = torch.optim.SGD(part.parameters(), lr=cfg["lr"], momentum=0.9)
-    times = []
-    for _ in range(cfg["warmup"] + cfg["steps"]):
-        opt.zero_grad()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for kind, m in stage.layout.programs[rank]:
+
+    def step() -> None:
+        for kind, m in layout.programs[rank]:
             if kind == Kind.F:
                 stage.forward(m)
             elif kind == Kind.B:
@@ -174,19 +175,6 @@ def train_direct(rank: int, plan: Plan, cfg: dict) -> tuple[list[float], dict | 
         stage.finish()
         if len(plan.stages[s].devices) > 1:
             allreduce_gradients(part, groups[s])
-        opt.step()
-        dist.barrier()
-        times.append(time.perf_counter() - t0)
-    first = plan.stages[s].devices[0] == device
-    return times, ({n: t.detach().cpu().numpy().copy() for n, t in part.state_dict().items()} if first else None)
 
-
-def allreduce_gradients(module: nn.Module, group) -> None:
-    """Sum the module's gradients over the group in one flattened call (as DDP's buckets)."""
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
-    if not grads:
-        return
-    flat = torch._utils._flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=group)
-    for g, new in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-        g.copy_(new)
+    steps = run_steps(step, timed, opt, cfg["warmup"] + cfg["steps"])
+    return steps, (state_arrays(part) if plan.stages[s].devices[0] == device else None)

@@ -29,6 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from functools import partial
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -38,9 +39,11 @@ from ..errors import PipeplanError
 from ..plan import Plan
 from ..schedule import Kind, make_schedule
 from .data import global_batch, pipeline_samples, share_size, squared_error
-from .direct import allreduce_gradients, stage_major_ranks, train_direct
+from .direct import stage_major_ranks, train_direct
 from .models import load_model
 from .split import Recomputed, split_model, stage_examples
+from .steps import program_micro, run_steps, state_arrays
+from .timing import Timed, measured_timeline
 from .translate import microbatches_of, pipeline_orders
 
 
@@ -124,13 +127,14 @@ def _train_pipelined(rank: int, plan: Plan, cfg: dict) -> tuple[list[float], dic
     sel = pipeline_samples(plan.microbatches, z, pipe, k, plan.replicas)
     inp, out = stage_examples(model, parts, stage_index, xs[sel][: share_size(z, pipe, k, plan.replicas)])
     part = parts[stage_index]
-    stage_mod = Recomputed(part) if plan.recomputes(stage_index) else part
+    sched_ir = make_schedule(plan.schedule, plan.stage_devices(), plan.microbatches, plan.replicas)
+    program = dict(zip(sched_ir.devices, sched_ir.programs))[plan.cluster.index[plan.stages[stage_index].devices[pipe]]]
+    stage_mod = Timed(Recomputed(part) if plan.recomputes(stage_index) else part, *program_micro(program))
     denom = float(ys.numel())
 
     def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return squared_error(out, target, denom)
 
-    sched_ir = make_schedule(plan.schedule, plan.stage_devices(), plan.microbatches, plan.replicas)
     order = pipeline_orders(sched_ir, plan.stage_devices(), plan.replicas)[pipe]
     n_local = len(microbatches_of(pipe, k, plan.microbatches, plan.replicas))
     stage = PipelineStage(stage_mod, stage_index, s_count, torch.device("cpu"), input_args=inp, output_args=out,
@@ -138,21 +142,16 @@ def _train_pipelined(rank: int, plan: Plan, cfg: dict) -> tuple[list[float], dic
     sched = _PipelineScheduleRuntime([stage], n_microbatches=n_local, loss_fn=loss_fn, scale_grads=False)
     sched._prepare_schedule_with_comms(order)
     opt = torch.optim.SGD(stage_mod.parameters(), lr=cfg["lr"], momentum=0.9)
-    times = []
-    for _ in range(cfg["warmup"] + cfg["steps"]):
-        opt.zero_grad()
-        dist.barrier()
-        t0 = time.perf_counter()
-        args = (xs[sel],) if stage_index == 0 else ()
-        kwargs = {"target": ys[sel]} if stage_index == s_count - 1 else {}
+    args = (xs[sel],) if stage_index == 0 else ()
+    kwargs = {"target": ys[sel]} if stage_index == s_count - 1 else {}
+
+    def step() -> None:
         sched.step(*args, **kwargs)
         if k > 1:
             allreduce_gradients(stage_mod, dp_groups[stage_index])
-        opt.step()
-        dist.barrier()
-        times.append(time.perf_counter() - t0)
-    # plain arrays: torch's shared-memory tensors would need this process to outlive the read
-    return times, ({n: t.detach().cpu().numpy().copy() for n, t in part.state_dict().items()} if pipe == 0 else None)
+
+    steps = run_steps(step, stage_mod, opt, cfg["warmup"] + cfg["steps"])
+    return steps, (state_arrays(part) if pipe == 0 else None)
 
 
 def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, results) -> None:
@@ -166,11 +165,10 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         stage_index = rank_layout(plan)[rank][0]
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         train = _train_pipelined if uses_pipelining(plan) else train_direct
-        times, state = train(rank, plan, cfg)
+        steps, state = train(rank, plan, cfg)
         if state is not None:
             results.put(("params", stage_index, state))
-        if rank == 0:
-            results.put(("times", times))
+        results.put(("steps", rank, steps))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as e:  # report to the parent, which ends the run
@@ -239,7 +237,7 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
     procs = [ctx.Process(target=_worker, args=(r, world, port, plan_dict, wcfg, results), daemon=True)
              for r in range(world)]
     params: dict[int, dict] = {}
-    times: list[float] = []
+    steps: dict[int, list[dict]] = {}
     deadline = time.time() + cfg.timeout_s
     s_count = plan.num_stages
     errors: dict[int, str] = {}
@@ -257,13 +255,13 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
                     errors[msg[1]] = msg[3]
                 elif msg[0] == "params":
                     params[msg[1]] = msg[2]
-                elif msg[0] == "times":
-                    times = msg[1]
+                elif msg[0] == "steps":
+                    steps[msg[1]] = msg[2]
                 continue
             failed = errors or any(p.exitcode not in (None, 0) for p in procs)
             if failed:
                 raise PipeplanError(_diagnose(plan, procs, errors, results))
-            if all(p.exitcode == 0 for p in procs) and times and len(params) == s_count:
+            if all(p.exitcode == 0 for p in procs) and len(steps) == world and len(params) == s_count:
                 break
             if time.time() > deadline:
                 stuck = [r for r, p in enumerate(procs) if p.exitcode is None]
@@ -273,13 +271,21 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
     finally:
         _end_all(procs)
         restore()
+    times = [s["seconds"] for s in steps[0]]
     steady = times[cfg.warmup:] or times
     measured = statistics.median(steady)
+    median_step = cfg.warmup + int(np.argsort(steady)[len(steady) // 2]) if times[cfg.warmup:] else 0
     out = {"measured_s": measured, "predicted_s": predicted, "error": abs(predicted - measured) / measured,
            "steps": cfg.steps, "warmup": cfg.warmup, "processes": world, "per_step_s": times,
+           "spread": (max(steady) - min(steady)) / measured,
            "schedule": plan.schedule, "replicas": plan.replicas, "microbatch": int(x.shape[0]),
            "warnings": target_warnings(plan)}
     out["_params"] = params
+    layout = rank_layout(plan)
+    out["_timeline"] = measured_timeline([d for _, d in layout], [s for s, _ in layout],
+                                         {r: steps[r][median_step]["actions"] for r in steps},
+                                         steps[0][median_step]["start"], steps[0][median_step]["seconds"])
+    out["timeline_step"] = median_step
     return out
 
 

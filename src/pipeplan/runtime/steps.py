@@ -1,0 +1,53 @@
+"""The training loop both executors share: timed steps, gradient all-reduce, final state."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..schedule import Kind, Program
+from .timing import Timed
+
+
+def program_micro(program: Program) -> tuple[list[int], list[int]]:
+    """The microbatches of a device's forwards and of its backwards, in program order."""
+    kinds, micro = program.kinds.tolist(), program.micro.tolist()
+    return ([m for k, m in zip(kinds, micro) if k == Kind.F],
+            [m for k, m in zip(kinds, micro) if k in (Kind.B, Kind.I)])
+
+
+def run_steps(step: Callable[[], None], timed: Timed, opt: torch.optim.Optimizer,
+              count: int) -> list[dict]:
+    """``count`` iterations between barriers; per step its start on this process's clock,
+    its length and the rank's actions (kind, microbatch, start, end)."""
+    out = []
+    for _ in range(count):
+        opt.zero_grad()
+        timed.new_step()
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        opt.step()
+        dist.barrier()
+        out.append({"start": t0, "seconds": time.perf_counter() - t0, "actions": timed.finish()})
+    return out
+
+
+def allreduce_gradients(module: nn.Module, group) -> None:
+    """Sum the module's gradients over the group in one flattened call (as DDP's buckets)."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    for g, new in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+        g.copy_(new)
+
+
+def state_arrays(module: nn.Module) -> dict:
+    """Plain arrays: torch's shared-memory tensors would need the worker to outlive the read."""
+    return {n: t.detach().cpu().numpy().copy() for n, t in module.state_dict().items()}

@@ -1,0 +1,140 @@
+"""The measured timeline: when each forward and backward ran on each rank.
+
+``Timed`` wraps a stage's module. Its forward is the F action (start and end around the
+call). The backward is bracketed by two autograd marks: an identity on the stage's outputs,
+whose backward runs when their gradients arrive (B starts), and the latest of an identity
+on its inputs (their gradients computed) and the parameters' gradient accumulation (what
+ends the first stage's backward, whose input needs no gradient). A rank runs its actions
+one after another, so the microbatch of each call is the next F or B of its program.
+Times are ``time.perf_counter()``, one monotonic clock for every process of the machine;
+receives and sends are not timed separately (a forward's wait for its input falls before
+its start).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..schedule import Kind
+from ..sim.timeline import Timeline
+
+
+class _Mark(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, note, *xs):
+        ctx.note = note
+        return tuple(x.view_as(x) for x in xs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.note()
+        return (None, *grads)
+
+
+class Timed(nn.Module):
+    """A stage module that records its F and B actions (module docstring)."""
+
+    def __init__(self, inner: nn.Module, f_micro: list[int], b_micro: list[int]) -> None:
+        super().__init__()
+        self.inner, self.f_micro, self.b_micro = inner, f_micro, b_micro
+        self.events: list[tuple[int, int, float, float]] = []  # (kind, microbatch, start, end)
+        self._f = self._b = 0
+        self._open: list | None = None
+        for p in inner.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda _p: self._touch())
+
+    def new_step(self) -> None:
+        self._close()
+        self.events, self._f, self._b = [], 0, 0
+
+    def _touch(self) -> None:
+        if self._open is not None:
+            self._open[3] = time.perf_counter()
+
+    def _begin_backward(self) -> None:
+        self._close()
+        now = time.perf_counter()
+        self._open = [int(Kind.B), self.b_micro[self._b % len(self.b_micro)], now, now]
+        self._b += 1
+
+    def _close(self) -> None:
+        if self._open is not None:
+            self.events.append(tuple(self._open))
+            self._open = None
+
+    def forward(self, *args: torch.Tensor):
+        self._close()
+        start = time.perf_counter()
+        grads = [a.requires_grad for a in args]
+        if any(grads):
+            args = _Mark.apply(self._touch, *args)
+        out = self.inner(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        if any(o.requires_grad for o in outs):
+            outs = _Mark.apply(self._begin_backward, *outs)
+        self.events.append((int(Kind.F), self.f_micro[self._f % len(self.f_micro)], start, time.perf_counter()))
+        self._f += 1
+        return outs if isinstance(out, tuple) else outs[0]
+
+    def finish(self) -> list[tuple[int, int, float, float]]:
+        self._close()
+        return list(self.events)
+
+
+def measured_timeline(devices: list[str], stage_of_rank: list[int], events: dict[int, list],
+                      t0: float, iteration_s: float) -> Timeline:
+    """The Timeline of one step: ``events[rank]`` as (kind, microbatch, start, end) with
+    absolute clock times, shifted so the step starts at ``t0``."""
+    rows = [(k, stage_of_rank[r], m, r, a - t0, b - t0) for r, evs in events.items() for k, m, a, b in evs]
+    arr = np.array(rows, dtype=float).reshape(-1, 6)
+    return Timeline(resources=list(devices), resource_is_device=[True] * len(devices),
+                    kind=arr[:, 0].astype(np.int8), stage=arr[:, 1].astype(np.int64), micro=arr[:, 2].astype(np.int64),
+                    resource=arr[:, 3].astype(np.int64), start=arr[:, 4], end=arr[:, 5],
+                    iteration_s=float(iteration_s))
+
+
+def side_by_side(predicted: Timeline, measured: Timeline) -> tuple[Timeline, dict]:
+    """One timeline with each device's predicted row above its measured row (the
+    predicted channels after them), and the error of each measured F/B duration against the
+    predicted one: median and worst |error| per kind, and per action."""
+    rows, pos = [], {}
+    for d in measured.resources:
+        pos[("p", d)], pos[("m", d)] = len(rows), len(rows) + 1
+        rows += [f"{d} predicted", f"{d} measured"]
+    is_dev = [True] * len(rows)
+    for r, name in enumerate(predicted.resources):
+        if not predicted.resource_is_device[r]:
+            pos[("p", name)] = len(rows)
+            rows.append(name)
+            is_dev.append(False)
+    keep = np.array([("p", predicted.resources[r]) in pos for r in predicted.resource.tolist()], dtype=bool)
+    res = np.concatenate([[pos[("p", predicted.resources[r])] for r in predicted.resource[keep].tolist()],
+                          [pos[("m", measured.resources[r])] for r in measured.resource.tolist()]]).astype(np.int64)
+    cat = lambda a, b: np.concatenate([a[keep], b])  # noqa: E731
+    merged = Timeline(rows, is_dev, cat(predicted.kind, measured.kind), cat(predicted.stage, measured.stage),
+                      cat(predicted.micro, measured.micro), res, cat(predicted.start, measured.start),
+                      cat(predicted.end, measured.end), max(predicted.iteration_s, measured.iteration_s))
+    return merged, action_errors(predicted, measured)
+
+
+def action_errors(predicted: Timeline, measured: Timeline) -> dict:
+    def durations(tl: Timeline) -> dict:
+        return {(tl.resources[r], int(k), int(m)): float(b - a)
+                for k, m, r, a, b in zip(tl.kind, tl.micro, tl.resource, tl.start, tl.end) if k in (Kind.F, Kind.B)}
+
+    pred, meas = durations(predicted), durations(measured)
+    per = [{"device": d, "kind": "forward" if k == Kind.F else "backward", "microbatch": m,
+            "predicted_s": pred[(d, k, m)], "measured_s": t, "error": (t - pred[(d, k, m)]) / pred[(d, k, m)]}
+           for (d, k, m), t in sorted(meas.items()) if pred.get((d, k, m), 0) > 0]
+    summary = {}
+    for kind in ("forward", "backward"):
+        errs = [abs(a["error"]) for a in per if a["kind"] == kind]
+        if errs:
+            summary[kind] = {"median_abs_error": float(np.median(errs)), "worst_abs_error": float(max(errs)),
+                             "actions": len(errs)}
+    return {"summary": summary, "actions": per}
