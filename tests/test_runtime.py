@@ -135,14 +135,14 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("factory,fragment", [("dies", "died with exit code"), ("raises", "raised RuntimeError"),
-                                              ("hangs", "did not finish within")])
+                                              ("hangs", "made no progress for")])
 def test_failing_worker_ends_the_run(factory, fragment):
     plan = plan_for("1f1b", "split", 7, 2)
-    cfg = RunConfig(f"failing_models:{factory}", steps=2, timeout_s=8)
+    cfg = RunConfig(f"failing_models:{factory}", steps=2, hang_s=4)
     before = {p.pid for p in multiprocessing.active_children()}
     with pytest.raises(PipeplanError, match=fragment) as err:
         run_plan(plan, cfg)
-    assert "rank 1 (stage 1, device s0g1)" in str(err.value) or factory == "hangs"
+    assert "rank 1 (stage 1, device s0g1)" in str(err.value)
     assert "rank" in str(err.value)
     leftover = [p for p in multiprocessing.active_children() if p.pid not in before]
     assert not leftover and not any(_alive(p.pid) for p in leftover)

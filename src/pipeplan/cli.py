@@ -228,7 +228,7 @@ def cmd_run(args) -> int:
 
     plan = load_plan(args.plan)
     cfg = RunConfig(spec=args.model, steps=args.steps, warmup=args.warmup, threads=args.threads,
-                    timeout_s=args.timeout)
+                    hang_s=args.hang_timeout, timeout_s=args.timeout)
     out = run_plan(plan, cfg)
     staged, timeline = out.pop("_params"), out.pop("_timeline")
     _write_measured(args, plan, timeline, out)
@@ -416,7 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--steps", type=_positive_int, default=5, help="measured iterations (default 5)")
     sp.add_argument("--warmup", type=int, default=1, help="iterations before measuring (default 1)")
     sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker process (default 1)")
-    sp.add_argument("--timeout", type=float, default=300.0, help="seconds before a stuck run is ended")
+    sp.add_argument("--hang-timeout", type=float, default=60.0,
+                    help="seconds without progress on any rank before the run is ended, naming the rank "
+                         "that stopped first (default 60)")
+    sp.add_argument("--timeout", type=float, default=None, help="optional wall-clock cap in seconds")
     sp.add_argument("--check", action="store_true",
                     help="also train in one process and compare parameters and buffers; exit 1 unless "
                          "they agree (check.verdict: pass, fail or not comparable)")

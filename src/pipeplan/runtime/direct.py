@@ -146,9 +146,9 @@ class _Stage:
         self.pending.clear()
 
 
-def train_direct(rank: int, plan: Plan, cfg: dict) -> tuple[list[float], dict | None]:
-    """Train ``warmup + steps`` iterations on this rank; (per-step seconds, the stage's state
-    if this rank is its first device)."""
+def train_direct(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[dict], dict | None]:
+    """Train ``warmup + steps`` iterations on this rank; (its steps, ``steps.run_steps``, and
+    the stage's state if this rank is its first device). ``progress(label)`` after each action."""
     ranks = stage_major_ranks(plan)
     s, device = ranks[rank]
     groups = [dist.new_group([r for r, (st, _) in enumerate(ranks) if st == q]) for q in range(plan.num_stages)]
@@ -162,7 +162,7 @@ def train_direct(rank: int, plan: Plan, cfg: dict) -> tuple[list[float], dict | 
     layout = _Layout.of(plan, z)
     timed = Timed(Recomputed(part) if plan.recomputes(s) else part,
                   [m for k, m in layout.programs[rank] if k == Kind.F],
-                  [m for k, m in layout.programs[rank] if k == Kind.B])
+                  [m for k, m in layout.programs[rank] if k == Kind.B], progress)
     stage = _Stage(rank, s, plan, timed, layout, shapes, xs, ys, z)
     opt = torch.optim.SGD(part.parameters(), lr=cfg["lr"], momentum=0.9)
 

@@ -13,8 +13,9 @@ error against fixed random targets over the whole global batch, written as a sum
 by the global element count so that microbatches and replicas add up to exactly the
 single-process gradient (``scale_grads=False``).
 
-Failures: a worker that raises, dies or hangs ends the run with one line naming its rank
-and stage, within ``timeout``; every worker process is ended before returning.
+Failures: a worker that raises or dies ends the run with one line naming its rank and
+stage; so does one that hangs, once no rank has progressed (an action done) for ``hang_s``;
+every worker process is ended before returning.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from .data import global_batch, pipeline_samples, share_size, squared_error
 from .direct import stage_major_ranks, train_direct
 from .models import load_model
 from .split import Recomputed, split_model, stage_examples
-from .steps import program_micro, run_steps, state_arrays
+from .steps import allreduce_gradients, program_micro, run_steps, state_arrays
 from .timing import Timed, measured_timeline
 from .translate import microbatches_of, pipeline_orders
 
@@ -55,7 +56,12 @@ class RunConfig:
     lr: float = 0.05
     seed: int = 0
     threads: int = 1
-    timeout_s: float = 300.0
+    hang_s: float = 60.0  # no rank progressing this long ends the run, naming the one stuck longest
+    timeout_s: float | None = None  # optional wall-clock cap
+
+
+#: seconds a worker may take to start (spawn, import torch) before its first report counts
+STARTUP_GRACE_S = 30.0
 
 
 def _free_port() -> int:
@@ -111,7 +117,7 @@ def rank_layout(plan: Plan) -> list[tuple[int, str]]:
     return pipelined_ranks(plan) if uses_pipelining(plan) else stage_major_ranks(plan)
 
 
-def _train_pipelined(rank: int, plan: Plan, cfg: dict) -> tuple[list[float], dict | None]:
+def _train_pipelined(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[dict], dict | None]:
     """k pipelines of S stages on torch's ``_PipelineScheduleRuntime`` (module docstring)."""
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
@@ -129,7 +135,7 @@ def _train_pipelined(rank: int, plan: Plan, cfg: dict) -> tuple[list[float], dic
     part = parts[stage_index]
     sched_ir = make_schedule(plan.schedule, plan.stage_devices(), plan.microbatches, plan.replicas)
     program = dict(zip(sched_ir.devices, sched_ir.programs))[plan.cluster.index[plan.stages[stage_index].devices[pipe]]]
-    stage_mod = Timed(Recomputed(part) if plan.recomputes(stage_index) else part, *program_micro(program))
+    stage_mod = Timed(Recomputed(part) if plan.recomputes(stage_index) else part, *program_micro(program), progress)
     denom = float(ys.numel())
 
     def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -163,9 +169,15 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         torch.set_num_threads(cfg["threads"])
         plan = plan_from_dict(plan_dict)
         stage_index = rank_layout(plan)[rank][0]
+
+        def progress(label: str) -> None:
+            results.put(("progress", rank, label))
+
+        progress("started")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        progress("joined the process group")
         train = _train_pipelined if uses_pipelining(plan) else train_direct
-        steps, state = train(rank, plan, cfg)
+        steps, state = train(rank, plan, cfg, progress)
         if state is not None:
             results.put(("params", stage_index, state))
         results.put(("steps", rank, steps))
@@ -208,6 +220,43 @@ def target_warnings(plan: Plan, cores: int | None = None) -> list[str]:
     return out
 
 
+def _watch(plan: Plan, procs: list, results, cfg: RunConfig) -> tuple[dict[int, dict], dict[int, list[dict]]]:
+    """Collect the workers' reports until every one finished; end the run on a failure, when
+    no rank progressed for ``cfg.hang_s`` (naming the rank that stopped first: the others
+    wait for it), or past the optional wall-clock cap."""
+    start = time.time()
+    params: dict[int, dict] = {}
+    steps: dict[int, list[dict]] = {}
+    errors: dict[int, str] = {}
+    last = {r: (start + STARTUP_GRACE_S, "starting") for r in range(len(procs))}
+    while True:
+        try:
+            msg = results.get(timeout=0.05)
+        except queue_mod.Empty:
+            msg = None
+        if msg is not None:
+            if msg[0] == "progress":
+                last[msg[1]] = (time.time(), msg[2])
+            elif msg[0] == "error":
+                errors[msg[1]] = msg[3]
+            elif msg[0] == "params":
+                params[msg[1]] = msg[2]
+            elif msg[0] == "steps":
+                steps[msg[1]] = msg[2]
+            continue
+        if errors or any(p.exitcode not in (None, 0) for p in procs):
+            raise PipeplanError(_diagnose(plan, procs, errors, results))
+        if all(p.exitcode == 0 for p in procs) and len(steps) == len(procs) and len(params) == plan.num_stages:
+            return params, steps
+        now = time.time()
+        if now - max(t for t, _ in last.values()) > cfg.hang_s:
+            r = min(last, key=lambda q: last[q][0])
+            raise PipeplanError(f"run failed: {_who(plan, r)} made no progress for {now - last[r][0]:.0f} s (last: "
+                                f"{last[r][1]}); the other ranks wait for it")
+        if cfg.timeout_s is not None and now - start > cfg.timeout_s:
+            raise PipeplanError(f"run failed: not finished within {cfg.timeout_s:g} s (--timeout)")
+
+
 def _end_on_signals():
     """SIGTERM (and SIGINT) end the run as an error, so its workers are ended before the
     parent goes (a worker also dies with its parent, ``_die_with_parent``); returns the undo."""
@@ -236,38 +285,11 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
     plan_dict = plan.to_dict()
     procs = [ctx.Process(target=_worker, args=(r, world, port, plan_dict, wcfg, results), daemon=True)
              for r in range(world)]
-    params: dict[int, dict] = {}
-    steps: dict[int, list[dict]] = {}
-    deadline = time.time() + cfg.timeout_s
-    s_count = plan.num_stages
-    errors: dict[int, str] = {}
     restore = _end_on_signals()
     try:
         for p in procs:
             p.start()
-        while True:
-            try:
-                msg = results.get(timeout=0.05)
-            except queue_mod.Empty:
-                msg = None
-            if msg is not None:
-                if msg[0] == "error":
-                    errors[msg[1]] = msg[3]
-                elif msg[0] == "params":
-                    params[msg[1]] = msg[2]
-                elif msg[0] == "steps":
-                    steps[msg[1]] = msg[2]
-                continue
-            failed = errors or any(p.exitcode not in (None, 0) for p in procs)
-            if failed:
-                raise PipeplanError(_diagnose(plan, procs, errors, results))
-            if all(p.exitcode == 0 for p in procs) and len(steps) == world and len(params) == s_count:
-                break
-            if time.time() > deadline:
-                stuck = [r for r, p in enumerate(procs) if p.exitcode is None]
-                r = stuck[0] if stuck else 0
-                raise PipeplanError(f"run failed: {_who(plan, r)} "
-                                    f"did not finish within {cfg.timeout_s:g} s")
+        params, steps = _watch(plan, procs, results, cfg)
     finally:
         _end_all(procs)
         restore()

@@ -14,6 +14,7 @@ its start).
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -38,9 +39,10 @@ class _Mark(torch.autograd.Function):
 class Timed(nn.Module):
     """A stage module that records its F and B actions (module docstring)."""
 
-    def __init__(self, inner: nn.Module, f_micro: list[int], b_micro: list[int]) -> None:
+    def __init__(self, inner: nn.Module, f_micro: list[int], b_micro: list[int],
+                 progress: Callable[[str], None] = lambda label: None) -> None:
         super().__init__()
-        self.inner, self.f_micro, self.b_micro = inner, f_micro, b_micro
+        self.inner, self.f_micro, self.b_micro, self.progress = inner, f_micro, b_micro, progress
         self.events: list[tuple[int, int, float, float]] = []  # (kind, microbatch, start, end)
         self._f = self._b = 0
         self._open: list | None = None
@@ -61,6 +63,7 @@ class Timed(nn.Module):
         now = time.perf_counter()
         self._open = [int(Kind.B), self.b_micro[self._b % len(self.b_micro)], now, now]
         self._b += 1
+        self.progress(f"backward of microbatch {self._open[1]}")
 
     def _close(self) -> None:
         if self._open is not None:
@@ -77,8 +80,10 @@ class Timed(nn.Module):
         outs = out if isinstance(out, tuple) else (out,)
         if any(o.requires_grad for o in outs):
             outs = _Mark.apply(self._begin_backward, *outs)
-        self.events.append((int(Kind.F), self.f_micro[self._f % len(self.f_micro)], start, time.perf_counter()))
+        m = self.f_micro[self._f % len(self.f_micro)]
+        self.events.append((int(Kind.F), m, start, time.perf_counter()))
         self._f += 1
+        self.progress(f"forward of microbatch {m}")
         return outs if isinstance(out, tuple) else outs[0]
 
     def finish(self) -> list[tuple[int, int, float, float]]:
