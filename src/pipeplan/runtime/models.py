@@ -62,13 +62,43 @@ def example_cnn(microbatch: int = 16) -> tuple[nn.Module, torch.Tensor]:
     return model, torch.randn(microbatch, 3, 32, 32)
 
 
+class FlatResNet(nn.Module):
+    """A small ResNet (He et al. 2016, basic blocks) written flat: every convolution,
+    BatchNorm and ReLU is a submodule of its own and the residual additions happen in
+    ``forward``, so a cut may fall inside a block and its skip connection cross stages."""
+
+    def __init__(self, width: int = 32, blocks: int = 3, classes: int = 10) -> None:
+        super().__init__()
+        self.blocks = blocks
+        self.stem, self.stem_bn, self.stem_relu = nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU()
+        for i in range(blocks):
+            for j in (1, 2):
+                setattr(self, f"b{i}_conv{j}", nn.Conv2d(width, width, 3, padding=1, bias=False))
+                setattr(self, f"b{i}_bn{j}", nn.BatchNorm2d(width))
+                setattr(self, f"b{i}_relu{j}", nn.ReLU())
+        self.pool, self.flat, self.fc = nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem_relu(self.stem_bn(self.stem(x)))
+        for i in range(self.blocks):
+            h = getattr(self, f"b{i}_relu1")(getattr(self, f"b{i}_bn1")(getattr(self, f"b{i}_conv1")(x)))
+            h = getattr(self, f"b{i}_bn2")(getattr(self, f"b{i}_conv2")(h))
+            x = getattr(self, f"b{i}_relu2")(h + x)
+        return self.fc(self.flat(self.pool(x)))
+
+
+def example_resnet(microbatch: int = 16) -> tuple[nn.Module, torch.Tensor]:
+    return FlatResNet(), torch.randn(microbatch, 3, 16, 16)
+
+
 def example_tiny(microbatch: int = 4) -> tuple[nn.Module, torch.Tensor]:
     """Negligible compute: what a step costs beyond the layers (calibration of the runtime)."""
     return nn.Sequential(*[nn.Linear(16, 16) for _ in range(4)]), torch.randn(microbatch, 16)
 
 
 EXAMPLES: dict[str, Callable[..., tuple[nn.Module, torch.Tensor]]] = {
-    "mlp": example_mlp, "transformer": example_transformer, "cnn": example_cnn, "tiny": example_tiny,
+    "mlp": example_mlp, "transformer": example_transformer, "cnn": example_cnn, "resnet": example_resnet,
+    "tiny": example_tiny,
 }
 
 

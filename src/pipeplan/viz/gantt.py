@@ -89,8 +89,18 @@ def _bar_label(kind: int, micro: int) -> str:
 def draw_gantt(tl: Timeline, path: str | os.PathLike, title: str = "",
                max_labels: int = 4000) -> None:
     """Draw the timeline as a Gantt chart and write it to ``path`` (PNG; ``.svg``/``.pdf``
-    by suffix). Microbatch numbers are written on bars wide enough for them, at most
-    ``max_labels`` of them (device rows first)."""
+    by suffix)."""
+    fig = gantt_figure(tl, title, max_labels)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fmt = path.suffix.lstrip(".").lower()
+    fig.savefig(path, format=fmt if fmt in ("png", "svg", "pdf") else "png", dpi=_DPI)
+    fig.clear()
+
+
+def gantt_figure(tl: Timeline, title: str = "", max_labels: int = 4000) -> Figure:
+    """The timeline as a Gantt chart. Microbatch numbers are written on bars wide enough for
+    them, at most ``max_labels`` of them (device rows first)."""
     y, n_dev, n_chan = _row_positions(tl)
     span_rows = max(y.max() + 1 if y.size else 1.0, 1.0)
     t_end = max(float(tl.iteration_s), float(tl.end.max()) if len(tl) else 0.0)
@@ -174,9 +184,4 @@ def draw_gantt(tl: Timeline, path: str | os.PathLike, title: str = "",
     heading = f"{title} — iteration time {it_text}" if title else f"Iteration time {it_text}"
     fig.text(left_in / width_in, 1 - 0.12 / height_in, heading, ha="left", va="top",
              fontsize=12, fontweight="bold")
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fmt = path.suffix.lstrip(".").lower()
-    fig.savefig(path, format=fmt if fmt in ("png", "svg", "pdf") else "png", dpi=_DPI)
-    fig.clear()
+    return fig
