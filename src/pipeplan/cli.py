@@ -17,6 +17,10 @@ from typing import Callable
 from .errors import Infeasible, PipeplanError
 
 
+MODEL_SPEC_HELP = ("example:mlp|transformer|cnn|resnet, hf:gpt2?n_layer=4&... or hf:bert?... (transformers "
+                   "from a config), or package.module:factory")
+
+
 def _atomic_write(path: str, write: Callable[[str], None]) -> None:
     """Write through a temporary file in the same folder, then rename: no half-written output."""
     target = Path(path)
@@ -388,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_compare)
 
     sp = sub.add_parser("profile", help="measure a PyTorch model's layers on this machine")
-    sp.add_argument("model_spec", help="example:mlp|transformer|cnn or package.module:factory")
+    sp.add_argument("model_spec", help=MODEL_SPEC_HELP)
     sp.add_argument("--microbatch", type=_positive_int, help="samples per microbatch (default: the example input's)")
     sp.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     sp.add_argument("--threads", type=_positive_int, default=1, help="threads (use the runtime's, default 1)")
@@ -412,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("run", help="train with a plan on torch.distributed; measured vs predicted time")
     sp.add_argument("plan", help="plan JSON (its nodes must be the model's layers)")
-    sp.add_argument("--model", required=True, help="example:mlp|transformer|cnn or package.module:factory")
+    sp.add_argument("--model", required=True, help=MODEL_SPEC_HELP)
     sp.add_argument("--steps", type=_positive_int, default=5, help="measured iterations (default 5)")
     sp.add_argument("--warmup", type=int, default=1, help="iterations before measuring (default 1)")
     sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker process (default 1)")
