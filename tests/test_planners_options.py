@@ -80,10 +80,10 @@ def cli_error(capsys, *argv: str) -> str:
     (["plan", "--planner", "dp", "-O", "replicas=sideways"],
      "planner 'dp': option replicas='sideways': expected one of split, round-robin, auto"),
     (["plan", "--planner", "dp", "-O", "straight=1"], "planner 'dp' has no option 'straight' (its options: replicas)"),
-    (["plan", "--planner", "spp", "-O", "depth=2"], "planner 'spp' has no option 'depth' (it takes none)"),
+    (["plan", "--planner", "hetpipe", "-O", "depth=2"], "planner 'hetpipe' has no option 'depth' (it takes none)"),
     (["plan", "--planner", "gpipe", "-O", "recompute=perhaps"], "option recompute='perhaps': expected true or false"),
     (["plan", "-O", "nonsense=1"], "planner option 'nonsense' is not an option of any compared planner"),
-    (["compare", "--planners", "gpipe,spp", "-O", "replicas=split"], "(their options: gpipe: recompute)"),
+    (["compare", "--planners", "gpipe,spp", "-O", "replicas=split"], "(their options: gpipe: recompute; spp: stages)"),
     (["compare", "--planners", "dp,gpipe", "-O", "replicas=x"], "option replicas='x': expected one of"),
     (["plan", "--planner", "dp", "-O", "replicas"], "-O/--planner-option: expected KEY=VALUE, got 'replicas'"),
 ])
@@ -165,3 +165,15 @@ def test_gpipe_rematerializes_unless_told_not_to():
     assert plan.recompute == [True] * plan.num_stages and plan.schedule == "gpipe"
     keep, _ = run_planner("gpipe", g, c, PlanOptions(microbatches=4, extra=(("recompute", "false"),)))
     assert keep.recompute is None and [s.nodes for s in keep.stages] == [s.nodes for s in plan.stages]
+
+
+def test_spp_stage_count_option():
+    """-O stages=2 on 3 devices: PRM uses every device, so the two stages are uneven; a count
+    beyond min(layers, devices) is a user error."""
+    g = load_graph("zoo:alexnet")
+    c = hierarchical("h", 1, 3, 1e10, 1e10)
+    plan, _ = run_planner("spp", g, c, PlanOptions(microbatches=4, extra=(("stages", "2"),)))
+    assert len(plan.stages) == 2 and sorted(len(s.devices) for s in plan.stages) == [1, 2]
+    assert [e["stages"] for e in plan.extra["per_stage_count"]] == [2]
+    with pytest.raises(PipeplanError, match="stages=9: expected 1 to 3"):
+        run_planner("spp", g, c, PlanOptions(microbatches=4, extra=(("stages", "9"),)))

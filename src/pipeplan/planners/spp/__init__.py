@@ -9,24 +9,37 @@ stage boundary and carries the activations that cross it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ...cluster import Cluster
-from ...errors import Infeasible
+from ...errors import Infeasible, PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan, Stage
 from ...sim import simulate
-from ..base import PlanOptions, register
+from ..base import PlanOptions, planner_options, register
 from .bounds import spp_bounds
 from .prm import prm
 from .rdo import device_order
 
 
+@dataclass(frozen=True)
+class SppOptions:
+    stages: int | None = field(default=None, metadata={
+        "help": "only this number of stages (xi); default: every xi from 1 to min(layers, devices), the "
+                "fastest kept"})
+
+
 @register("spp", "SPP: min-cut device order, DP partition/replication/mapping, PE schedule "
-          "with proven bounds", "spp-pe")
+          "with proven bounds", "spp-pe", options=SppOptions)
 def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
-    """SPP Alg. 3: PRM for every stage count xi, each simulated under the schedule; the
-    fastest that fits wins (the one that overflows least when none fits). A stage count
-    whose plan cannot run is skipped."""
+    """SPP Alg. 3: PRM for every stage count xi (or the one ``-O stages`` names), each
+    simulated under the schedule; the fastest that fits wins (the one that overflows least
+    when none fits). A stage count whose plan cannot run is skipped."""
+    only = planner_options(SppOptions, options, "spp").stages
     lin = linearize(graph)
+    if only is not None and not 1 <= only <= min(lin.n, len(cluster)):
+        raise PipeplanError(f"planner 'spp' option stages={only}: expected 1 to {min(lin.n, len(cluster))} "
+                            f"(min of {lin.n} layers and {len(cluster)} devices)")
     order = device_order(cluster)
     res = prm(lin, cluster, order, options.microbatches, options.optimizer)
     if all(parts is None for parts in res.stages):  # no partition fits: SPP's plan with memory ignored
@@ -35,7 +48,7 @@ def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     overflowing = None
     per_xi = []
     for xi, parts in enumerate(res.stages, start=1):
-        if parts is None:
+        if parts is None or (only is not None and xi != only):
             continue
         stages = [Stage([graph.ids[u] for u in lin.interval(a, b)], [cluster.devices[order[k]].name for k in range(d, e)])
                   for a, b, d, e in parts]
