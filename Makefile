@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/resalloc/figures.py
 	$(BIN)/python benchmarks/resalloc/grouping_scale.py
 	$(BIN)/python benchmarks/runtime/accuracy.py
+	$(BIN)/python benchmarks/runtime/hf_flow.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis
