@@ -182,6 +182,7 @@ def gantt_figure(tl: Timeline, title: str = "", max_labels: int = 4000) -> Figur
               ncol=len(handles), frameon=False, fontsize=9, handlelength=2.2,
               borderaxespad=0.2)
     heading = f"{title} — iteration time {it_text}" if title else f"Iteration time {it_text}"
+    fit = (width_in - left_in - 0.1) * 72.0 / (0.62 * max(len(heading), 1))  # bold: ~0.62 em a character
     fig.text(left_in / width_in, 1 - 0.12 / height_in, heading, ha="left", va="top",
-             fontsize=12, fontweight="bold")
+             fontsize=max(7.0, min(12.0, fit)), fontweight="bold")
     return fig
