@@ -279,7 +279,7 @@ def test_a_plan_for_another_cluster_is_warned_about():
 
     gpu = plan_for("1f1b", "split", 7, 2)  # hierarchical(): V100s
     got = target_warnings(gpu, cores=2)
-    assert len(got) == 1 and "'local' (V100)" in got[0] and "2 CPU processes" in got[0]
+    assert len(got) == 1 and "'local' (V100)" in got[0] and "this machine (2 CPU cores) as 2 CPU processes" in got[0]
     g, names, _ = model_graph()
     cpus = Cluster("here", [Device(f"worker{r}", kind="CPU") for r in range(3)], np.full((3, 3), 1e9), np.zeros((3, 3)))
     plan = Plan(g, cpus, [Stage(names[:3], ["worker0"]), Stage(names[3:6], ["worker1"]), Stage(names[6:], ["worker2"])], 4)

@@ -211,9 +211,10 @@ def target_warnings(plan: Plan, cores: int | None = None) -> list[str]:
     kinds = sorted({plan.cluster.devices[plan.cluster.index[d]].kind for d in used})
     out = []
     if any(k.upper() != "CPU" for k in kinds):
-        out.append(f"the plan was made for cluster {plan.cluster.name!r} ({', '.join(kinds)}) and runs here as "
-                   f"{world} CPU processes: its prediction is for {plan.cluster.name!r}, not for this machine "
-                   "(pipeplan calibrate writes a cluster of this machine to plan for)")
+        out.append(f"the plan was made for cluster {plan.cluster.name!r} ({', '.join(kinds)}) and runs on this "
+                   f"machine ({cores} CPU cores) as {world} CPU processes: its prediction is for "
+                   f"{plan.cluster.name!r}, not for this machine (pipeplan calibrate writes a cluster of this "
+                   "machine to plan for)")
     if world > cores:
         out.append(f"{world} worker processes on {cores} cores: they share cores, so times are slower than "
                    "either the plan or a calibration assumes")
