@@ -17,6 +17,7 @@ optimizer steps. Input-gradient/weight-gradient splits (I, W) are not run here.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -96,12 +97,14 @@ class _Stage:
         self.pending: list = []
 
     def _recv(self, m: int, s_from: int, span: tuple[int, int], backward: bool, like: list) -> list[torch.Tensor]:
+        start = time.perf_counter()
         parts: list[list[torch.Tensor]] = [[] for _ in like]
         for r, lo, hi in self.layout.overlaps(s_from, m, span):
             for j, (shape, dtype) in enumerate(like):
                 buf = torch.empty((hi - lo, *shape), dtype=dtype)
                 dist.recv(buf, src=r, tag=_tag(m, min(s_from, self.s), backward, j, self.s_count))
                 parts[j].append(buf)
+        self.part.received(backward, m, start, time.perf_counter(), f"ch:{s_from}-{self.s}")
         return [torch.cat(p) for p in parts]
 
     def _send(self, m: int, s_to: int, span: tuple[int, int], backward: bool, tensors: list) -> None:

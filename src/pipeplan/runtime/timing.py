@@ -6,9 +6,10 @@ whose backward runs when their gradients arrive (B starts), and the latest of an
 on its inputs (their gradients computed) and the parameters' gradient accumulation (what
 ends the first stage's backward, whose input needs no gradient). A rank runs its actions
 one after another, so the microbatch of each call is the next F or B of its program.
-Times are ``time.perf_counter()``, one monotonic clock for every process of the machine;
-receives and sends are not timed separately (a forward's wait for its input falls before
-its start).
+Times are ``time.perf_counter()``, one monotonic clock for every process of the machine.
+pipeplan's own executor also records each receive (``received``: the wait and the transfer)
+on its channel; torch's pipelining communicates internally, so there a forward's wait for
+its input falls before its start.
 """
 
 from __future__ import annotations
@@ -86,18 +87,27 @@ class Timed(nn.Module):
         self.progress(f"forward of microbatch {m}")
         return outs if isinstance(out, tuple) else outs[0]
 
-    def finish(self) -> list[tuple[int, int, float, float]]:
+    def received(self, backward: bool, m: int, start: float, end: float, channel: str) -> None:
+        """A receive (pipeplan's own executor): the wait for, and transfer of, microbatch m's
+        activations or gradients over ``channel``."""
+        self.events.append((int(Kind.SEND_B if backward else Kind.SEND_F), m, start, end, channel))
+
+    def finish(self) -> list[tuple]:
         self._close()
         return list(self.events)
 
 
 def measured_timeline(devices: list[str], stage_of_rank: list[int], events: dict[int, list],
                       t0: float, iteration_s: float) -> Timeline:
-    """The Timeline of one step: ``events[rank]`` as (kind, microbatch, start, end) with
-    absolute clock times, shifted so the step starts at ``t0``."""
-    rows = [(k, stage_of_rank[r], m, r, a - t0, b - t0) for r, evs in events.items() for k, m, a, b in evs]
+    """The Timeline of one step: ``events[rank]`` as (kind, microbatch, start, end) on the
+    rank's device, or (kind, microbatch, start, end, channel) for a receive, with absolute
+    clock times, shifted so the step starts at ``t0``."""
+    channels = sorted({e[4] for evs in events.values() for e in evs if len(e) > 4})
+    where = {c: len(devices) + i for i, c in enumerate(channels)}
+    rows = [(e[0], stage_of_rank[r], e[1], where[e[4]] if len(e) > 4 else r, e[2] - t0, e[3] - t0)
+            for r, evs in events.items() for e in evs]
     arr = np.array(rows, dtype=float).reshape(-1, 6)
-    return Timeline(resources=list(devices), resource_is_device=[True] * len(devices),
+    return Timeline(resources=[*devices, *channels], resource_is_device=[True] * len(devices) + [False] * len(channels),
                     kind=arr[:, 0].astype(np.int8), stage=arr[:, 1].astype(np.int64), micro=arr[:, 2].astype(np.int64),
                     resource=arr[:, 3].astype(np.int64), start=arr[:, 4], end=arr[:, 5],
                     iteration_s=float(iteration_s))
@@ -108,15 +118,19 @@ def side_by_side(predicted: Timeline, measured: Timeline) -> tuple[Timeline, dic
     predicted channels after them), and the error of each measured F/B duration against the
     predicted one: median and worst |error| per kind, and per action."""
     rows, pos = [], {}
-    for d in measured.resources:
-        pos[("p", d)], pos[("m", d)] = len(rows), len(rows) + 1
-        rows += [f"{d} predicted", f"{d} measured"]
+    for r, d in enumerate(measured.resources):
+        if measured.resource_is_device[r]:
+            pos[("p", d)], pos[("m", d)] = len(rows), len(rows) + 1
+            rows += [f"{d} predicted", f"{d} measured"]
     is_dev = [True] * len(rows)
-    for r, name in enumerate(predicted.resources):
-        if not predicted.resource_is_device[r]:
-            pos[("p", name)] = len(rows)
-            rows.append(name)
-            is_dev.append(False)
+    channels = [n for r, n in enumerate(predicted.resources) if not predicted.resource_is_device[r]]
+    channels += [n for r, n in enumerate(measured.resources) if not measured.resource_is_device[r] and n not in channels]
+    for name in channels:
+        for side in ("p", "m"):
+            if name in (predicted.resources if side == "p" else measured.resources):
+                pos[(side, name)] = len(rows)
+                rows.append(f"{name} {'predicted' if side == 'p' else 'measured'}")
+                is_dev.append(False)
     keep = np.array([("p", predicted.resources[r]) in pos for r in predicted.resource.tolist()], dtype=bool)
     res = np.concatenate([[pos[("p", predicted.resources[r])] for r in predicted.resource[keep].tolist()],
                           [pos[("m", measured.resources[r])] for r in measured.resource.tolist()]]).astype(np.int64)
