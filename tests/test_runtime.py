@@ -332,6 +332,10 @@ def test_uneven_replication_redistributes_and_trains_as_one_process(replicas, de
     out = run_plan(plan, cfg)
     staged = out.pop("_params")
     assert_causal(out, plan)
+    tl = out["_timeline"]
+    channels = [n for n, dev in zip(tl.resources, tl.resource_is_device) if not dev]
+    assert channels == ["ch:0-1", "ch:1-0"]  # every receive drawn on its channel
+    assert int((tl.resource == tl.resources.index("ch:0-1")).sum()) == 4  # one receive per microbatch
     got = check_run(plan, cfg.spec, staged, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
                     threads=cfg.threads, microbatch=z)
     assert got.verdict == "pass", got
