@@ -350,6 +350,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def _add_run_parser(sub) -> None:
+    sp = sub.add_parser("run", help="train with a plan on torch.distributed; measured vs predicted time")
+    sp.add_argument("plan", help="plan JSON (its nodes must be the model's layers)")
+    sp.add_argument("--model", required=True, help=MODEL_SPEC_HELP)
+    sp.add_argument("--steps", type=_positive_int, default=5, help="measured iterations (default 5)")
+    sp.add_argument("--warmup", type=int, default=1, help="iterations before measuring (default 1)")
+    sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker process (default 1)")
+    sp.add_argument("--hang-timeout", type=float, default=60.0,
+                    help="seconds without progress on any rank before the run is ended, naming the rank "
+                         "that stopped first (default 60)")
+    sp.add_argument("--timeout", type=float, default=None, help="optional wall-clock cap in seconds")
+    sp.add_argument("--check", action="store_true",
+                    help="also train in one process and compare parameters and buffers; exit 1 unless "
+                         "they agree (check.verdict: pass, fail or not comparable)")
+    sp.add_argument("--trace", help="write the measured step (the median one) as a Chrome/Perfetto trace")
+    sp.add_argument("--gantt", help="draw the measured step as a Gantt chart (PNG, SVG or PDF)")
+    sp.add_argument("--vs-prediction", action="store_true",
+                    help="with --gantt: each device's predicted row above its measured one; report the "
+                         "per-action error (action_error in --json)")
+    sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    sp.set_defaults(fn=cmd_run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="pipeplan", description="Plan pipeline-parallel DNN training.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
@@ -414,26 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_calibrate)
 
-    sp = sub.add_parser("run", help="train with a plan on torch.distributed; measured vs predicted time")
-    sp.add_argument("plan", help="plan JSON (its nodes must be the model's layers)")
-    sp.add_argument("--model", required=True, help=MODEL_SPEC_HELP)
-    sp.add_argument("--steps", type=_positive_int, default=5, help="measured iterations (default 5)")
-    sp.add_argument("--warmup", type=int, default=1, help="iterations before measuring (default 1)")
-    sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker process (default 1)")
-    sp.add_argument("--hang-timeout", type=float, default=60.0,
-                    help="seconds without progress on any rank before the run is ended, naming the rank "
-                         "that stopped first (default 60)")
-    sp.add_argument("--timeout", type=float, default=None, help="optional wall-clock cap in seconds")
-    sp.add_argument("--check", action="store_true",
-                    help="also train in one process and compare parameters and buffers; exit 1 unless "
-                         "they agree (check.verdict: pass, fail or not comparable)")
-    sp.add_argument("--trace", help="write the measured step (the median one) as a Chrome/Perfetto trace")
-    sp.add_argument("--gantt", help="draw the measured step as a Gantt chart (PNG, SVG or PDF)")
-    sp.add_argument("--vs-prediction", action="store_true",
-                    help="with --gantt: each device's predicted row above its measured one; report the "
-                         "per-action error (action_error in --json)")
-    sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
-    sp.set_defaults(fn=cmd_run)
+    _add_run_parser(sub)
 
     sp = sub.add_parser("planners", help="list the planners, their default schedules and options")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")

@@ -173,6 +173,14 @@ def gantt_figure(tl: Timeline, title: str = "", max_labels: int = 4000) -> Figur
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
 
+    _legend_and_heading(fig, ax, tl, title, it_text, left_in / width_in, (width_in - left_in - 0.1) * 72.0,
+                        1 - 0.12 / height_in)
+    return fig
+
+
+def _legend_and_heading(fig: Figure, ax, tl: Timeline, title: str, it_text: str, x: float, width_pt: float,
+                        top: float) -> None:
+    """The legend of the kinds drawn and the iteration line; the heading, shrunk to fit."""
     kinds = set(np.unique(tl.kind).tolist())
     handles = [Patch(facecolor=f, edgecolor=e, hatch=h or None, hatchcolor=hc or None,
                      label=lab) for k, (lab, f, e, h, hc, _) in _STYLE.items() if k in kinds]
@@ -182,7 +190,5 @@ def gantt_figure(tl: Timeline, title: str = "", max_labels: int = 4000) -> Figur
               ncol=len(handles), frameon=False, fontsize=9, handlelength=2.2,
               borderaxespad=0.2)
     heading = f"{title} — iteration time {it_text}" if title else f"Iteration time {it_text}"
-    fit = (width_in - left_in - 0.1) * 72.0 / (0.62 * max(len(heading), 1))  # bold: ~0.62 em a character
-    fig.text(left_in / width_in, 1 - 0.12 / height_in, heading, ha="left", va="top",
-             fontsize=max(7.0, min(12.0, fit)), fontweight="bold")
-    return fig
+    fit = width_pt / (0.62 * max(len(heading), 1))  # bold: ~0.62 em a character
+    fig.text(x, top, heading, ha="left", va="top", fontsize=max(7.0, min(12.0, fit)), fontweight="bold")
