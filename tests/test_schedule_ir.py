@@ -98,3 +98,10 @@ def test_sim_functions_are_short_and_never_name_a_schedule():
         named += [f"{path.name}: {n}" for n in SCHEDULES if n in text]
     assert not long_ones
     assert not named
+
+
+def test_no_function_in_the_package_is_over_80_lines():
+    """The project's standard everywhere, not only in sim/."""
+    long_ones = [f"{path.relative_to(SIM.parent)}:{fn.name}" for path in sorted(SIM.parent.rglob("*.py"))
+                 for fn in _functions(ast.parse(path.read_text())) if fn.end_lineno - fn.lineno + 1 > 80]
+    assert not long_ones

@@ -141,6 +141,17 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
             if "latency" in link:
                 lat[i, j] = parse_time(link["latency"], f"{where}: latency")
     np.fill_diagonal(bw, np.inf)
+    meta = _cluster_meta(d, source)
+    if np.isnan(bw).any():
+        i, j = map(int, np.argwhere(np.isnan(bw))[0])
+        raise PipeplanError(f"{source}: no bandwidth for {devices[i].name} -> {devices[j].name} "
+                            "(set 'bandwidth', 'inter' or a link)")
+    return Cluster(name, devices, bw, lat, meta=meta)
+
+
+def _cluster_meta(d: dict, source: str) -> dict:
+    """The calibrated and optional cluster-wide fields: all-reduce efficiency, per-action
+    overhead, duplex."""
     meta = {}
     if "allreduce_efficiency" in d:
         eff = d["allreduce_efficiency"]
@@ -153,11 +164,7 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
         if d["duplex"] not in ("full", "half"):
             raise PipeplanError(f"{source}: duplex must be 'full' or 'half', got {d['duplex']!r}")
         meta["duplex"] = d["duplex"]
-    if np.isnan(bw).any():
-        i, j = map(int, np.argwhere(np.isnan(bw))[0])
-        raise PipeplanError(f"{source}: no bandwidth for {devices[i].name} -> {devices[j].name} "
-                            "(set 'bandwidth', 'inter' or a link)")
-    return Cluster(name, devices, bw, lat, meta=meta)
+    return meta
 
 
 def cluster_to_dict(c: Cluster) -> dict:

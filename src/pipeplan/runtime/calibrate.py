@@ -237,6 +237,30 @@ def _run_workers(workers: int, device: str, threads: int, seconds: float, large:
     return got
 
 
+def _links(got: dict, workers: int, large: int) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+    """Bandwidth and latency matrices from the ping-pongs (pairs measured only through rank 0
+    get the slower of their two links to it), and the raw figures per pair."""
+    med = statistics.median
+    bw = np.full((workers, workers), np.nan)
+    lat = np.full((workers, workers), np.nan)
+    links = []
+    for r in range(workers):
+        for (a, b), (small, big) in got[r]["links"].items():
+            latency, one_way = med(small), med(big)
+            transfer = one_way - latency if one_way > latency else one_way  # noise guard
+            bw[a, b] = bw[b, a] = large / transfer
+            lat[a, b] = lat[b, a] = latency
+            links.append({"pair": [a, b], "small_bytes": _SMALL, "small_one_way_s": small,
+                          "large_bytes": large, "large_one_way_s": big,
+                          "latency_s": latency, "bandwidth_Bps": large / transfer})
+    for a in range(workers):
+        for b in range(workers):
+            if a != b and math.isnan(bw[a, b]):
+                bw[a, b] = min(bw[0, a], bw[0, b])
+                lat[a, b] = max(lat[0, a], lat[0, b])
+    return bw, lat, links
+
+
 def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1, seconds: float = 2.0,
               profile_threads: int | None = None, model_spec: str | None = None,
               overhead: bool = False) -> tuple[Cluster, dict]:
@@ -278,23 +302,7 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     else:
         solo_speeds = [t_ref / t for t in t_solo]
     speeds = [min(s, s * ts / tc) for s, ts, tc in zip(solo_speeds, t_solo, t_workers)]
-    bw = np.full((workers, workers), np.nan)
-    lat = np.full((workers, workers), np.nan)
-    links = []
-    for r in range(workers):
-        for (a, b), (small, big) in got[r]["links"].items():
-            latency, one_way = med(small), med(big)
-            transfer = one_way - latency if one_way > latency else one_way  # noise guard
-            bw[a, b] = bw[b, a] = large / transfer
-            lat[a, b] = lat[b, a] = latency
-            links.append({"pair": [a, b], "small_bytes": _SMALL, "small_one_way_s": small,
-                          "large_bytes": large, "large_one_way_s": big,
-                          "latency_s": latency, "bandwidth_Bps": large / transfer})
-    for a in range(workers):  # pairs measured only through rank 0 (many workers)
-        for b in range(workers):
-            if a != b and math.isnan(bw[a, b]):
-                bw[a, b] = min(bw[0, a], bw[0, b])
-                lat[a, b] = max(lat[0, a], lat[0, b])
+    bw, lat, links = _links(got, workers, large)
     if device == "cuda":
         memory = [float(torch.cuda.get_device_properties(r).total_memory) for r in range(workers)]
     else:
