@@ -33,8 +33,7 @@ from pipeplan.planners.compare import compare
 from pipeplan.runtime.calibrate import calibrate
 from pipeplan.runtime.executor import RunConfig, run_plan
 from pipeplan.runtime.profiler import profile_model
-from pipeplan.runtime.timing import side_by_side
-from pipeplan.sim import simulate
+from pipeplan.runtime.timing import vs_prediction
 from pipeplan.viz import gantt_figure
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
@@ -110,7 +109,7 @@ def worst_case(cases: list[dict], context: dict, out_dir: Path) -> dict:
     worst = max(cases, key=lambda c: statistics.median(c["errors"]))
     ctx = context[worst["model"]]
     plan = ctx["plans"][worst["plan"]]
-    merged, errors = side_by_side(simulate(plan).timeline, ctx["timelines"][worst["plan"]])
+    merged, errors = vs_prediction(plan, ctx["timelines"][worst["plan"]])
     save_figure(gantt_figure(merged, f"{worst['model']}, {worst['plan']}: predicted and measured"),
                 out_dir / "accuracy_worst.png")
     return {**worst, "action_error": errors["summary"]}

@@ -270,10 +270,9 @@ def _write_measured(args, plan, timeline, out: dict) -> None:
     if args.trace:
         _atomic_write(args.trace, lambda p: write_trace(timeline, p, title=title))
     if args.vs_prediction:
-        from .runtime.timing import side_by_side
-        from .sim import simulate
+        from .runtime.timing import vs_prediction
 
-        timeline, out["action_error"] = side_by_side(simulate(plan).timeline, timeline)
+        timeline, out["action_error"] = vs_prediction(plan, timeline)
         title = f"predicted and measured (step {out['timeline_step']})"
     if args.gantt:
         _atomic_write(args.gantt, lambda p: draw_gantt(timeline, p, title=title))

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..plan import Plan
-from .data import global_batch, share, squared_error
+from .data import equal_replication, global_batch, share, squared_error
 from .models import load_model
 from .translate import microbatches_of
 
@@ -52,13 +52,13 @@ def _batch_dependent(model: nn.Module) -> list[str]:
 
 def _twice_updated_buffers(plan: Plan, model: nn.Module) -> list[str]:
     """Running statistics of batch-norm layers inside re-materialized stages."""
+    modules = dict(model.named_modules())
     out = []
     for s, stage in enumerate(plan.stages):
-        if not plan.recomputes(s):
-            continue
-        for n, m in model.named_modules():
-            if isinstance(m, nn.modules.batchnorm._NormBase) and n.split(".")[0] in stage.nodes:
-                out += [f"{n}.{b}" for b, _ in m.named_buffers()]
+        if plan.recomputes(s):
+            out += [f"{n}.{b}" for n in _batch_dependent(model)
+                    if any(n == nid or n.startswith(nid + ".") for nid in stage.nodes)
+                    for b, _ in modules[n].named_buffers()]
     return out
 
 
@@ -69,8 +69,8 @@ def reference_state(plan: Plan, spec: str, steps: int, lr: float, seed: int, thr
     model, x = load_model(spec, microbatch, seed)
     xs, ys = global_batch(model, x, plan.microbatches, seed)
     z, m_count = x.shape[0], plan.microbatches
-    uneven = len({len(s.devices) for s in plan.stages}) > 1
-    k = 1 if uneven else len(plan.stages[0].devices)  # uneven: whole microbatches (check_run says why)
+    # stages on different numbers of devices: whole microbatches (check_run says why)
+    k = len(plan.stages[0].devices) if equal_replication(plan) else 1
     denom = float(ys.numel())
     order = sorted((m, p) for p in range(k) for m in microbatches_of(p, k, m_count, plan.replicas))
     buffers = [{n: b.detach().clone() for n, b in model.named_buffers()} for _ in range(k)]
@@ -122,7 +122,7 @@ def check_run(plan: Plan, spec: str, staged: dict[int, dict], *, steps: int, lr:
                            note=f"random layers ({', '.join(random[:3])}) draw other numbers in each process; "
                                 "set their p to 0 to check")
     batch = _batch_dependent(model)
-    if batch and len({len(s.devices) for s in plan.stages}) > 1:
+    if batch and not equal_replication(plan):
         return CheckResult("not comparable", worst, where, left_out=twice,
                            note=f"batch-dependent layers ({', '.join(batch[:3])}) see other batches when stages "
                                 "split microbatches over different numbers of devices")

@@ -29,18 +29,30 @@ def global_batch(model: nn.Module, x: torch.Tensor, m_count: int, seed: int) -> 
     return xs, ys
 
 
+def equal_replication(plan) -> bool:
+    """Every stage on the same number of devices: k pipelines of S stages."""
+    return len({len(s.devices) for s in plan.stages}) == 1
+
+
+def split_rows(z: int, k: int) -> list[tuple[int, int]]:
+    """k parts of z samples as even as whole samples allow (the first z mod k one larger), as
+    (start, end) row ranges."""
+    bounds = [0]
+    for p in range(k):
+        bounds.append(bounds[-1] + z // k + (p < z % k))
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 def share_size(z: int, p: int, k: int, replicas: str) -> int:
-    """Samples of each microbatch that pipeline p runs: all of them, or when split one of k
-    parts as even as whole samples allow (the first z mod k parts one sample larger)."""
-    return z // k + (p < z % k) if replicas == "split" else z
+    """Samples of each microbatch that pipeline p runs: all of them, or its split part."""
+    a, b = split_rows(z, k)[p] if replicas == "split" else (0, z)
+    return b - a
 
 
 def share(m: int, z: int, p: int, k: int, replicas: str) -> torch.Tensor:
     """Indices of the samples of microbatch m that pipeline p runs."""
-    if replicas == "split":
-        start = sum(share_size(z, q, k, replicas) for q in range(p))
-        return torch.arange(m * z + start, m * z + start + share_size(z, p, k, replicas))
-    return torch.arange(m * z, (m + 1) * z)
+    a, b = split_rows(z, k)[p] if replicas == "split" else (0, z)
+    return torch.arange(m * z + a, m * z + b)
 
 
 def pipeline_samples(m_count: int, z: int, p: int, k: int, replicas: str) -> torch.Tensor:

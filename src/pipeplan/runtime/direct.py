@@ -25,11 +25,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ..plan import Plan
-from ..schedule import Kind, make_schedule
-from .data import global_batch, squared_error
+from ..schedule import Kind, Program, make_schedule
+from .data import global_batch, split_rows, squared_error
 from .models import load_model
 from .split import Recomputed, split_model, stage_examples
-from .steps import allreduce_gradients, run_steps, state_arrays
+from .steps import allreduce_gradients, program_micro, run_steps, state_arrays
 from .timing import Timed
 
 
@@ -38,35 +38,26 @@ def stage_major_ranks(plan: Plan) -> list[tuple[int, str]]:
     return [(s, d) for s, st in enumerate(plan.stages) for d in st.devices]
 
 
-def _even(z: int, k: int) -> list[tuple[int, int]]:
-    bounds = [0]
-    for p in range(k):
-        bounds.append(bounds[-1] + z // k + (p < z % k))
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
 @dataclass
 class _Layout:
     """Who holds which rows of every (stage, microbatch)."""
     rows: dict[tuple[int, int], list[tuple[int, int, int]]]  # (s, m) -> [(rank, start, end)]
-    programs: dict[int, list[tuple[int, int]]]  # rank -> [(kind, microbatch)]
+    programs: dict[int, Program]  # rank -> its device's program
 
     @classmethod
     def of(cls, plan: Plan, z: int) -> "_Layout":
         ranks = stage_major_ranks(plan)
         sched = make_schedule(plan.schedule, plan.stage_devices(), plan.microbatches, plan.replicas)
         by_device = dict(zip(sched.devices, sched.programs))
-        programs, holders = {}, {}
-        for r, (s, d) in enumerate(ranks):
-            prog = by_device[plan.cluster.index[d]]
-            programs[r] = [(int(k), int(m)) for k, m in zip(prog.kinds, prog.micro)]
-            for k, m in programs[r]:
-                if k == Kind.F:
-                    holders.setdefault((s, m), []).append(r)
+        programs = {r: by_device[plan.cluster.index[d]] for r, (_, d) in enumerate(ranks)}
+        holders: dict[tuple[int, int], list[int]] = {}
+        for r, (s, _) in enumerate(ranks):
+            for m in program_micro(programs[r])[0]:
+                holders.setdefault((s, m), []).append(r)
         rows = {}
         for (s, m), rs in holders.items():
             rs = sorted(rs, key=lambda r: plan.stages[s].devices.index(ranks[r][1]))
-            rows[(s, m)] = [(r, a, b) for r, (a, b) in zip(rs, _even(z, len(rs)))]
+            rows[(s, m)] = [(r, a, b) for r, (a, b) in zip(rs, split_rows(z, len(rs)))]
         return cls(rows, programs)
 
     def mine(self, s: int, m: int, rank: int) -> tuple[int, int]:
@@ -163,14 +154,13 @@ def train_direct(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[dict]
     shapes = [(t.shape[1:], t.dtype) for t in inp]
     part = parts[s]
     layout = _Layout.of(plan, z)
-    timed = Timed(Recomputed(part) if plan.recomputes(s) else part,
-                  [m for k, m in layout.programs[rank] if k == Kind.F],
-                  [m for k, m in layout.programs[rank] if k == Kind.B], progress)
+    timed = Timed(Recomputed(part) if plan.recomputes(s) else part, *program_micro(layout.programs[rank]), progress)
     stage = _Stage(rank, s, plan, timed, layout, shapes, xs, ys, z)
     opt = torch.optim.SGD(part.parameters(), lr=cfg["lr"], momentum=0.9)
 
     def step() -> None:
-        for kind, m in layout.programs[rank]:
+        program = layout.programs[rank]
+        for kind, m in zip(program.kinds.tolist(), program.micro.tolist()):
             if kind == Kind.F:
                 stage.forward(m)
             elif kind == Kind.B:

@@ -39,7 +39,7 @@ from torch import nn
 from ..errors import PipeplanError
 from ..plan import Plan
 from ..schedule import Kind, make_schedule
-from .data import global_batch, pipeline_samples, share_size, squared_error
+from .data import equal_replication, global_batch, pipeline_samples, share_size, squared_error
 from .direct import stage_major_ranks, train_direct
 from .models import load_model
 from .split import Recomputed, split_model, stage_examples
@@ -110,7 +110,7 @@ def pipelined_ranks(plan: Plan) -> list[tuple[int, str]]:
 def uses_pipelining(plan: Plan) -> bool:
     """torch's pipelining runs the plan (every stage on the same number of devices); else
     pipeplan's own executor (``direct.py``)."""
-    return len({len(s.devices) for s in plan.stages}) == 1
+    return equal_replication(plan)
 
 
 def rank_layout(plan: Plan) -> list[tuple[int, str]]:

@@ -73,7 +73,8 @@ def _config(arch: str, opts: dict, spec: str):
                             "(pip install 'pipeplan[hf]')") from None
     cls = transformers.GPT2Config if arch == "gpt2" else transformers.BertConfig
     base = {**_SMALL[arch], **{k: 0.0 for k in _DROPOUT[arch]}, "tie_word_embeddings": False, "use_cache": False}
-    unknown = [k for k in opts if not hasattr(cls(), k)]
+    defaults = cls()
+    unknown = [k for k in opts if not hasattr(defaults, k)]
     if unknown:
         raise PipeplanError(f"model spec {spec!r}: {cls.__name__} has no setting {unknown[0]!r}")
     return transformers, cls(**{**base, **opts})

@@ -1,8 +1,8 @@
 """Profile a PyTorch model into a pipeplan Graph: per-layer times and sizes for one microbatch.
 
-Layers are the children of an ``nn.Sequential`` (node ids "0", "1", ... = the module FQNs the
-runtime looks up), or else the modules called by a ``torch.fx`` trace of ``forward`` in which
-every submodule is a leaf; edges follow the data flow between them. Functional ops between
+Layers are the modules called by a ``torch.fx`` trace of ``forward`` in which every submodule
+is a leaf (``trace.layer_graph``; for an ``nn.Sequential`` its children "0", "1", ...), the
+trace the executor splits; node ids are the module FQNs and edges follow the data flow. Functional ops between
 modules (``x + y``, ``torch.cat``, ...) pass dependencies through and their cost is attributed
 to no node: it appears only in ``meta["total_s"]`` (the whole model's forward+backward),
 so ``sum(fwd + bwd) / total_s`` shows how much time lies outside the layers.
@@ -96,15 +96,6 @@ def _device(device: str) -> torch.device:
             raise PipeplanError(f"--device {device}: no CUDA device")
         return torch.device(device)
     raise PipeplanError(f"--device must be cpu or cuda[:N], got {device!r}")
-
-
-def _layers(model: nn.Module) -> tuple[list[str], list[tuple[str, str]]]:
-    """Node ids and edges: the children of a plain ``nn.Sequential`` in a chain, else the
-    fx trace's layers (``trace.layer_graph``), which is what the executor splits."""
-    if isinstance(model, nn.Sequential) and type(model).forward is nn.Sequential.forward:
-        ids = [name for name, _ in model.named_children()]
-        return ids, list(zip(ids[:-1], ids[1:]))
-    return layer_graph(model)
 
 
 def _describe(m: nn.Module) -> str:
@@ -348,7 +339,7 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
         torch.manual_seed(0)
         model, x = model.to(dev).train(), x.to(dev)
         flags = _inplace_off(model)
-        ids, edges = _layers(model)
+        ids, edges = layer_graph(model)
         mods = {nid: model.get_submodule(nid) for nid in ids}
         clock = _Clock(dev)
         half = x[: max(1, x.shape[0] // 2)]

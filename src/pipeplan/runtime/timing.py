@@ -113,6 +113,13 @@ def measured_timeline(devices: list[str], stage_of_rank: list[int], events: dict
                     iteration_s=float(iteration_s))
 
 
+def vs_prediction(plan, measured: Timeline) -> tuple[Timeline, dict]:
+    """``side_by_side`` with the plan's simulated timeline."""
+    from ..sim import simulate
+
+    return side_by_side(simulate(plan).timeline, measured)
+
+
 def side_by_side(predicted: Timeline, measured: Timeline) -> tuple[Timeline, dict]:
     """One timeline with each device's predicted row above its measured row (the
     predicted channels after them), and the error of each measured F/B duration against the
