@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/resalloc/grouping_scale.py
 	$(BIN)/python benchmarks/runtime/accuracy.py
 	$(BIN)/python benchmarks/runtime/hf_flow.py
+	$(BIN)/python benchmarks/runtime/every_plan.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis

@@ -58,6 +58,7 @@ def random_cluster(rng: np.random.Generator, v: int) -> Cluster:
     meta: dict = {}
     if rng.random() < 0.3:
         meta["allreduce_efficiency"] = float(rng.uniform(0.3, 1.0))
+        meta["update_s_per_byte"] = meta["allreduce_efficiency"] * 1e-10  # calibrated together; no new draw
     if rng.random() < 0.3:
         meta["action_overhead_s"] = float(rng.uniform(0, 5e-4))
     if rng.random() < 0.3:

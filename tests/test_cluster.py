@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from pipeplan.cluster import PRESETS, load_cluster
+from pipeplan.cluster import PRESETS, cluster_from_full_dict, cluster_to_dict, load_cluster
 from pipeplan.errors import PipeplanError
 
 Gbps = 1e9 / 8
@@ -98,9 +98,11 @@ def test_bad_yaml(tmp_path, body, fragment):
 def test_calibrated_keys_round_trip(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("devices: [{name: a, solo_speed: 1.0, speed: 0.8}, {name: b}]\nbandwidth: 1Gbps\n"
-                 "allreduce_efficiency: 0.4\naction_overhead_s: 0.5ms\n")
+                 "allreduce_efficiency: 0.4\naction_overhead_s: 0.5ms\nupdate_s_per_byte: 2.5e-10\n")
     c = load_cluster(str(f))
-    assert c.meta == {"allreduce_efficiency": 0.4, "action_overhead_s": pytest.approx(5e-4)}
+    assert c.meta == {"allreduce_efficiency": 0.4, "action_overhead_s": pytest.approx(5e-4),
+                      "update_s_per_byte": 2.5e-10}
+    assert cluster_from_full_dict(cluster_to_dict(c)).meta == c.meta
     assert c.devices[0].solo_speed == 1.0 and c.devices[0].speed == 0.8
     f.write_text("devices: [{name: a}]\nallreduce_efficiency: 2\n")
     with pytest.raises(PipeplanError, match="allreduce_efficiency"):

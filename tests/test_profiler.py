@@ -33,6 +33,8 @@ def test_examples_profile_into_valid_graphs(profiles, name):
         for i, child in enumerate(children.values()):
             x = child(x)
             assert g.act[i] == x.numel() * x.element_size()
+    # the runtime's loss is timed apart and charged to the last layer's backward
+    assert 0 < g.meta["loss_s"] <= g.bwd[-1]
     ratio = (g.total_fwd + g.total_bwd) / g.meta["total_s"]
     assert 0.5 < ratio < 2.0, ratio
     meta = g.meta

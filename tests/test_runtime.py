@@ -22,7 +22,7 @@ from pipeplan.runtime.check import check_run, compare_states, reference_state
 from pipeplan.runtime.executor import RunConfig, run_plan
 from pipeplan.runtime.models import load_model
 from pipeplan.runtime.translate import pipeline_orders
-from pipeplan.schedule import make_schedule
+from pipeplan.schedule import Kind, make_schedule
 
 pytestmark = pytest.mark.slow  # worker processes: seconds each
 
@@ -336,6 +336,8 @@ def test_uneven_replication_redistributes_and_trains_as_one_process(replicas, de
     channels = [n for n, dev in zip(tl.resources, tl.resource_is_device) if not dev]
     assert channels == ["ch:0-1", "ch:1-0"]  # every receive drawn on its channel
     assert int((tl.resource == tl.resources.index("ch:0-1")).sum()) == 4  # one receive per microbatch
+    # the replicated stage's devices all-reduce, every device steps its optimizer, once each
+    assert int((tl.kind == Kind.AR).sum()) == 2 and int((tl.kind == Kind.UPDATE).sum()) == 3
     got = check_run(plan, cfg.spec, staged, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
                     threads=cfg.threads, microbatch=z)
     assert got.verdict == "pass", got

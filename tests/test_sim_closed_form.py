@@ -156,6 +156,19 @@ def test_optimizer_step_closes_each_device():
     assert len(updates) == s_count
 
 
+def test_calibrated_optimizer_step_is_the_clusters():
+    """A rate calibrated on the cluster's workers (all stepping at once) replaces the profiled
+    one and is not divided by the speeds (it was measured on those devices)."""
+    s_count, m, f, b, params, rate = 2, 4, 0.1, 0.2, 1e6, 2e-8
+    g = uniform_chain(s_count, f, b, params=params)
+    g.meta["update_s_per_byte"] = rate / 10
+    c = hierarchical("half speed", 1, s_count, 1e9, 1e9, speed=0.5)
+    base = simulate(chain_plan(uniform_chain(s_count, f, b, params=params), c, [0, 1, 2], [1, 1], m, "1f1b"))
+    c.meta["update_s_per_byte"] = rate
+    r = simulate(chain_plan(g, c, [0, 1, 2], [1, 1], m, "1f1b"))
+    assert r.iteration_s == pytest.approx(base.iteration_s + rate * params)
+
+
 def test_runtime_overhead_per_action():
     """A calibrated per-action overhead o adds to every forward and backward: (M+S-1)(f+b+2o)."""
     s_count, m, f, b, o = 3, 5, 0.1, 0.2, 0.01

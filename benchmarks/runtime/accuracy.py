@@ -10,8 +10,10 @@ with uneven replication (stage 0 on 2 devices, split, cut at two thirds of the t
 plan runs --runs times (measured = the median step after 2 warm-up steps). Reported: each
 run's median |error|, the median over all, per model Kendall's tau between predicted and
 measured times (does the model rank plans right?), and the worst case with its per-action
-error (forward vs backward, which tells where the time went), whose predicted-vs-measured
-Gantt chart is saved. Writes benchmarks/results/runtime/accuracy.{md,json} and
+error (forward, backward, all-reduce, optimizer step: where the time went), whose
+predicted-vs-measured Gantt chart is saved; the spread of one plan's time between its runs
+(the machine's noise floor) and each kind's per-action error over all plans. A run is one
+pass over a model's plans, so every plan of a run meets the machine in the same state. Writes benchmarks/results/runtime/accuracy.{md,json} and
 accuracy_worst.png.
 
     python benchmarks/runtime/accuracy.py [--steps N] [--runs R] [--microbatches M] [--out DIR]
@@ -73,35 +75,46 @@ def plans_for(graph, two, three, m: int) -> dict[str, Plan]:
 def _calibration(cluster) -> dict:
     return {"workers": len(cluster), "speeds": [d.speed for d in cluster.devices],
             "action_overhead_s": cluster.meta.get("action_overhead_s"),
-            "allreduce_efficiency": cluster.meta.get("allreduce_efficiency")}
+            "allreduce_efficiency": cluster.meta.get("allreduce_efficiency"),
+            "update_s_per_byte": cluster.meta.get("update_s_per_byte")}
 
 
 def measure_model(spec: str, args) -> tuple[list[dict], dict, dict]:
     graph = profile_model(spec, reps=10, threads=1)
     two, _ = calibrate(workers=2, threads=1, seconds=2.0, model_spec=spec, overhead=True)
     three, _ = calibrate(workers=3, threads=1, seconds=2.0, model_spec=spec, overhead=True)
-    cases, timelines = [], {}
     plans = plans_for(graph, two, three, args.microbatches)
+    runs: dict[str, list[dict]] = {label: [] for label in plans}
+    for _ in range(args.runs):  # a run = every plan once, so that each run's plans share the machine's state
+        for label, plan in plans.items():
+            runs[label].append(run_plan(plan, RunConfig(spec, steps=args.steps, warmup=2, threads=1)))
+    cases, timelines = [], {}
     for label, plan in plans.items():
-        runs = []
-        for _ in range(args.runs):
-            out = run_plan(plan, RunConfig(spec, steps=args.steps, warmup=2, threads=1))
-            runs.append(out)
-        measured = statistics.median(o["measured_s"] for o in runs)
-        pick = min(runs, key=lambda o: abs(o["measured_s"] - measured))
+        measured = statistics.median(o["measured_s"] for o in runs[label])
+        pick = min(runs[label], key=lambda o: abs(o["measured_s"] - measured))
         timelines[label] = pick["_timeline"]
+        times = [o["measured_s"] for o in runs[label]]
         case = {"model": spec, "plan": label, "devices": [len(s.devices) for s in plan.stages],
-                "schedule": plan.schedule, "replicas": plan.replicas, "predicted_s": runs[0]["predicted_s"],
-                "measured_s": [o["measured_s"] for o in runs], "spread": [o["spread"] for o in runs],
-                "errors": [o["error"] for o in runs],
+                "schedule": plan.schedule, "replicas": plan.replicas, "predicted_s": runs[label][0]["predicted_s"],
+                "measured_s": times, "spread": [o["spread"] for o in runs[label]],
+                "between_runs": (max(times) - min(times)) / measured,
+                "errors": [o["error"] for o in runs[label]],
+                "action_error": vs_prediction(plan, pick["_timeline"])[1]["summary"],
                 "skip_edges_cut": crossing_edges(graph, len(plan.stages[0].nodes)) if len(plan.stages) > 1 else 0}
         cases.append(case)
         print(f"{spec[:40]:>40} {label:<26} predicted {case['predicted_s'] * 1e3:7.2f} ms  measured "
-              + " ".join(f"{t * 1e3:7.2f}" for t in case["measured_s"]) + "  error "
+              + " ".join(f"{t * 1e3:7.2f}" for t in times) + "  error "
               + " ".join(f"{e:5.1%}" for e in case["errors"]), flush=True)
     tau = kendalltau([c["predicted_s"] for c in cases], [statistics.median(c["measured_s"]) for c in cases])
     summary = {"kendall_tau": float(tau.statistic), "calibration": [_calibration(two), _calibration(three)]}
     return cases, summary, {"plans": plans, "timelines": timelines}
+
+
+def per_kind(cases: list[dict]) -> dict[str, float]:
+    """Median over the cases of each kind's median per-action |error| (where time goes wrong)."""
+    kinds = sorted({k for c in cases for k in c["action_error"]})
+    return {k: statistics.median(c["action_error"][k]["median_abs_error"] for c in cases if k in c["action_error"])
+            for k in kinds}
 
 
 def worst_case(cases: list[dict], context: dict, out_dir: Path) -> dict:
@@ -140,10 +153,13 @@ def main() -> None:
     per_run = [statistics.median(c["errors"][i] for c in cases) for i in range(args.runs)]
     overall = statistics.median(e for c in cases for e in c["errors"])
     worst = worst_case(cases, context, args.out)
+    noise = statistics.median(c["between_runs"] for c in cases)
+    kinds = per_kind(cases)
     print(f"median |error| per run: {', '.join(f'{e:.1%}' for e in per_run)}; over all {overall:.1%}; "
           "Kendall tau: " + ", ".join(f"{k}: {v['kendall_tau']:.2f}" for k, v in models.items()))
     write_json(args.out / "accuracy.json", {"steps": args.steps, "runs": args.runs, "microbatches": args.microbatches,
                                             "median_error_per_run": per_run, "median_error": overall,
+                                            "median_between_runs": noise, "action_error_per_kind": kinds,
                                             "models": models, "worst": worst, "cases": cases})
     md = ["# Prediction error on this machine", "",
           f"{len(cases)} plans on {len(MODELS)} models, each run {args.runs} times ({args.steps} steps of "
@@ -151,6 +167,10 @@ def main() -> None:
           "gloo, 1 thread each, calibrated per model with its own training step on 2 and on 3 processes.", "",
           f"**Median |error| per run: {', '.join(f'{e:.1%}' for e in per_run)}; over all runs {overall:.1%}** "
           "(target 10% in every run).", "",
+          f"The same plan's measured time differs between its runs by {noise:.1%} (median over the plans of "
+          "(max - min) / median): the machine's noise floor for any prediction.", "",
+          "Per-action median |error| (median over the plans): "
+          + ", ".join(f"{k} {v:.1%}" for k, v in kinds.items()) + ".", "",
           "Kendall's tau between predicted and measured times of one model's plans (target 0.8): "
           + ", ".join(f"{k} {v['kendall_tau']:.2f}" for k, v in models.items()) + ".", "",
           f"Worst case: {worst['model']}, {worst['plan']}: median error {statistics.median(worst['errors']):.1%}; "

@@ -52,6 +52,16 @@ def allreduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float,
     return 2.0 * (k - 1) / k * param_bytes / (bw * eff) + 2 * (k - 1) * lat
 
 
+def update_time(graph_meta: dict, cluster: Cluster, param_bytes, slowest_speed):
+    """The optimizer step over ``param_bytes`` (numpy-broadcastable): the rate calibrate
+    measured on the cluster's own workers, all stepping at once (memory bandwidth shared),
+    else the profiled rate of the reference device over the slowest replica's speed."""
+    measured = float(cluster.meta.get("update_s_per_byte") or 0.0)
+    if measured > 0:
+        return measured * param_bytes
+    return float(graph_meta.get("update_s_per_byte") or 0.0) * param_bytes / slowest_speed
+
+
 def state_bytes(param_bytes: float, optimizer: str = DEFAULT_OPTIMIZER) -> float:
     """Weights + gradients + optimizer state held for ``param_bytes`` of parameters."""
     try:

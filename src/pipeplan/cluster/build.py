@@ -32,7 +32,9 @@ def hierarchical(name: str, servers: int, gpus: int, intra: float, inter: float,
 
 
 _TOP_KEYS = {"name", "devices", "servers", "bandwidth", "latency", "intra", "inter", "links",
-             "allreduce_efficiency", "action_overhead_s", "duplex"}
+             "allreduce_efficiency", "action_overhead_s", "update_s_per_byte", "duplex"}
+#: Cluster-wide numbers `pipeplan calibrate` measures (kept through YAML and plan JSON).
+CALIBRATED = ("allreduce_efficiency", "action_overhead_s", "update_s_per_byte")
 _DEVICE_KEYS = {"name", "kind", "memory", "speed", "server", "resources", "solo_speed"}
 _RESOURCE_KEYS = {"name", "fwd_speed", "bwd_speed"}
 _SERVER_KEYS = {"name", "gpus", "kind", "memory", "speed", "intra"}
@@ -151,15 +153,16 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
 
 def _cluster_meta(d: dict, source: str) -> dict:
     """The calibrated and optional cluster-wide fields: all-reduce efficiency, per-action
-    overhead, duplex."""
+    overhead, optimizer step (seconds per parameter byte), duplex."""
     meta = {}
     if "allreduce_efficiency" in d:
         eff = d["allreduce_efficiency"]
         if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
             raise PipeplanError(f"{source}: allreduce_efficiency must be in (0, 1], got {eff!r}")
         meta["allreduce_efficiency"] = float(eff)
-    if "action_overhead_s" in d:
-        meta["action_overhead_s"] = parse_time(d["action_overhead_s"], f"{source}: action_overhead_s")
+    for key in ("action_overhead_s", "update_s_per_byte"):
+        if key in d:
+            meta[key] = parse_time(d[key], f"{source}: {key}")
     if "duplex" in d:
         if d["duplex"] not in ("full", "half"):
             raise PipeplanError(f"{source}: duplex must be 'full' or 'half', got {d['duplex']!r}")
@@ -177,7 +180,7 @@ def cluster_to_dict(c: Cluster) -> dict:
                                            for r in d.resources]} if d.resources else {}),
                          **({"solo_speed": d.solo_speed} if d.solo_speed else {})}
                         for d in c.devices],
-            **{k: c.meta[k] for k in ("allreduce_efficiency", "action_overhead_s", "duplex") if k in c.meta},
+            **{k: c.meta[k] for k in (*CALIBRATED, "duplex") if k in c.meta},
             "bandwidth_matrix": bw.tolist(), "latency_matrix": c.latency.tolist()}
 
 
@@ -192,7 +195,7 @@ def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
                    for x in d["devices"]]
         bw = np.array(d["bandwidth_matrix"], dtype=float)
         lat = np.array(d["latency_matrix"], dtype=float)
-        meta = {k: float(d[k]) for k in ("allreduce_efficiency", "action_overhead_s") if k in d}
+        meta = {k: float(d[k]) for k in CALIBRATED if k in d}
         if d.get("duplex") in ("full", "half"):
             meta["duplex"] = d["duplex"]
         return Cluster(str(d.get("name", "cluster")), devices, bw, lat, meta=meta)

@@ -38,8 +38,10 @@ import torch
 import yaml
 from torch import nn
 
+from ..cluster.build import CALIBRATED
 from ..cluster.model import Cluster, Device
 from ..errors import PipeplanError
+from .steps import allreduce_tensors
 
 _SMALL = 4
 _ALL_PAIRS_UP_TO = 8
@@ -56,9 +58,11 @@ def benchmark_description(device: str) -> str:
     return f"4 x (Linear({width}, {width}) + ReLU), batch {batch}, fp32, forward+backward"
 
 
-def _bench(dev: torch.device, seconds: float, start_barrier: Any = None, model_spec: str | None = None) -> list[float]:
-    """Per-iteration times of the benchmark (a fixed MLP, or one microbatch of ``model_spec``
-    forward and backward), run for about ``seconds`` after warm-up."""
+def _bench(dev: torch.device, seconds: float, start_barrier: Any = None,
+           model_spec: str | None = None) -> tuple[list[float], list[float]]:
+    """Per-iteration times of the benchmark (a fixed MLP, or one microbatch of ``model_spec``)
+    forward and backward, and of the optimizer step that follows each (the executor's SGD
+    with momentum, timed apart: seconds per parameter byte), run for about ``seconds``."""
     torch.manual_seed(0)
     if model_spec:
         from .models import load_model
@@ -69,24 +73,56 @@ def _bench(dev: torch.device, seconds: float, start_barrier: Any = None, model_s
         width, batch = _bench_shape(dev.type)
         model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(width, width), nn.ReLU())]).to(dev)
         x = torch.randn(batch, width, device=dev)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=1e-6, momentum=0.9)
+    nbytes = sum(p.numel() * p.element_size() for p in params)
 
-    def step() -> None:
-        model.zero_grad(set_to_none=True)
-        model(x).pow(2).mean().backward()
+    def sync() -> float:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
+        return time.perf_counter()
+
+    def step() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+        t1 = sync()
+        opt.step()
+        return t1 - t0, (sync() - t1) / nbytes
 
     for _ in range(_WARMUP):
         step()
     if start_barrier is not None:
         start_barrier()
-    times: list[float] = []
+    times: list[tuple[float, float]] = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end or len(times) < 3:
+        times.append(step())
+    return [t for t, _ in times], [u for _, u in times]
+
+
+def _param_bytes(model_spec: str) -> int:
+    from .models import load_model
+
+    return sum(p.numel() * p.element_size() for p in load_model(model_spec)[0].parameters() if p.requires_grad)
+
+
+def _allreduce_times(large: int, dev: torch.device) -> list[float]:
+    """One all-reduce of ``large`` bytes in 8 tensors over every worker, as the executor
+    sums gradients (``steps.allreduce_tensors``: flattened, then copied back); timed on
+    each worker from the barrier before it."""
+    import torch.distributed as dist
+
+    grads = [torch.zeros(large // 32, device=dev) for _ in range(8)]
+    out = []
+    for _ in range(2 + _LARGE_REPS):
+        dist.barrier()
         t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return times
+        allreduce_tensors(grads)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        out.append(time.perf_counter() - t0)
+    return out[2:]
 
 
 def _pairs(workers: int) -> list[tuple[int, int]]:
@@ -134,24 +170,17 @@ def _worker(rank: int, world: int, port: int, device: str, threads: int, seconds
         dist.init_process_group("nccl" if device == "cuda" else "gloo",
                                 init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=120))
-        compute = _bench(dev, seconds, start_barrier=dist.barrier, model_spec=model_spec)
+        compute, update = _bench(dev, seconds, start_barrier=dist.barrier, model_spec=model_spec)
         solo: list[float] = []
         for r in range(world):  # each worker alone: no contention from the others
             dist.barrier()
             if rank == r:
-                solo = _bench(dev, seconds / 2, model_spec=model_spec)
+                solo = _bench(dev, seconds / 2, model_spec=model_spec)[0]
         dist.barrier()
-        allreduce = []
-        if world > 1:  # one flattened all-reduce of `large` bytes over every worker (ring)
-            buf = torch.zeros(large // 4, device=dev)
-            for _ in range(2 + _LARGE_REPS):
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(buf)
-                if dev.type == "cuda":
-                    torch.cuda.synchronize(dev)
-                allreduce.append(time.perf_counter() - t0)
-            allreduce = allreduce[2:]
+        # the collective's size: the model's gradients where it is given (its efficiency
+        # depends on the size), else the large message of the links
+        ar_bytes = _param_bytes(model_spec) if model_spec else large
+        allreduce = _allreduce_times(ar_bytes, dev) if world > 1 else []
         dist.barrier()  # links are measured only once every worker has stopped computing
         links = {}
         for a, b in _pairs(world):
@@ -161,7 +190,8 @@ def _worker(rank: int, world: int, port: int, device: str, threads: int, seconds
                 if rank == a:
                     links[(a, b)] = (small, big)
             dist.barrier()
-        results.put(("ok", rank, {"compute_s": compute, "solo_s": solo, "links": links, "allreduce_s": allreduce}))
+        results.put(("ok", rank, {"compute_s": compute, "solo_s": solo, "links": links, "allreduce_s": allreduce,
+                                  "update_s_per_byte": statistics.median(update), "allreduce_bytes": ar_bytes}))
     except BaseException as e:
         where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
         line = (str(e).strip().splitlines() or [""])[0]
@@ -285,7 +315,7 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     torch.set_num_threads(profile_threads)
     try:
         reference = _bench(torch.device("cuda", 0) if device == "cuda" else torch.device("cpu"), seconds,
-                           model_spec=model_spec)
+                           model_spec=model_spec)[0]
     finally:
         torch.set_num_threads(old)
     got = _run_workers(workers, device, threads, seconds, large, model_spec)
@@ -316,9 +346,13 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     if workers > 1:
         # ring all-reduce: 2(k-1)/k x bytes cross the slowest link; its measured time against
         # what the point-to-point bandwidth predicts is the collective's efficiency
-        t_ar = med(got[0]["allreduce_s"])
-        ideal = 2 * (workers - 1) / workers * large / float(np.nanmin(np.where(np.eye(workers) > 0, np.nan, bw)))
-        meta["allreduce_efficiency"] = min(1.0, ideal / t_ar)
+        # (less its latency term, so that costmodel.allreduce_time gives back the measured time)
+        off = np.eye(workers) > 0
+        t_ar = med(got[0]["allreduce_s"]) - 2 * (workers - 1) * float(np.max(np.where(off, 0.0, lat)))
+        ideal = 2 * (workers - 1) / workers * got[0]["allreduce_bytes"] / float(np.nanmin(np.where(off, np.nan, bw)))
+        meta["allreduce_efficiency"] = min(1.0, ideal / t_ar) if t_ar > 0 else 1.0
+    # the optimizer step on the workers, all at once, after a backward: the slowest worker's
+    meta["update_s_per_byte"] = max(got[r]["update_s_per_byte"] for r in range(workers))
     cluster = Cluster("localhost", devices, bw, lat, meta=meta)
     if overhead and workers >= 2 and device == "cpu":
         meta["action_overhead_s"] = runtime_overhead(cluster, threads)
@@ -375,7 +409,7 @@ def cluster_to_yaml(cluster: Cluster) -> str:
                 links.append({"from": names[1], "to": names[0], "bandwidth": back[0], "latency": back[1],
                               "directed": True})
     top: dict = {"name": cluster.name, "devices": devices, "links": links}
-    for key in ("allreduce_efficiency", "action_overhead_s"):
+    for key in CALIBRATED:
         if key in cluster.meta:
             top[key] = float(cluster.meta[key])
     body = yaml.safe_dump(top,

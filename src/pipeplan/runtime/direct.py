@@ -167,7 +167,7 @@ def train_direct(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[dict]
                 stage.backward(m)
         stage.finish()
         if len(plan.stages[s].devices) > 1:
-            allreduce_gradients(part, groups[s])
+            allreduce_gradients(part, groups[s], timed)
 
     steps = run_steps(step, timed, opt, cfg["warmup"] + cfg["steps"])
     return steps, (state_arrays(part) if plan.stages[s].devices[0] == device else None)

@@ -62,6 +62,7 @@ class RunConfig:
 
 #: seconds a worker may take to start (spawn, import torch) before its first report counts
 STARTUP_GRACE_S = 30.0
+PROGRESS_EVERY_S = 0.2  # a rank reports its last action at most this often (hang detection is coarser)
 
 
 def _free_port() -> int:
@@ -154,7 +155,7 @@ def _train_pipelined(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[d
     def step() -> None:
         sched.step(*args, **kwargs)
         if k > 1:
-            allreduce_gradients(stage_mod, dp_groups[stage_index])
+            allreduce_gradients(stage_mod, dp_groups[stage_index], stage_mod)
 
     steps = run_steps(step, stage_mod, opt, cfg["warmup"] + cfg["steps"])
     return steps, (state_arrays(part) if pipe == 0 else None)
@@ -170,8 +171,13 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         plan = plan_from_dict(plan_dict)
         stage_index = rank_layout(plan)[rank][0]
 
-        def progress(label: str) -> None:
-            results.put(("progress", rank, label))
+        sent = [0.0]
+
+        def progress(label: str) -> None:  # at most every PROGRESS_EVERY_S: a message costs the run CPU
+            now = time.monotonic()
+            if now - sent[0] >= PROGRESS_EVERY_S:
+                sent[0] = now
+                results.put(("progress", rank, label))
 
         progress("started")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

@@ -18,7 +18,9 @@ layer's backward is its weight-gradient work only, measured by the parameter hoo
 Modules with an ``inplace`` flag (``nn.ReLU(inplace=True)``, ...) are timed out of place:
 full backward hooks reject in-place changes of a hooked output, and the cost is the same.
 Each time is the median over ``reps``; ``meta["spread"]`` holds per node [min, max] of
-forward+backward over the repetitions.
+forward+backward over the repetitions. The runtime's loss (squared error against a target,
+forward and backward, ``meta["loss_s"]``) is in no layer's time: it is added to the last
+layer's backward, which runs on the last stage where each microbatch's loss is computed.
 
 Memory (docs/memory.md), from one more forward + loss with the modules' own in-place flags:
 a node is ``inplace`` when every tensor it returns shares storage with a tensor it was given
@@ -44,6 +46,7 @@ from torch import nn
 
 from ..errors import PipeplanError
 from ..graph.model import Graph, NodeSpec
+from .data import squared_error
 from .models import load_model
 from .trace import layer_graph
 
@@ -243,6 +246,25 @@ def _backward_times(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tenso
             if nid in start else 0.0 for nid in mods}
 
 
+def _loss_time(model: nn.Module, x: torch.Tensor, clock: _Clock, warmup: int, reps: int) -> float:
+    """Forward and backward of the runtime's loss (squared error against a target) on the
+    model's output, which no layer's time includes: the last stage computes it per microbatch."""
+    with torch.no_grad():
+        outs = [t for t in _tensors(model(x)) if t.is_floating_point()]
+    targets = [torch.randn_like(t) for t in outs]
+    times = []
+    for r in range(warmup + reps):
+        leaves = [t.clone().requires_grad_() for t in outs]
+        clock.sync()
+        start = clock.mark()
+        sum(squared_error(o, y, o.shape[0]) for o, y in zip(leaves, targets)).backward()
+        end = clock.mark()
+        clock.sync()
+        if r >= warmup:
+            times.append(clock.between(start, end))
+    return statistics.median(times) if times else 0.0
+
+
 def _update_rate(model: nn.Module, x: torch.Tensor, clock: "_Clock", warmup: int, reps: int) -> float:
     """Seconds per parameter byte of the runtime's optimizer step (SGD with momentum)."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -346,6 +368,7 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
         try:
             times = _time_layers(model, mods, x, half, clock, warmup, reps)
             update_rate = _update_rate(model, x, clock, warmup, reps)
+            loss_s = _loss_time(model, x, clock, warmup, reps)
             model.zero_grad(set_to_none=True)
             for m, flag in flags.items():
                 m.inplace = flag
@@ -358,7 +381,7 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
     finally:
         torch.set_num_threads(old_threads)
     med = statistics.median
-    nodes = [NodeSpec(id=nid, fwd=med(times.fwd[nid]), bwd=med(times.bwd[nid]),
+    nodes = [NodeSpec(id=nid, fwd=med(times.fwd[nid]), bwd=med(times.bwd[nid]) + (loss_s if nid == ids[-1] else 0.0),
                       params=_nbytes(list(mods[nid].parameters())), act=times.act.get(nid, 0.0),
                       desc=_describe(mods[nid]), inplace=inplace.get(nid, False), saved=saved[nid])
              for nid in ids]
@@ -366,7 +389,7 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
                     max(a + b for a, b in zip(times.fwd[nid], times.bwd[nid]))] for nid in ids}
     fixed = _fixed_parts(times, half.shape[0] / x.shape[0]) if x.shape[0] >= 2 else {}
     meta = {"source": "pipeplan profile", "spec": spec, "device": str(dev), "threads": threads,
-            "fixed_s": fixed, "update_s_per_byte": update_rate,
+            "fixed_s": fixed, "update_s_per_byte": update_rate, "loss_s": loss_s,
             "microbatch": int(x.shape[0]), "torch": torch.__version__, "warmup": warmup, "reps": reps,
             "total_s": med(times.total), "spread": spread,
             "reference": f"this machine, one process, {threads} thread{'s' if threads > 1 else ''}"}

@@ -31,20 +31,30 @@ def run_steps(step: Callable[[], None], timed: Timed, opt: torch.optim.Optimizer
         dist.barrier()
         t0 = time.perf_counter()
         step()
+        t_opt = time.perf_counter()
         opt.step()
+        timed.record(Kind.UPDATE, t_opt, time.perf_counter())
         dist.barrier()
         out.append({"start": t0, "seconds": time.perf_counter() - t0, "actions": timed.finish()})
     return out
 
 
-def allreduce_gradients(module: nn.Module, group) -> None:
-    """Sum the module's gradients over the group in one flattened call (as DDP's buckets)."""
+def allreduce_gradients(module: nn.Module, group, timed: Timed) -> None:
+    """Sum the module's gradients over the group (``allreduce_tensors``), recorded on the
+    rank's timeline."""
     grads = [p.grad for p in module.parameters() if p.grad is not None]
-    if not grads:
-        return
-    flat = torch._utils._flatten_dense_tensors(grads)
+    if grads:
+        start = time.perf_counter()
+        allreduce_tensors(grads, group)
+        timed.record(Kind.AR, start, time.perf_counter())
+
+
+def allreduce_tensors(tensors: list[torch.Tensor], group=None) -> None:
+    """Sum the tensors over the group in one flattened call (as DDP's buckets), in place:
+    the copies in and out are part of the cost calibrate measures."""
+    flat = torch._utils._flatten_dense_tensors(tensors)
     dist.all_reduce(flat, group=group)
-    for g, new in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+    for g, new in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):
         g.copy_(new)
 
 

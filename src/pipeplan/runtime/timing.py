@@ -92,6 +92,10 @@ class Timed(nn.Module):
         activations or gradients over ``channel``."""
         self.events.append((int(Kind.SEND_B if backward else Kind.SEND_F), m, start, end, channel))
 
+    def record(self, kind: Kind, start: float, end: float) -> None:
+        """A step-wide action of the rank (its stage's all-reduce, the optimizer step)."""
+        self.events.append((int(kind), -1, start, end))
+
     def finish(self) -> list[tuple]:
         self._close()
         return list(self.events)
@@ -148,17 +152,23 @@ def side_by_side(predicted: Timeline, measured: Timeline) -> tuple[Timeline, dic
     return merged, action_errors(predicted, measured)
 
 
+#: The measured kinds compared with the prediction, by the names reports use.
+COMPARED = {Kind.F: "forward", Kind.B: "backward", Kind.AR: "all-reduce", Kind.UPDATE: "optimizer step"}
+
+
 def action_errors(predicted: Timeline, measured: Timeline) -> dict:
+    """Each measured action's duration against the predicted one of the same device, kind
+    and microbatch: median and worst |error| per kind, and every action."""
     def durations(tl: Timeline) -> dict:
         return {(tl.resources[r], int(k), int(m)): float(b - a)
-                for k, m, r, a, b in zip(tl.kind, tl.micro, tl.resource, tl.start, tl.end) if k in (Kind.F, Kind.B)}
+                for k, m, r, a, b in zip(tl.kind, tl.micro, tl.resource, tl.start, tl.end) if k in COMPARED}
 
     pred, meas = durations(predicted), durations(measured)
-    per = [{"device": d, "kind": "forward" if k == Kind.F else "backward", "microbatch": m,
+    per = [{"device": d, "kind": COMPARED[Kind(k)], "microbatch": m,
             "predicted_s": pred[(d, k, m)], "measured_s": t, "error": (t - pred[(d, k, m)]) / pred[(d, k, m)]}
            for (d, k, m), t in sorted(meas.items()) if pred.get((d, k, m), 0) > 0]
     summary = {}
-    for kind in ("forward", "backward"):
+    for kind in COMPARED.values():
         errs = [abs(a["error"]) for a in per if a["kind"] == kind]
         if errs:
             summary[kind] = {"median_abs_error": float(np.median(errs)), "worst_abs_error": float(max(errs)),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..costmodel import OPTIMIZER_STATE
+from ..costmodel import OPTIMIZER_STATE, update_time
 from ..cluster.model import Resource
 from ..plan import Plan
 from ..schedule import Kind
@@ -142,11 +142,10 @@ def _transfers(sh: _Shape, c: BatchCosts, cl, dur: np.ndarray, bad: np.ndarray) 
 
 
 def _updates(sh: _Shape, c: BatchCosts, template: Plan, dur: np.ndarray) -> None:
-    rate = float(template.graph.meta.get("update_s_per_byte") or 0.0)
     for t in np.flatnonzero(sh.tg.kind[sh.rep] == _UP).tolist():
         g = int(sh.tg.owner[sh.rep[t]])
         slow = np.where(sh.gmask[:, g], template.cluster.speed[None], np.inf).min(axis=1)
-        dur[:, t] = rate * c.params[:, sh.stage_of_group[g]] / slow
+        dur[:, t] = update_time(template.graph.meta, template.cluster, c.params[:, sh.stage_of_group[g]], slow)
 
 
 def durations(sh: _Shape, template: Plan, dst: np.ndarray, c: BatchCosts, fs: np.ndarray,

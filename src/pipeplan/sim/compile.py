@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cluster import Cluster
-from ..costmodel import allreduce_time, transfer_time
+from ..costmodel import allreduce_time, transfer_time, update_time
 from ..plan import Plan
 from ..schedule import Kind, Program, Schedule
 from .costs import StageCosts
@@ -202,15 +202,15 @@ def _add_groups(b: _Builder, plan: Plan, sched: Schedule, groups: list[Group], c
 
 
 def _add_updates(b: _Builder, plan: Plan, groups: list[Group], costs: StageCosts) -> None:
-    """The optimizer step closes each device's iteration, after its last action (profiled
-    rate per parameter byte on the reference device, graph meta ``update_s_per_byte``)."""
-    rate = float(plan.graph.meta.get("update_s_per_byte") or 0.0)
-    if rate <= 0:
+    """The optimizer step closes each device's iteration, after its last action
+    (``costmodel.update_time``)."""
+    if not (plan.graph.meta.get("update_s_per_byte") or plan.cluster.meta.get("update_s_per_byte")):
         return
     speed = plan.cluster.speed
     for gi, g in enumerate(groups):
         stages = np.unique(g.program.stages)
-        t = b.add(rate * float(costs.params[stages].sum()) / float(speed[g.devices].min()),
+        t = b.add(update_time(plan.graph.meta, plan.cluster, float(costs.params[stages].sum()),
+                              float(speed[g.devices].min())),
                   Kind.UPDATE, int(stages[0]), -1, owner=gi)
         b.edge([g.ids[-1]], t)
 

@@ -60,6 +60,8 @@ def theorem1_assumptions(graph: Graph, cluster: Cluster) -> str | None:
         return "the profile has fixed per-call times or an optimizer step"
     if cluster.meta.get("action_overhead_s"):
         return "the cluster has a per-action overhead"
+    if cluster.meta.get("update_s_per_byte"):
+        return "the cluster has an optimizer step"
     if any(d.solo_speed is not None or len(d.resources) > 1 for d in cluster.devices):
         return "devices have contention or several compute resources"
     return None
