@@ -10,29 +10,15 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 from .errors import Infeasible, PipeplanError
+from .outputs import Outputs
 
 
 MODEL_SPEC_HELP = ("example:mlp|transformer|cnn|resnet, hf:gpt2?n_layer=4&... or hf:bert?... (transformers "
                    "from a config), or package.module:factory")
-
-
-def _atomic_write(path: str, write: Callable[[str], None]) -> None:
-    """Write through a temporary file in the same folder, then rename: no half-written output."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".pipeplan-", suffix=target.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _positive_int(text: str) -> int:
@@ -91,14 +77,16 @@ def cmd_plan(args) -> int:
     from .planners.compare import best
     from .report import print_plan
 
+    outs = Outputs()
+    outs.want("--out", args.out, "json")
     graph, cluster = _load_inputs(args)
     if args.planner == "best":
         row = best(graph, cluster, _options(args))
         plan, result = row.plan, row.result
     else:
         plan, result = run_planner(args.planner, graph, cluster, _options(args))
-    if args.out:
-        _atomic_write(args.out, plan.save)
+    outs.set("--out", plan.save)
+    outs.write_all()
     if result.over_memory:
         print(f"pipeplan: warning: the plan does not fit in memory: {overflow_text(result)}", file=sys.stderr)
     if args.json:
@@ -110,13 +98,22 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def _render(result, args, title: str) -> None:
+def _timeline_outputs(args) -> Outputs:
+    """--trace and --gantt, checked before any work."""
+    outs = Outputs()
+    outs.want("--trace", args.trace, "json")
+    outs.want("--gantt", args.gantt, "figure")
+    return outs
+
+
+def _render(outs: Outputs, trace, trace_title: str, gantt, gantt_title: str) -> None:
+    """Write the --trace and --gantt asked for (two timelines: a run's Gantt chart may set
+    its prediction beside it), together."""
     from .viz import draw_gantt, write_trace
 
-    if args.trace:
-        _atomic_write(args.trace, lambda p: write_trace(result.timeline, p, title=title))
-    if args.gantt:
-        _atomic_write(args.gantt, lambda p: draw_gantt(result.timeline, p, title=title))
+    outs.set("--trace", lambda p: write_trace(trace, p, title=trace_title))
+    outs.set("--gantt", lambda p: draw_gantt(gantt, p, title=gantt_title))
+    outs.write_all()
 
 
 def cmd_simulate(args) -> int:
@@ -124,12 +121,14 @@ def cmd_simulate(args) -> int:
     from .report import print_plan
     from .sim import simulate
 
+    outs = _timeline_outputs(args)
     plan = load_plan(args.plan)
     if args.schedule:
         plan.schedule = args.schedule
     result = simulate(plan)
     plan.prediction = result.summary()
-    _render(result, args, f"{plan.planner} / {plan.schedule}: {plan.graph.name} on {plan.cluster.name}")
+    title = f"{plan.planner} / {plan.schedule}: {plan.graph.name} on {plan.cluster.name}"
+    _render(outs, result.timeline, title, result.timeline, title)
     if args.json:
         print(json.dumps(plan.prediction))
     else:
@@ -144,16 +143,19 @@ def cmd_compare(args) -> int:
     from .planners.compare import best_row, compare, default_planners
     from .report import print_compare
 
+    outs = Outputs()
+    outs.want("--gantt", args.gantt, "figure")
     graph, cluster = _load_inputs(args)
     names = args.planners.split(",") if args.planners else default_planners(cluster)
     rows = compare(graph, cluster, names, _options(args))
     top = best_row(rows) if any(r.result is not None for r in rows) else None
-    if args.gantt and top is not None:
+    if top is not None:
         from .viz import draw_gantt
 
         plan = top.plan
-        _atomic_write(args.gantt, lambda p: draw_gantt(
+        outs.set("--gantt", lambda p: draw_gantt(
             top.result.timeline, p, title=f"best: {plan.planner} / {plan.schedule}: {graph.name} on {cluster.name}"))
+        outs.write_all()
     dicts = [r.to_dict() for r in rows]
     if args.json:
         print(json.dumps({"model": graph.name, "cluster": cluster.name, "microbatches": args.microbatches or 32,
@@ -171,10 +173,12 @@ def cmd_profile(args) -> int:
     from .runtime.profiler import profile_model
     from .units import fmt_bytes, fmt_time
 
+    outs = Outputs()
+    outs.want("--out", args.out, "json")
     graph = profile_model(args.model_spec, microbatch=args.microbatch, device=args.device,
                           warmup=args.warmup, reps=args.reps, threads=args.threads)
-    if args.out:
-        _atomic_write(args.out, lambda p: save_graph(graph, p))
+    outs.set("--out", lambda p: save_graph(graph, p))
+    outs.write_all()
     if args.json:
         print(json.dumps(graph_to_dict(graph)))
         return 0
@@ -202,13 +206,13 @@ def cmd_calibrate(args) -> int:
     from .runtime.calibrate import calibrate, cluster_to_yaml
     from .units import fmt_bandwidth, fmt_time
 
+    outs = Outputs()
+    outs.want("--out", args.out, "yaml")
     cluster, data = calibrate(workers=args.workers, device=args.device, threads=args.threads,
                               seconds=args.seconds, model_spec=args.model, overhead=not args.no_runtime)
     text = cluster_to_yaml(cluster)
-    if args.out:
-        def write(p: str) -> None:
-            Path(p).write_text(text)
-        _atomic_write(args.out, write)
+    outs.set("--out", lambda p: Path(p).write_text(text))
+    outs.write_all()
     if args.json:
         print(json.dumps({"cluster": text, "speeds": [d.speed for d in cluster.devices]}))
         return 0
@@ -230,12 +234,13 @@ def cmd_run(args) -> int:
     from .runtime.executor import RunConfig, run_plan
     from .units import fmt_time
 
+    outs = _timeline_outputs(args)
     plan = load_plan(args.plan)
     cfg = RunConfig(spec=args.model, steps=args.steps, warmup=args.warmup, threads=args.threads,
                     hang_s=args.hang_timeout, timeout_s=args.timeout)
     out = run_plan(plan, cfg)
     staged, timeline = out.pop("_params"), out.pop("_timeline")
-    _write_measured(args, plan, timeline, out)
+    _write_measured(outs, args, plan, timeline, out)
     check = None
     if args.check:
         check = check_run(plan, args.model, staged, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
@@ -261,21 +266,17 @@ def cmd_run(args) -> int:
     return code
 
 
-def _write_measured(args, plan, timeline, out: dict) -> None:
+def _write_measured(outs: Outputs, args, plan, timeline, out: dict) -> None:
     """--trace / --gantt of the measured step; with --vs-prediction the Gantt chart shows each
     device's predicted row above its measured one, and ``out`` gets the per-action error."""
-    from .viz import draw_gantt, write_trace
-
     title = f"measured (step {out['timeline_step']})"
-    if args.trace:
-        _atomic_write(args.trace, lambda p: write_trace(timeline, p, title=title))
+    drawn, gantt_title = timeline, title
     if args.vs_prediction:
         from .runtime.timing import vs_prediction
 
-        timeline, out["action_error"] = vs_prediction(plan, timeline)
-        title = f"predicted and measured (step {out['timeline_step']})"
-    if args.gantt:
-        _atomic_write(args.gantt, lambda p: draw_gantt(timeline, p, title=title))
+        drawn, out["action_error"] = vs_prediction(plan, timeline)
+        gantt_title = f"predicted and measured (step {out['timeline_step']})"
+    _render(outs, timeline, title, drawn, gantt_title)
 
 
 def cmd_planners(args) -> int:

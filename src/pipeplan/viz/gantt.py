@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from ..errors import PipeplanError
 from ..schedule import Kind
 from ..sim.timeline import Timeline
 
@@ -88,13 +89,15 @@ def _bar_label(kind: int, micro: int) -> str:
 
 def draw_gantt(tl: Timeline, path: str | os.PathLike, title: str = "",
                max_labels: int = 4000) -> None:
-    """Draw the timeline as a Gantt chart and write it to ``path`` (PNG; ``.svg``/``.pdf``
-    by suffix)."""
-    fig = gantt_figure(tl, title, max_labels)
+    """Draw the timeline as a Gantt chart and write it to ``path`` (``.png``, ``.svg`` or
+    ``.pdf``, by its extension)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fmt = path.suffix.lstrip(".").lower()
-    fig.savefig(path, format=fmt if fmt in ("png", "svg", "pdf") else "png", dpi=_DPI)
+    if fmt not in ("png", "svg", "pdf"):
+        raise PipeplanError(f"{path}: a Gantt chart is written as .png, .svg or .pdf, not {path.suffix or 'no extension'}")
+    fig = gantt_figure(tl, title, max_labels)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format=fmt, dpi=_DPI)
     fig.clear()
 
 

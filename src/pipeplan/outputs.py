@@ -1,0 +1,124 @@
+"""The output files of one command: every target checked before any work is done, and all
+written together or none.
+
+A target must be a new name or a regular file (not a directory, device, FIFO, socket or
+symlink), in a place where a file can be created, with an extension that names a format
+the output has. Each file is written to a temporary file beside it and renamed over the
+target only once every output of the command is written; new files get the umask's mode,
+a replaced file keeps its own.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .errors import PipeplanError
+
+#: Formats by kind of output (the extension decides; anything else is refused).
+FORMATS = {"json": (".json",), "yaml": (".yaml", ".yml"), "figure": (".png", ".svg", ".pdf")}
+
+
+@dataclass
+class _Output:
+    option: str
+    path: Path
+    write: Callable[[str], None] | None = None
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """The nearest folder on the way to ``path`` that exists (or the first that is not a folder)."""
+    a = path.parent
+    while not os.path.lexists(a) and a != a.parent:
+        a = a.parent
+    return a
+
+
+def check_target(option: str, path: str, formats: tuple[str, ...]) -> Path:
+    """``path`` as a safe target for ``option``, or PipeplanError saying why not."""
+    p = Path(path)
+    where = f"{option} {path}"
+    if os.path.islink(p):
+        raise PipeplanError(f"{where}: is a symbolic link; name the file it points to ({os.path.realpath(p)})")
+    if os.path.lexists(p):
+        mode = os.stat(p).st_mode
+        if stat.S_ISDIR(mode):
+            raise PipeplanError(f"{where}: is a directory; name a file in it")
+        if not stat.S_ISREG(mode):
+            raise PipeplanError(f"{where}: is not a regular file (a device, FIFO or socket); name a file")
+        if not os.access(p, os.W_OK):
+            raise PipeplanError(f"{where}: the file is not writable")
+    if p.suffix.lower() not in formats:
+        raise PipeplanError(f"{where}: the extension decides the format; use {', '.join(formats)}")
+    folder = _existing_ancestor(p)
+    if not folder.is_dir():
+        raise PipeplanError(f"{where}: {folder} is not a directory")
+    try:  # the only sure test that files can be created there (read-only mounts, /proc, ...)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".pipeplan-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise PipeplanError(f"{where}: cannot create a file in {folder} ({e.strerror})") from None
+    return p
+
+
+def _mode_for(target: Path) -> int:
+    if target.is_file():
+        return stat.S_IMODE(os.stat(target).st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+class Outputs:
+    """The outputs a command will write: ``want`` each (checked at once), ``set`` how to
+    write it once the work is done, then ``write_all``."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, _Output] = {}
+
+    def want(self, option: str, path: str | None, kind: str) -> None:
+        if path is not None:
+            self._items[option] = _Output(option, check_target(option, path, FORMATS[kind]))
+
+    def __contains__(self, option: str) -> bool:
+        return option in self._items
+
+    def set(self, option: str, write: Callable[[str], None]) -> None:
+        """``write(path)`` writes the output to a path (a temporary file beside the target)."""
+        if option in self._items:
+            self._items[option].write = write
+
+    def write_all(self) -> None:
+        """Write every output that was set to a temporary file, then rename them all."""
+        done: list[tuple[str, _Output]] = []
+        try:
+            for out in self._items.values():
+                if out.write is None:
+                    continue
+                done.append((self._temporary(out), out))
+                out.write(done[-1][0])
+                os.chmod(done[-1][0], _mode_for(out.path))
+            for tmp, out in done:
+                os.replace(tmp, out.path)
+        except OSError as e:
+            raise PipeplanError(f"{out.option} {out.path}: cannot write ({e.strerror or e}); nothing was written") \
+                from None
+        finally:
+            for tmp, _ in done:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+
+    @staticmethod
+    def _temporary(out: _Output) -> str:
+        try:
+            out.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise PipeplanError(f"{out.option} {out.path}: cannot create its folder ({e.strerror})") from None
+        fd, tmp = tempfile.mkstemp(dir=out.path.parent, prefix=".pipeplan-", suffix=out.path.suffix)
+        os.close(fd)
+        return tmp
