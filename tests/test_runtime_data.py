@@ -1,5 +1,6 @@
 """The runtime's training data: each pipeline's share of a microbatch."""
 
+import pytest
 import torch
 
 from pipeplan.runtime.data import global_batch, share, share_size
@@ -18,3 +19,18 @@ def test_token_ids_stay_token_ids():
     xs, ys = global_batch(model, torch.randint(0, 50, (4, 7)), 3, seed=0)
     assert xs.dtype == torch.int64 and xs.shape == (12, 7) and 0 <= int(xs.min()) and int(xs.max()) < 50
     assert ys.shape == (12, 7, 2)
+
+
+def test_check_scale_floor_absorbs_rounding_near_zero_but_not_a_lost_update():
+    """compare_states: a tensor that stays near zero holds rounding noise (1e-9 on 1e-9), which
+    must not fail the check; a parameter off by one update (1e-4 on 0.05) must."""
+    import torch
+
+    from pipeplan.runtime.check import SCALE_FLOOR, TOLERANCE, compare_states
+
+    ref = {"key_bias": torch.full((4,), 1e-9), "w": torch.full((4,), 0.05)}
+    noisy = {0: {"key_bias": torch.full((4,), 2e-9).numpy(), "w": torch.full((4,), 0.05).numpy()}}
+    assert compare_states(noisy, ref)[0] <= 1e-9 / SCALE_FLOOR < TOLERANCE
+    lost = {0: {"key_bias": torch.full((4,), 1e-9).numpy(), "w": torch.full((4,), 0.05 + 1e-4).numpy()}}
+    worst, where = compare_states(lost, ref)
+    assert where == "w" and worst == pytest.approx(1e-4 / 0.05, rel=1e-3)

@@ -29,7 +29,7 @@ from ..schedule import Kind, Program, make_schedule
 from .data import global_batch, split_rows, squared_error
 from .models import load_model
 from .split import Recomputed, split_model, stage_examples
-from .steps import allreduce_gradients, program_micro, run_steps, state_arrays
+from .steps import MOMENTUM, allreduce_gradients, program_micro, run_steps, state_arrays
 from .timing import Timed
 
 
@@ -156,7 +156,7 @@ def train_direct(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[dict]
     layout = _Layout.of(plan, z)
     timed = Timed(Recomputed(part) if plan.recomputes(s) else part, *program_micro(layout.programs[rank]), progress)
     stage = _Stage(rank, s, plan, timed, layout, shapes, xs, ys, z)
-    opt = torch.optim.SGD(part.parameters(), lr=cfg["lr"], momentum=0.9)
+    opt = torch.optim.SGD(part.parameters(), lr=cfg["lr"], momentum=MOMENTUM)
 
     def step() -> None:
         program = layout.programs[rank]

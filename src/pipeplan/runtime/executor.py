@@ -43,7 +43,7 @@ from .data import equal_replication, global_batch, pipeline_samples, share_size,
 from .direct import stage_major_ranks, train_direct
 from .models import load_model
 from .split import Recomputed, split_model, stage_examples
-from .steps import allreduce_gradients, program_micro, run_steps, state_arrays
+from .steps import MOMENTUM, allreduce_gradients, program_micro, run_steps, state_arrays
 from .timing import Timed, measured_timeline
 from .translate import microbatches_of, pipeline_orders
 
@@ -148,7 +148,7 @@ def _train_pipelined(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[d
                           group=pp_groups[pipe])
     sched = _PipelineScheduleRuntime([stage], n_microbatches=n_local, loss_fn=loss_fn, scale_grads=False)
     sched._prepare_schedule_with_comms(order)
-    opt = torch.optim.SGD(stage_mod.parameters(), lr=cfg["lr"], momentum=0.9)
+    opt = torch.optim.SGD(stage_mod.parameters(), lr=cfg["lr"], momentum=MOMENTUM)
     args = (xs[sel],) if stage_index == 0 else ()
     kwargs = {"target": ys[sel]} if stage_index == s_count - 1 else {}
 

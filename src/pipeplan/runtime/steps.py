@@ -13,6 +13,10 @@ from ..schedule import Kind, Program
 from .timing import Timed
 
 
+#: The executor's optimizer: SGD with this momentum (the check's reference trains the same).
+MOMENTUM = 0.9
+
+
 def program_micro(program: Program) -> tuple[list[int], list[int]]:
     """The microbatches of a device's forwards and of its backwards, in program order."""
     kinds, micro = program.kinds.tolist(), program.micro.tolist()
