@@ -86,7 +86,7 @@ links:
     ("devices: [{name: a, speed: 0}]", "speed"),
     ("devices: [{name: a, colour: 1}]", "unknown key"),
     ("devices: [{name: a}, {name: b}]\nbandwidth: 1Gbps\nlinks: [{from: a, to: z}]", "unknown device"),
-    ("devices: [a, b", "cannot parse"),
+    ("devices: [a, b", "not valid YAML"),
 ])
 def test_bad_yaml(tmp_path, body, fragment):
     f = tmp_path / "c.yaml"

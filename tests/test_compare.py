@@ -84,10 +84,12 @@ def test_when_nothing_fits_best_overflows_least_and_plan_warns(capsys):
     out = capsys.readouterr()
     assert json.loads(out.out)["prediction"]["over_memory"]
     assert out.err.count("\n") == 1 and "warning: the plan does not fit in memory" in out.err
+    assert "one would with" in out.err  # and what would make it fit
     assert main(["compare", "--model", "zoo:bert-large", "--cluster", "v100x4", "--memory-limit", "64MiB",
-                 "--microbatches", "4", "--planners", "gpipe,dp"]) == 0
-    table = capsys.readouterr().out
-    assert "fits" in table and "no: " in table and "over by" in table
+                 "--microbatches", "4", "--planners", "gpipe,dp"]) == 2  # no planner has a plan that fits
+    out = capsys.readouterr()
+    assert "fits" in out.out and "no: " in out.out and "GiB" in out.out  # the table is still printed
+    assert out.err.count("\n") == 1 and "no planner has a plan that fits" in out.err
 
 
 def test_an_overflowing_plan_is_replaced_by_its_fastest_variant_that_fits():

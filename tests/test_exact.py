@@ -220,10 +220,14 @@ def test_channel_bound_regressions(params, latency, plan_of, mode):
 
 
 def test_budget_that_runs_out_says_incomplete():
-    """``-O budget=0``: the search stops at once; the plan (SPP's, the incumbent) says so."""
+    """``-O budget=1e-9``: the search stops at once; the plan (SPP's, the incumbent) says so,
+    in its JSON too; ``budget=0`` is out of range."""
     g, c = _chain_on_four(1e7, 0.01)
-    plan = get_planner("exact").fn(g, c, PlanOptions(microbatches=8, extra=(("budget", "0"),)))
+    plan = get_planner("exact").fn(g, c, PlanOptions(microbatches=8, extra=(("budget", "1e-9"),)))
     assert plan.extra["exact"]["complete"] is False and plan.extra["exact"]["simulated"] == 0
+    assert not plan.search_complete and plan.to_dict()["search_complete"] is False
+    with pytest.raises(PipeplanError, match="expected a number > 0"):
+        get_planner("exact").fn(g, c, PlanOptions(microbatches=8, extra=(("budget", "0"),)))
     with pytest.raises(PipeplanError, match="budget"):
         get_planner("exact").fn(g, c, PlanOptions(microbatches=8, extra=(("budget", "soon"),)))
 

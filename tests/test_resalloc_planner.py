@@ -52,7 +52,7 @@ def test_heterogeneous_grouping():
     assert simulate(plan).iteration_s == pytest.approx(r.iteration_s)
 
 
-@pytest.mark.parametrize("opt,fragment", [("beta=1.5", "beta must be in"), ("depth=9", "depth must be"),
+@pytest.mark.parametrize("opt,fragment", [("beta=1.5", "option beta='1.5': expected a number > 0 and < 1"), ("depth=9", "depth must be"),
                                           ("beta=x", "option beta='x': expected a number"),
                                           ("depth=2.5", "option depth='2.5': expected an integer"),
                                           ("alpha=1", "has no option 'alpha' (its options: beta, depth)")])
@@ -66,7 +66,7 @@ def test_bad_options(opt, fragment, capsys):
 SPLIT = """devices:
   - {name: a, memory: 16GiB, resources: [{name: cpu, fwd_speed: 1, bwd_speed: 1}]}
   - {name: b, memory: 16GiB, resources: [{name: gpu, fwd_speed: 4, bwd_speed: 4}]}
-bandwidth: 1e9
+bandwidth: 1GB/s
 """
 
 

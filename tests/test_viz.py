@@ -146,3 +146,54 @@ def test_gantt_large(tmp_path) -> None:
     out = tmp_path / "large.png"
     draw_gantt(tl, out, title="32 stages x 128 microbatches")
     assert out.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_gantt_labels_stages_and_channels(small: Timeline) -> None:
+    """Device rows name their stage, channel rows the stages they join; the legend explains
+    the channel rows."""
+    from pipeplan.viz.gantt import gantt_figure
+
+    ax = gantt_figure(small, "t").axes[0]
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert "gpu0.0 · stage 0" in ticks and "gpu1 · stage 1" in ticks
+    assert "ch:0-1 (stage 0 → 1)" in ticks
+    assert any("link from stage a to b" in t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_gantt_keeps_short_bars_visible_and_draws_one_period_of_a_steady_state() -> None:
+    """A 1 us all-reduce in a 1 s chart is drawn >= 3 px wide; a steady state's chart spans
+    its period only."""
+    from pipeplan.viz.gantt import _MIN_PX, gantt_figure
+
+    tl = Timeline(["gpu0"], [True], np.array([FWD, ALLREDUCE], dtype=np.int8), np.zeros(2, dtype=np.int64),
+                  np.array([0, -1]), np.zeros(2, dtype=np.int64), np.array([0.0, 1.0]), np.array([1.0, 1.0 + 1e-6]),
+                  1.0)
+    fig = gantt_figure(tl)
+    ax = fig.axes[0]
+    bars = [c for c in ax.collections if c.get_label() == "all-reduce"][0]
+    x = bars.get_paths()[0].vertices[:, 0]
+    px = (x.max() - x.min()) * ax.bbox.width / (ax.get_xlim()[1] - ax.get_xlim()[0])
+    assert px >= _MIN_PX[ALLREDUCE] - 1e-6
+    steady = Timeline(["gpu0"], [True], np.array([FWD] * 3, dtype=np.int8), np.zeros(3, dtype=np.int64),
+                      np.arange(3), np.zeros(3, dtype=np.int64), np.array([0.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0]),
+                      1.0, period=(1.0, 2.0))
+    lo, hi = gantt_figure(steady, "s").axes[0].get_xlim()
+    assert lo == pytest.approx(1.0) and 2.0 <= hi <= 2.05
+
+
+def test_simulated_steady_state_has_its_period() -> None:
+    """The simulator marks an asynchronous schedule's period: the last backward of stage 0's
+    microbatch N-1 to that of 2N-1 (PipeDream §3), whose length is at most the iteration."""
+    from pipeplan.cluster import hierarchical
+    from pipeplan.graph import Graph
+    from pipeplan.plan import Plan, Stage
+    from pipeplan.sim import simulate
+
+    g = Graph.chain("c", [1.0] * 4, [2.0] * 4)
+    c = hierarchical("two", 1, 2, 1e9, 1e9)
+    plan = Plan(g, c, [Stage(g.ids[:2], c.names[:1]), Stage(g.ids[2:], c.names[1:])], 4, schedule="async-1f1b")
+    r = simulate(plan)
+    t0, t1 = r.timeline.period
+    b0 = (r.timeline.kind == BWD) & (r.timeline.stage == 0)
+    ends = {int(m): e for m, e in zip(r.timeline.micro[b0], r.timeline.end[b0])}
+    assert t0 == pytest.approx(ends[3]) and t1 == pytest.approx(ends[7]) and t1 - t0 <= r.iteration_s + 1e-9

@@ -74,7 +74,7 @@ def _global_batch(args) -> int | None:
 def cmd_plan(args) -> int:
     from .planners import run_planner
     from .planners.base import overflow_text
-    from .planners.compare import best
+    from .planners.compare import best, default_planners
     from .report import print_plan
 
     outs = Outputs()
@@ -88,7 +88,12 @@ def cmd_plan(args) -> int:
     outs.set("--out", plan.save)
     outs.write_all()
     if result.over_memory:
-        print(f"pipeplan: warning: the plan does not fit in memory: {overflow_text(result)}", file=sys.stderr)
+        names = default_planners(cluster) if args.planner == "best" else [args.planner]
+        from .planners.compare import CompareRow
+
+        way_out = _way_out(args, graph, cluster, names, [CompareRow(plan.planner, plan, result)])
+        print(f"pipeplan: warning: the plan does not fit in memory: {overflow_text(result)}; {way_out}",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(plan.to_dict()))
     else:
@@ -132,7 +137,7 @@ def cmd_simulate(args) -> int:
     if args.json:
         print(json.dumps(plan.prediction))
     else:
-        print_plan(plan, result)
+        print_plan(plan, result, searched=False)
         for what, path in (("trace", args.trace), ("gantt", args.gantt)):
             if path:
                 print(f"{what} written to {path}")
@@ -145,16 +150,18 @@ def cmd_compare(args) -> int:
 
     outs = Outputs()
     outs.want("--gantt", args.gantt, "figure")
+    outs.want("--out", args.out, "json")
     graph, cluster = _load_inputs(args)
     names = args.planners.split(",") if args.planners else default_planners(cluster)
     rows = compare(graph, cluster, names, _options(args))
     top = best_row(rows) if any(r.result is not None for r in rows) else None
-    if top is not None:
+    if top is not None and top.fits:
         from .viz import draw_gantt
 
         plan = top.plan
         outs.set("--gantt", lambda p: draw_gantt(
             top.result.timeline, p, title=f"best: {plan.planner} / {plan.schedule}: {graph.name} on {cluster.name}"))
+        outs.set("--out", plan.save)
         outs.write_all()
     dicts = [r.to_dict() for r in rows]
     if args.json:
@@ -163,9 +170,59 @@ def cmd_compare(args) -> int:
     else:
         what = f"global batch {args.global_batch}" if args.global_batch else f"{args.microbatches or 32} microbatches"
         print_compare(dicts, f"{graph.name} on {cluster.name}, {what}")
-        if args.gantt and top is not None:
-            print(f"gantt of the best plan ({top.planner}) written to {args.gantt}")
+        if top is not None and top.fits:
+            print(f"to use the best plan: {_reproduce(args, top.planner)}")
+            for what, path in (("gantt of the best plan", args.gantt), ("best plan", args.out)):
+                if path:
+                    print(f"{what} ({top.planner}) written to {path}")
+    if top is None or not top.fits:
+        why = "no planner has a plan that fits in memory" if top is not None else "no planner could plan this"
+        print(f"pipeplan: error: {why}; {_way_out(args, graph, cluster, names, rows)}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _reproduce(args, planner: str) -> str:
+    """The `pipeplan plan` command that makes ``planner``'s plan on these inputs."""
+    parts = ["pipeplan plan", "--model", repr(args.model) if "?" in args.model else args.model,
+             "--cluster", args.cluster, "--planner", planner]
+    for flag, value in (("--microbatches", args.microbatches), ("--global-batch", args.global_batch),
+                        ("--memory-limit", args.memory_limit)):
+        if value is not None:
+            parts += [flag, str(value)]
+    if args.optimizer != "adam":
+        parts += ["--optimizer", args.optimizer]
+    parts += [f"-O {o}" for o in _options_of(planner, args.planner_option or [])]
+    return " ".join(parts + ["--out", "plan.json"])
+
+
+def _options_of(planner: str, items: list[str]) -> list[str]:
+    """The -O items that reach ``planner`` (its prefix dropped): unprefixed keys it declares
+    and PLANNER.KEY ones."""
+    from .planners import get_planner
+    from .planners.base import option_fields
+
+    declared = {f["name"] for f in option_fields(get_planner(planner).options)}
+    out = []
+    for item in items:
+        key, _, value = item.partition("=")
+        target, dot, bare = key.rpartition(".")
+        if (dot and target == planner) or (not dot and key in declared):
+            out.append(f"{bare if dot else key}={value}")
+    return out
+
+
+def _way_out(args, graph, cluster, names: list[str], rows) -> str:
+    """The smallest change that would make a plan fit, computed (``planners.advice``)."""
+    from .planners.advice import what_would_fit
+    from .planners.compare import compare
+    from .units import fmt_time
+
+    answered = [r for r in rows if r.result is not None]
+    fix = what_would_fit(lambda g, c, o: compare(g, c, names, o), graph, cluster, _options(args), answered)
+    if fix is None:
+        return "neither SGD, smaller microbatches, more memory nor 4x the devices makes one fit"
+    return f"one would with {fix.change}: {fix.flags} ({fix.planner}, {fmt_time(fix.iteration_s)} per iteration)"
 
 
 def cmd_profile(args) -> int:
@@ -331,10 +388,13 @@ def cmd_clusters(args) -> int:
     for name, (desc, _) in PRESETS.items():
         c = load_cluster(name)
         rows.append({"name": name, "devices": len(c), "description": desc})
+    rows.append({"name": "mobile-hetero-N", "devices": "N",
+                 "description": "N devices drawn (seeded) from the three mobile kinds, 1 Gbps links (resalloc §VI)"})
     if args.json:
         print(json.dumps({"clusters": rows}))
         return 0
-    table = Table(title="cluster presets (or --cluster hier:servers=N,gpus=G,intra=BW,inter=BW, or a YAML file)")
+    table = Table(title="cluster presets (or --cluster hier:servers=N,gpus=G,intra=BW,inter=BW, or a YAML file; "
+                        "device kinds: docs/cli.md)")
     for col in ("name", "devices", "description"):
         table.add_column(col)
     for r in rows:
@@ -373,6 +433,30 @@ def _add_run_parser(sub) -> None:
     sp.set_defaults(fn=cmd_run)
 
 
+def _planner_names() -> list[str]:
+    from .planners.base import planner_catalog
+
+    return [e["name"] for e in planner_catalog()]
+
+
+def _schedule_names() -> list[str]:
+    from .schedule.generators import SCHEDULES
+
+    return list(SCHEDULES)
+
+
+def _planner_epilog() -> str:
+    """The planners' -O options, for `plan --help` (all of them: `pipeplan planners`)."""
+    from .planners.base import planner_catalog
+
+    lines = ["planner options (-O KEY=VALUE, or -O PLANNER.KEY=VALUE):"]
+    for e in planner_catalog():
+        for o in e["options"]:
+            extra = o.get("range") or ("|".join(o["choices"]) if "choices" in o else o["type"])
+            lines.append(f"  {e['name']}: {o['name']} ({extra}, default {o['default']})")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="pipeplan", description="Plan pipeline-parallel DNN training.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
@@ -392,26 +476,29 @@ def build_parser() -> argparse.ArgumentParser:
                         help="planner option, e.g. replicas=split for dp ('pipeplan planners' lists them)")
         sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
 
-    sp = sub.add_parser("plan", help="plan one model on one cluster")
+    sp = sub.add_parser("plan", help="plan one model on one cluster", epilog=_planner_epilog(),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     model_cluster(sp)
     sp.add_argument("--planner", default="best",
-                    help="planner name, or 'best': every planner, keep the fastest plan that fits (default)")
-    sp.add_argument("--schedule", default=None, help="schedule (default: the planner's)")
+                    help=f"{', '.join(_planner_names())}, or 'best': every planner, keep the fastest plan that "
+                         "fits (default)")
+    sp.add_argument("--schedule", default=None, help=f"{', '.join(_schedule_names())} (default: the planner's)")
     sp.add_argument("--out", help="write the plan JSON here")
     sp.set_defaults(fn=cmd_plan)
 
     sp = sub.add_parser("simulate", help="simulate a plan file; export its timeline")
     sp.add_argument("plan", help="plan JSON written by 'pipeplan plan --out'")
-    sp.add_argument("--schedule", default=None, help="simulate under another schedule")
+    sp.add_argument("--schedule", default=None, help=f"simulate under another schedule: {', '.join(_schedule_names())}")
     sp.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
-    sp.add_argument("--gantt", help="write a Gantt chart PNG here")
+    sp.add_argument("--gantt", help="write a Gantt chart (PNG, SVG or PDF) here")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_simulate)
 
     sp = sub.add_parser("compare", help="run several planners on the same inputs and rank them")
     model_cluster(sp)
     sp.add_argument("--planners", help="comma-separated planner names (default: all)")
-    sp.add_argument("--gantt", help="write the best plan's Gantt chart PNG here")
+    sp.add_argument("--gantt", help="write the best plan's Gantt chart (PNG, SVG or PDF) here")
+    sp.add_argument("--out", help="write the best plan's JSON here (as 'pipeplan plan' would)")
     sp.set_defaults(fn=cmd_compare)
 
     sp = sub.add_parser("profile", help="measure a PyTorch model's layers on this machine")

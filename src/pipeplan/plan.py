@@ -18,6 +18,8 @@ import numpy as np
 
 from .cluster import Cluster, cluster_from_full_dict, cluster_to_dict
 from .errors import PipeplanError
+from .limits import check_microbatches
+from .readers import load_json
 from .graph import Graph, graph_from_dict, graph_to_dict
 
 FORMAT = "pipeplan.plan/1"
@@ -78,6 +80,18 @@ class Plan:
         return [len(s.devices) for s in self.stages]
 
     # -- JSON ---------------------------------------------------------------------------
+    @property
+    def search_complete(self) -> bool:
+        """False when a planner stopped its search early (its budget ran out): the plan is the
+        best found, not the best there is. Planners say so as ``extra[name]["complete"]``."""
+        return not any(isinstance(v, dict) and v.get("complete") is False for v in self.extra.values())
+
+    def search_note(self) -> str:
+        """'' or 'incomplete after 60 s', for tables and reports."""
+        if self.search_complete:
+            return ""
+        return f"incomplete after {self.search_s:.3g} s"
+
     def to_dict(self, embed: bool = True) -> dict:
         d: dict[str, Any] = {
             "format": FORMAT, "planner": self.planner, "schedule": self.schedule,
@@ -88,6 +102,8 @@ class Plan:
             "iteration_s": self.prediction.get("iteration_s"), "search_s": self.search_s,
         }
         d.update(self.extra)
+        if not self.search_complete:
+            d["search_complete"] = False
         if self.prediction:
             d["prediction"] = self.prediction
         if embed:
@@ -102,7 +118,7 @@ class Plan:
 
 
 _KNOWN_KEYS = {"format", "planner", "schedule", "microbatches", "optimizer", "replicas", "allocation", "recompute", "stages", "iteration_s",
-               "search_s", "prediction", "graph", "cluster"}
+               "search_s", "prediction", "graph", "cluster", "search_complete"}
 
 
 def plan_from_dict(d: Any, source: str = "plan") -> Plan:
@@ -136,11 +152,7 @@ def load_plan(path: str | Path) -> Plan:
     p = Path(path)
     if not p.is_file():
         raise PipeplanError(f"plan file {str(path)!r} not found")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise PipeplanError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return plan_from_dict(data, source=str(path))
+    return plan_from_dict(load_json(p, "plan file"), source=str(path))
 
 
 def validate(plan: Plan) -> None:
@@ -163,6 +175,7 @@ def validate(plan: Plan) -> None:
             raise PipeplanError("plan: 'recompute' needs one true/false per stage")
     if plan.microbatches < 1:
         raise PipeplanError(f"plan: microbatches must be >= 1, got {plan.microbatches}")
+    check_microbatches(plan.microbatches, "plan")
     owner = np.full(len(g), -1, dtype=np.int64)
     seen_dev: dict[int, int] = {}
     for k, st in enumerate(plan.stages):

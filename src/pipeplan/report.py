@@ -10,12 +10,12 @@ from rich.table import Table
 from .plan import Plan
 from .sim import SimResult
 from .sim.costs import stage_costs
-from .units import fmt_bytes, fmt_time
+from .units import fmt_bytes, fmt_time, fmt_time_in, time_unit
 
 
-def make_console() -> Console:
-    """A console at least 120 columns wide, also when output goes to a file or pipe."""
-    return Console(width=max(120, shutil.get_terminal_size((120, 24)).columns))
+def make_console(min_width: int = 120) -> Console:
+    """A console at least ``min_width`` columns wide, also when output goes to a file or pipe."""
+    return Console(width=max(min_width, shutil.get_terminal_size((min_width, 24)).columns))
 
 
 def _node_span(plan: Plan, nodes: list[str]) -> str:
@@ -31,7 +31,7 @@ def bottleneck(plan: Plan, result: SimResult) -> str:
             f"{result.utilization[i]:.0%} of the iteration")
 
 
-def print_plan(plan: Plan, result: SimResult, console: Console | None = None) -> None:
+def print_plan(plan: Plan, result: SimResult, console: Console | None = None, searched: bool = True) -> None:
     console = console or make_console()
     costs = stage_costs(plan)
     table = Table(title=f"{plan.planner} plan for {plan.graph.name} on {plan.cluster.name} "
@@ -51,15 +51,21 @@ def print_plan(plan: Plan, result: SimResult, console: Console | None = None) ->
                       f"[red]{fmt_bytes(mem)} OVER[/red]" if over else fmt_bytes(mem),
                       f"{max(result.utilization[k] for k in ks):.0%}")
     console.print(table)
-    print_prediction(result, console, plan)
+    print_prediction(result, console, plan, searched)
 
 
-def print_prediction(result: SimResult, console: Console, plan: Plan | None = None) -> None:
+def print_prediction(result: SimResult, console: Console, plan: Plan | None = None, searched: bool = True) -> None:
+    """Times and bounds; the bottleneck, and with ``searched`` (a plan just made, not one
+    loaded) how long the search took and whether it finished."""
     console.print(f"iteration time [bold]{fmt_time(result.iteration_s)}[/bold]  "
                   f"lower bound {fmt_time(result.lower_s)}  efficiency {result.efficiency:.1%}  "
                   f"bubble {result.bubble_fraction:.1%}")
     if plan is not None:
-        console.print(f"bottleneck: {bottleneck(plan, result)}; search took {fmt_time(plan.search_s)}")
+        search = f"; search took {fmt_time(plan.search_s)}" if searched else ""
+        console.print(f"bottleneck: {bottleneck(plan, result)}{search}"
+                      + ("" if plan.search_complete else
+                         " [yellow](search incomplete: the time budget ran out; the best plan found, not proven "
+                         "best)[/yellow]"))
     if result.over_memory:
         console.print(f"[red]over memory:[/red] {', '.join(result.over_memory)}")
     variant = (plan.extra.get("memory_variant") if plan is not None else None)
@@ -69,36 +75,64 @@ def print_prediction(result: SimResult, console: Console, plan: Plan | None = No
 
 
 def _fits_cell(row: dict) -> str:
-    """"yes", or "no:" with the device that overflows most, its stage, and by how much."""
+    """"yes", or "no:" with the device that overflows most, its stage, and by how much over
+    its memory (+bytes)."""
     if row["fits"]:
         return "yes"
     over = row["memory_over_bytes"]
     worst = max(over, key=over.get)
     stage = next(k for k, s in enumerate(row["plan"]["stages"]) if worst in s["devices"])
-    return f"[red]no: {worst} (stage {stage}) over by {fmt_bytes(over[worst])}[/red]"
+    return f"[red]no: {worst} (stage {stage}) +{fmt_bytes(over[worst])}[/red]"
+
+
+def _gap_cell(row: dict) -> str:
+    """The gap to exact's plan; '>= ' when exact's search was cut short (a bound, not a gap)."""
+    if row.get("gap_vs_exact") is None:
+        return "-"
+    return f"{'>= ' if row.get('gap_is_bound') else ''}{row['gap_vs_exact']:+.1%}"
 
 
 def print_compare(rows: list[dict], title: str, console: Console | None = None) -> None:
-    """The rows of ``CompareRow.to_dict``: a plan that does not fit names its worst device
-    and by how much; a planner that could not plan shows its reason."""
-    console = console or make_console()
+    """The rows of ``CompareRow.to_dict``, one line each (a time column in one unit): a plan
+    that does not fit names its worst device and by how much; a planner that could not plan
+    has its reason below the table, and the dp column says why it is empty."""
+    console = console or make_console(170)
     table = Table(title=title)
     gap = any(r.get("gap_vs_exact") is not None for r in rows)
     cols = ["rank", "planner", "stages", "replication", "iteration", "speedup vs dp", "efficiency",
             *(["gap to exact"] if gap else []), "search", "fits"]
     for col in cols:
-        table.add_column(col, justify="left" if col in ("planner", "replication", "fits") else "right")
+        table.add_column(col, justify="left" if col in ("planner", "replication", "fits") else "right",
+                         no_wrap=True)
+    ok = [r for r in rows if "error" not in r]
+    it_unit = time_unit([r["iteration_s"] for r in ok])
+    search_unit = time_unit([r["search_s"] for r in ok])
+    notes = []
     for k, r in enumerate(rows, start=1):
         if "error" in r:
-            table.add_row("-", r["planner"], *["-"] * (len(cols) - 3), f"[red]{r['error']}[/red]")
+            notes.append(f"{r['planner']}: {r['error']}")
+            table.add_row("-", r["planner"], *["-"] * (len(cols) - 3), f"[red]no plan ({len(notes)})[/red]")
             continue
         rep = r["replication"]
-        table.add_row(str(k), f"{r['planner']} ({r['plan']['schedule']})", str(len(rep)),
-                      "-".join(map(str, rep)) if len(rep) <= 12 else f"{'-'.join(map(str, rep[:12]))}-..",
-                      fmt_time(r["iteration_s"]),
+        incomplete = "" if r.get("search_complete", True) else f", incomplete after {r['search_s']:.3g} s"
+        mode = f" {r['plan']['replicas']}" if max(rep) > 1 else ""
+        table.add_row(str(k), f"{r['planner']} ({r['plan']['schedule']}{incomplete})", str(len(rep)),
+                      ("-".join(map(str, rep)) if len(rep) <= 12 else f"{'-'.join(map(str, rep[:12]))}-..") + mode,
+                      fmt_time_in(r["iteration_s"], it_unit),
                       "-" if r.get("speedup_vs_dp") is None else f"{r['speedup_vs_dp']:.2f}x",
                       f"{r['efficiency']:.1%}",
-                      *([f"{r['gap_vs_exact']:+.1%}"] if gap else []),
-                      fmt_time(r["search_s"]),
+                      *([_gap_cell(r)] if gap else []),
+                      fmt_time_in(r["search_s"], search_unit),
                       _fits_cell(r))
     console.print(table)
+    for k, note in enumerate(notes, start=1):
+        console.print(f"({k}) {note}", soft_wrap=True)
+    if {r["plan"]["replicas"] for r in ok if max(r["replication"]) > 1} == {"split", "round-robin"}:
+        console.print("split: a stage's replicas share every microbatch (each holds its share of the "
+                      "activations); round-robin: each replica runs whole microbatches in turn (each holds "
+                      "whole microbatches' activations)")
+    if ok and all(r.get("speedup_vs_dp") is None for r in ok):
+        dp = next((r for r in rows if r["planner"] == "dp"), None)
+        why = "dp was not compared" if dp is None else "dp has no plan" if "error" in dp else \
+            "dp's plan does not fit in memory"
+        console.print(f"speedup vs dp: - everywhere because {why}")

@@ -1,9 +1,11 @@
 """Human units <-> SI. Inside the code: seconds, bytes, bytes per second.
 
 Accepted spellings (case-sensitive for the b/B distinction):
-  bytes:      ``123``, ``32GiB``, ``16GB``, ``512MiB``, ``1.5TB`` (KB/MB/GB/TB decimal, KiB.. binary)
-  bandwidth:  ``128Gbps``, ``50Gb/s``, ``10GB/s``, ``900MB/s``, ``1e9`` (a bare number is bytes/s)
-  time:       ``5ms``, ``2us``, ``3ns``, ``1.5s``, ``0`` (a bare number is seconds)
+  bytes:      ``123B``, ``32GiB``, ``16GB``, ``512MiB``, ``1.5TB`` (KB/MB/GB/TB decimal, KiB.. binary)
+  bandwidth:  ``128Gbps``, ``50Gb/s``, ``10GB/s``, ``900MB/s``, ``1e9B/s``
+  time:       ``5ms``, ``2us``, ``3ns``, ``1.5s``
+Text needs its unit (``intra=128`` is refused, not read as 128 bytes/s), except ``0``; a
+number in a JSON or YAML file (not a string) is in the base unit: bytes, bytes/s, seconds.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ def _finite_nonneg(value: float, text: object, what: str) -> float:
     return value
 
 
-def _number(text: object, what: str) -> float | None:
+def _number(text: object, what: str, example: str) -> float | None:
+    """A file's number (in the base unit), None for a string to read with its unit; a string
+    that is a bare number other than 0 is refused: its unit would be a guess."""
     if isinstance(text, bool):
         raise PipeplanError(f"{what}: expected a number or a string with a unit, got {text!r}")
     if isinstance(text, (int, float)):
@@ -36,25 +40,28 @@ def _number(text: object, what: str) -> float | None:
     if not isinstance(text, str):
         raise PipeplanError(f"{what}: expected a number or a string with a unit, got {text!r}")
     try:
-        return _finite_nonneg(float(text.strip()), text, what)
+        value = float(text.strip())
     except ValueError:
         return None
+    if value != 0:
+        raise PipeplanError(f"{what}: {text!r} has no unit; write it with one (e.g. {example})")
+    return 0.0
 
 
 def parse_bytes(text: object, what: str = "size") -> float:
     """``'32GiB'`` -> 34359738368.0 bytes."""
-    n = _number(text, what)
+    n = _number(text, what, "32GiB, 16GB, 1024B")
     if n is not None:
         return n
     m = _BYTES_RE.match(str(text).strip())
     if not m or (m.group(2) and not m.group(3)):
-        raise PipeplanError(f"{what}: cannot read {text!r} as a size (e.g. 32GiB, 16GB, 1024)")
+        raise PipeplanError(f"{what}: cannot read {text!r} as a size (e.g. 32GiB, 16GB, 1024B)")
     return _finite_nonneg(float(m.group(1)) * _PREFIX[m.group(2)], text, what)
 
 
 def parse_bandwidth(text: object, what: str = "bandwidth") -> float:
     """``'128Gbps'`` -> 16e9 bytes/s; ``'10GB/s'`` -> 10e9 bytes/s."""
-    n = _number(text, what)
+    n = _number(text, what, "128Gbps, 10GB/s")
     if n is not None:
         return n
     m = _BW_RE.match(str(text).strip())
@@ -69,7 +76,7 @@ def parse_bandwidth(text: object, what: str = "bandwidth") -> float:
 
 def parse_time(text: object, what: str = "time") -> float:
     """``'5ms'`` -> 0.005 seconds."""
-    n = _number(text, what)
+    n = _number(text, what, "5ms, 2us, 1.5s")
     if n is not None:
         return n
     m = _TIME_RE.match(str(text).strip())
@@ -91,6 +98,16 @@ def fmt_bandwidth(bps: float) -> str:
         if bits >= scale:
             return f"{bits / scale:g} {unit}"
     return f"{bits:g} bps"
+
+
+def time_unit(values) -> tuple[str, float]:
+    """One unit for a column of times (the largest decides): (name, factor from seconds)."""
+    top = max((v for v in values if v == v and v != float("inf")), default=0.0)
+    return ("s", 1.0) if top >= 1 else ("ms", 1e3) if top >= 1e-3 else ("us", 1e6)
+
+
+def fmt_time_in(s: float, unit: tuple[str, float]) -> str:
+    return f"{s * unit[1]:.3f} {unit[0]}"
 
 
 def fmt_time(s: float) -> str:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import yaml
-
 from ..errors import PipeplanError
+from ..readers import load_json_or_yaml
 from .build import cluster_from_dict, cluster_from_full_dict, cluster_to_dict, hierarchical
 from .kinds import KINDS
 from .model import Cluster, Device
@@ -26,11 +24,7 @@ def load_cluster(spec: str) -> Cluster:
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
         if not path.is_file():
             raise PipeplanError(f"cluster file {spec!r} not found")
-        try:
-            text = path.read_text()
-            data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as e:
-            raise PipeplanError(f"cluster file {spec!r}: cannot parse it ({str(e).splitlines()[0]})") from None
+        data = load_json_or_yaml(path, "cluster file")
         if isinstance(data, dict) and "bandwidth_matrix" in data:
             return cluster_from_full_dict(data, source=spec)
         return cluster_from_dict(data, source=spec)

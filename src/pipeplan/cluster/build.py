@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PipeplanError
+from ..limits import check_devices
 from ..units import parse_bandwidth, parse_bytes, parse_time
 from .kinds import kind as lookup_kind
 from .model import Cluster, Device, Resource
@@ -19,6 +20,7 @@ def hierarchical(name: str, servers: int, gpus: int, intra: float, inter: float,
     ``inter`` between servers (bytes/s), the same ``latency`` on every link."""
     if servers < 1 or gpus < 1:
         raise PipeplanError(f"cluster {name!r}: servers and gpus must be >= 1")
+    check_devices(servers * gpus, f"cluster {name!r}")
     k = lookup_kind(kind)
     devices = [Device(name=f"s{s}g{g}", kind=k.name, memory=k.memory if memory is None else memory,
                       speed=k.speed if speed is None else speed, server=f"s{s}",
@@ -104,6 +106,7 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
         gpus = s.get("gpus", 1)
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
             raise PipeplanError(f"{where}: gpus must be an integer >= 1, got {gpus!r}")
+        check_devices(len(devices) + gpus, source)
         if "intra" in s:
             intra_of[sname] = parse_bandwidth(s["intra"], f"{where}: intra")
         for g in range(gpus):
@@ -112,6 +115,7 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
     raw_devices = d.get("devices") or []
     if not isinstance(raw_devices, list):
         raise PipeplanError(f"{source}: 'devices' must be a list")
+    check_devices(len(devices) + len(raw_devices), source)
     devices += [_device(x, f"{source}: devices[{k}]") for k, x in enumerate(raw_devices)]
     if not devices:
         raise PipeplanError(f"{source}: no devices (give 'devices' or 'servers')")

@@ -137,6 +137,25 @@ class Cluster:
         return Cluster(self.name, [replace(d, memory=memory) for d in self.devices],
                        self.bandwidth.copy(), self.latency.copy(), dict(self.meta))
 
+    def scaled(self, factor: int) -> "Cluster":
+        """``factor`` copies of the cluster side by side (copy k's devices and servers named
+        ``NAME.k``), linked to each other by the cluster's slowest link with its largest latency."""
+        from dataclasses import replace
+
+        v = len(self.devices)
+        devices = [replace(d, name=f"{d.name}.{k}" if k else d.name,
+                           server=(f"{d.server}.{k}" if d.server else "") if k else d.server)
+                   for k in range(factor) for d in self.devices]
+        off = ~np.eye(v, dtype=bool)
+        slow = float(self.bandwidth[off].min()) if v > 1 else float("inf")
+        lat = float(self.latency.max())
+        bw = np.full((v * factor, v * factor), slow)
+        la = np.full((v * factor, v * factor), lat)
+        for k in range(factor):
+            bw[k * v:(k + 1) * v, k * v:(k + 1) * v] = self.bandwidth
+            la[k * v:(k + 1) * v, k * v:(k + 1) * v] = self.latency
+        return Cluster(f"{factor}x {self.name}", devices, bw, la, dict(self.meta))
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Cluster):
             return NotImplemented

@@ -118,6 +118,8 @@ def parse_hier(spec: str) -> Cluster:
             raise PipeplanError(f"cluster {spec!r}: expected key=value, got {item!r}")
         if key not in _HIER_KEYS:
             raise PipeplanError(f"cluster {spec!r}: unknown key {key!r} (allowed: {', '.join(sorted(_HIER_KEYS))})")
+        if key in opts:
+            raise PipeplanError(f"cluster {spec!r}: {key}= is given twice")
         opts[key] = value
     for req in ("servers", "gpus", "intra"):
         if req not in opts:

@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..errors import PipeplanError
+from ..limits import check_layers
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ class Graph:
     def from_nodes(cls, name: str, nodes: Sequence[NodeSpec],
                    edges: Iterable[tuple[str, str]], meta: dict | None = None) -> "Graph":
         """Assemble a graph from node specs and edges given by node id."""
+        check_layers(len(nodes), f"model {name!r}")
         ids = [nd.id for nd in nodes]
         index = {nid: i for i, nid in enumerate(ids)}
         pairs = []

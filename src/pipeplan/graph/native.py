@@ -20,6 +20,7 @@ import math
 from pathlib import Path
 
 from ..errors import PipeplanError
+from ..readers import load_json
 from .model import Graph, NodeSpec, default_saved
 
 FORMAT = "pipeplan.graph/1"
@@ -44,6 +45,23 @@ def graph_to_dict(g: Graph) -> dict:
             "edges": [[g.ids[u], g.ids[v]] for u, v in g.edges]}
 
 
+def _numbers(nd: dict, where: str):
+    """``num(key[, default])``: the node's number under ``key`` (JSON numbers only: true is
+    not 1 s), or its default when absent or null."""
+    missing = object()
+
+    def num(key: str, default: object = missing) -> float:
+        v = nd.get(key)
+        if v is None:
+            if default is missing:
+                raise PipeplanError(f"{where}: missing {key!r}")
+            return float(default)  # type: ignore[arg-type]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise PipeplanError(f"{where}: {key!r} must be a number, got {v!r}")
+        return float(v)
+    return num
+
+
 def graph_from_dict(d: object, source: str = "graph") -> Graph:
     if not isinstance(d, dict):
         raise PipeplanError(f"{source}: a graph must be a JSON object")
@@ -60,17 +78,11 @@ def graph_from_dict(d: object, source: str = "graph") -> Graph:
         inplace = nd.get("inplace", False)
         if not isinstance(inplace, bool):
             raise PipeplanError(f"{where} ({nd.get('id')!r}): 'inplace' must be true or false, got {inplace!r}")
-        try:
-            nodes.append(NodeSpec(id=str(nd["id"]), fwd=float(nd["fwd_s"]), bwd=float(nd["bwd_s"]),
-                                  params=float(nd.get("params_bytes", 0.0)),
-                                  act=float(nd.get("act_bytes", 0.0)), desc=str(nd.get("desc", "")),
-                                  flops=float("nan") if nd.get("flops") is None else float(nd["flops"]),
-                                  inplace=inplace,
-                                  saved=None if nd.get("saved_bytes") is None else float(nd["saved_bytes"])))
-        except KeyError as e:
-            raise PipeplanError(f"{where} ({nd.get('id')!r}): missing {e.args[0]!r}") from None
-        except (TypeError, ValueError):
-            raise PipeplanError(f"{where} ({nd.get('id')!r}): a cost is not a number") from None
+        num = _numbers(nd, f"{where} ({nd.get('id')!r})")
+        nodes.append(NodeSpec(id=str(nd["id"]), fwd=num("fwd_s"), bwd=num("bwd_s"),
+                              params=num("params_bytes", 0.0), act=num("act_bytes", 0.0),
+                              desc=str(nd.get("desc", "")), flops=num("flops", float("nan")), inplace=inplace,
+                              saved=None if nd.get("saved_bytes") is None else num("saved_bytes")))
     edges = d.get("edges", [])
     if not isinstance(edges, list) or any(not isinstance(e, (list, tuple)) or len(e) != 2 for e in edges):
         raise PipeplanError(f"{source}: 'edges' must be a list of [src, dst] pairs")
@@ -86,8 +98,4 @@ def save_graph(g: Graph, path: str | Path) -> None:
 
 
 def load_native(path: Path) -> Graph:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise PipeplanError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return graph_from_dict(data, source=str(path))
+    return graph_from_dict(load_json(path, "model"), source=str(path))

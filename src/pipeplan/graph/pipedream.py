@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PipeplanError
+from ..readers import read_text
 from .model import Graph, NodeSpec
 
 _FIELDS = ("forward_compute_time", "backward_compute_time", "activation_size", "parameter_size")
@@ -38,6 +39,8 @@ def _parse_attrs(text: str, where: str) -> dict[str, float]:
         key, sep, value = item.strip().partition("=")
         if not sep:
             raise PipeplanError(f"{where}: expected key=value, got {item.strip()!r}")
+        if key.strip() in attrs:
+            raise PipeplanError(f"{where}: {key.strip()} is given twice")
         try:
             attrs[key.strip()] = _number(value)
         except ValueError:
@@ -156,4 +159,4 @@ def parse_pipedream(text: str, name: str, source: str = "graph.txt") -> Graph:
 
 def load_pipedream(path: Path) -> Graph:
     name = path.parent.name if path.name == "graph.txt" else path.stem
-    return parse_pipedream(path.read_text(), name=name, source=str(path))
+    return parse_pipedream(read_text(path, "model"), name=name, source=str(path))

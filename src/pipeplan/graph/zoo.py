@@ -33,6 +33,7 @@ from functools import partial
 from typing import Callable
 
 from ..errors import PipeplanError
+from ..limits import check_layers
 from .model import Graph, NodeSpec
 
 # -- reference device ------------------------------------------------------------------------
@@ -686,6 +687,8 @@ def _options(model: _Model, options: dict) -> dict[str, int]:
         if value is None or isinstance(raw, bool) or value < lo or (hi is not None and value > hi):
             raise PipeplanError(f"zoo model {model.name!r}: option {key!r} must be {rng}, "
                                 f"got {raw!r}")
+        if key == "layers":
+            check_layers(value, f"zoo model {model.name!r}")
         values[key] = value
     return values
 

@@ -22,6 +22,7 @@ from ..errors import PipeplanError
 from ..graph import Graph
 from ..plan import Plan
 from ..sim import SimResult, simulate
+from ..limits import check_microbatches
 from ..units import fmt_bytes
 from .variants import fit_memory, plan_for_global_batch
 
@@ -60,10 +61,26 @@ def _base_type(hint: Any) -> tuple[type, bool]:
     return hint, optional
 
 
-def _parse_value(text: str, hint: Any, choices: tuple[str, ...] | None) -> Any:
+def _bounds_text(meta: Any) -> str:
+    """A numeric option's range from its metadata: ``min``/``max`` (inclusive), ``above``/
+    ``below`` (exclusive), e.g. '> 0' or '> 0 and < 1'."""
+    parts = [f"{op} {meta[k]:g}" for k, op in (("above", ">"), ("min", ">="), ("below", "<"), ("max", "<="))
+             if meta.get(k) is not None]
+    return " and ".join(parts)
+
+
+def _in_bounds(value: float, meta: Any) -> bool:
+    checks = {"above": value > meta.get("above", -math.inf), "min": value >= meta.get("min", -math.inf),
+              "below": value < meta.get("below", math.inf), "max": value <= meta.get("max", math.inf)}
+    return all(checks[k] for k in checks if meta.get(k) is not None)
+
+
+def _parse_value(text: str, hint: Any, choices: tuple[str, ...] | None, meta: Any = None) -> Any:
     """``text`` as ``hint``; ValueError naming what was expected."""
+    meta = meta or {}
     base, optional = _base_type(hint)
-    expected = f"one of {', '.join(choices)}" if choices else _EXPECTED[base]
+    bounds = _bounds_text(meta) if base in (int, float) else ""
+    expected = f"one of {', '.join(choices)}" if choices else _EXPECTED[base] + (f" {bounds}" if bounds else "")
     if optional and text.strip().lower() == "none":
         return None
     value: Any
@@ -77,7 +94,7 @@ def _parse_value(text: str, hint: Any, choices: tuple[str, ...] | None) -> Any:
             value = base(text)
         except ValueError:
             raise ValueError(expected) from None
-        if math.isnan(value):
+        if not math.isfinite(value) or not _in_bounds(value, meta):
             raise ValueError(expected)
     else:
         value = text
@@ -98,12 +115,15 @@ def option_fields(cls: type) -> list[dict[str, Any]]:
                "default": f.default, "help": f.metadata.get("help", "")}
         if f.metadata.get("choices"):
             row["choices"] = list(f.metadata["choices"])
+        if base in (int, float) and _bounds_text(f.metadata):
+            row["range"] = _bounds_text(f.metadata)
         out.append(row)
     return out
 
 
 def planner_options(cls: type[T], options: PlanOptions, planner: str) -> T:
-    """``options.extra`` (``-O KEY=VALUE`` pairs; the last of a key wins) as the frozen
+    """``options.extra`` (``-O KEY=VALUE`` or ``-O PLANNER.KEY=VALUE`` pairs; the last of a
+    key wins) as the frozen
     dataclass ``cls``: fields typed bool, int, float, str or Optional of one (``none``),
     ``metadata={"help": ..., "choices": (...)}``. An unknown key or a value that does not
     parse is a PipeplanError naming the planner, the key and what it takes."""
@@ -111,12 +131,16 @@ def planner_options(cls: type[T], options: PlanOptions, planner: str) -> T:
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
     for key, text in options.extra:
+        target, dot, bare = key.rpartition(".")
+        if dot and target != planner:
+            raise PipeplanError(f"planner option {key!r} is for planner {target!r}, not {planner!r}")
+        key = bare
         f = known.get(key)
         if f is None:
             what = f"its options: {', '.join(known)}" if known else "it takes none"
             raise PipeplanError(f"planner {planner!r} has no option {key!r} ({what})")
         try:
-            values[key] = _parse_value(text, hints[key], f.metadata.get("choices"))
+            values[key] = _parse_value(text, hints[key], f.metadata.get("choices"), f.metadata)
         except ValueError as e:
             raise PipeplanError(f"planner {planner!r}: option {key}={text!r}: expected {e}") from None
     return cls(**values)
@@ -190,6 +214,7 @@ def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions)
     the planner is run on counts as search time)."""
     if options.microbatches < 1:
         raise PipeplanError(f"--microbatches must be >= 1, got {options.microbatches}")
+    check_microbatches(options.microbatches, "--microbatches")
     info = get_planner(name)
     info.parse_options(options)  # bad -O options are a user error before any work
     t0 = time.perf_counter()

@@ -29,6 +29,7 @@ class CompareRow:
     error: str | None = None
     speedup_vs_dp: float | None = None  # dp's iteration / this one's (dp's plan fits)
     gap_vs_exact: float | None = None  # this iteration / exact's - 1 (exact's plan fits)
+    gap_is_bound: bool = False  # exact's search was cut short: the gap to the optimum is at least this
 
     @property
     def fits(self) -> bool:
@@ -68,7 +69,8 @@ class CompareRow:
                 "efficiency": self.efficiency, "replication": self.plan.replication(), "fits": self.fits,
                 "over_memory": self.over_memory, "memory_over_bytes": self.memory_over_bytes,
                 "memory": self.memory_verdict, "speedup_vs_dp": self.speedup_vs_dp,
-                "gap_vs_exact": self.gap_vs_exact, "plan": self.plan.to_dict(embed=False)}
+                "gap_vs_exact": self.gap_vs_exact, "gap_is_bound": self.gap_is_bound,
+                "search_complete": self.plan.search_complete, "plan": self.plan.to_dict(embed=False)}
 
 
 def default_planners(cluster: Cluster) -> list[str]:
@@ -80,19 +82,30 @@ def default_planners(cluster: Cluster) -> list[str]:
 
 
 def options_per_planner(planners: list[str], options: PlanOptions) -> dict[str, PlanOptions]:
-    """Each planner's options with only the ``-O`` keys it declares, checked (bad values are
-    PipeplanErrors before any work); a key no compared planner declares is a PipeplanError."""
+    """Each planner's options: an unprefixed ``-O KEY=VALUE`` goes to every planner that
+    declares KEY (a PipeplanError if none does), ``-O NAME.KEY=VALUE`` to planner NAME only;
+    each is checked (bad values are PipeplanErrors before any work)."""
     declared = {name: {f["name"] for f in option_fields(get_planner(name).options)} for name in planners}
-    for key, _ in options.extra:
-        if not any(key in keys for keys in declared.values()):
+    mine: dict[str, list[tuple[str, str]]] = {name: [] for name in planners}
+    for key, value in options.extra:
+        target, dot, bare = key.rpartition(".")
+        if dot:
+            if target not in declared:
+                raise PipeplanError(f"planner option {key!r}: {target!r} is not among the compared planners "
+                                    f"({', '.join(planners)})")
+            mine[target].append((bare, value))
+            continue
+        takers = [name for name, keys in declared.items() if key in keys]
+        if not takers:
             known = "; ".join(f"{n}: {', '.join(sorted(k))}" for n, k in declared.items() if k) or "none"
             raise PipeplanError(f"planner option {key!r} is not an option of any compared planner "
                                 f"(their options: {known})")
+        for name in takers:
+            mine[name].append((key, value))
     out = {}
     for name in planners:
-        mine = replace(options, extra=tuple((k, v) for k, v in options.extra if k in declared[name]))
-        get_planner(name).parse_options(mine)
-        out[name] = mine
+        out[name] = replace(options, extra=tuple(mine[name]))
+        get_planner(name).parse_options(out[name])
     return out
 
 
@@ -110,12 +123,26 @@ def compare(graph: Graph, cluster: Cluster, planners: list[str], options: PlanOp
             rows.append(CompareRow(name, error=str(e)))
     ok = [r for r in rows if r.result is not None]
     dp = next((r.iteration_s for r in ok if r.planner == "dp" and r.fits), None)
-    exact = next((r.iteration_s for r in ok if r.planner == "exact" and r.fits), None)
+    exact_row = next((r for r in ok if r.planner == "exact" and r.fits), None)
+    exact = exact_row.iteration_s if exact_row else None
     for r in ok:
         r.speedup_vs_dp = dp / r.iteration_s if dp and r.iteration_s > 0 else None
         r.gap_vs_exact = r.iteration_s / exact - 1.0 if exact else None
+        # an exact search cut short found a plan no better than the optimum: a gap to it
+        # is a lower bound on the gap to the optimum
+        r.gap_is_bound = exact_row is not None and not exact_row.plan.search_complete
     ok.sort(key=lambda r: (0.0, r.iteration_s) if r.fits else (overflow_ratio(r.result), r.iteration_s))
     return ok + [r for r in rows if r.result is None]
+
+
+def _reasons(rows: list[CompareRow]) -> str:
+    """Each distinct reason once, with the planners that gave it ("dp, gpipe: ...")."""
+    by_reason: dict[str, list[str]] = {}
+    for r in rows:
+        reason = str(r.error)
+        prefix = f"{r.planner}: "
+        by_reason.setdefault(reason[len(prefix):] if reason.startswith(prefix) else reason, []).append(r.planner)
+    return "; ".join(f"{', '.join(names)}: {reason}" for reason, names in by_reason.items())
 
 
 def best_row(rows: list[CompareRow]) -> CompareRow:
@@ -123,7 +150,7 @@ def best_row(rows: list[CompareRow]) -> CompareRow:
     limit over its devices), flagged by ``fits``. PipeplanError when no planner answered."""
     answered = [r for r in rows if r.result is not None]
     if not answered:
-        raise PipeplanError("no planner could plan this: " + "; ".join(f"{r.error}" for r in rows))
+        raise PipeplanError("no planner could plan this: " + _reasons(rows))
     fitting = [r for r in answered if r.fits]
     if fitting:
         return min(fitting, key=lambda r: r.iteration_s)

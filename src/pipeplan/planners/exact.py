@@ -337,7 +337,7 @@ def _seed(graph: Graph, cluster: Cluster, options: PlanOptions, best: _Best) -> 
 
 @dataclass(frozen=True)
 class ExactOptions:
-    budget: float | None = field(default=None, metadata={
+    budget: float | None = field(default=None, metadata={"above": 0,
         "help": "seconds the search may take (default: the planner time budget); when it runs out "
                 "the plan says complete: false"})
 

@@ -162,7 +162,7 @@ def _map_devices(result: DPResult, levels: list[Level], groups: list[list[int]],
 @dataclass(frozen=True)
 class PipedreamOptions:
     straight: bool = field(default=False, metadata={"help": "no replication (PipeDream's --straight_pipeline)"})
-    compression: float | None = field(default=None, metadata={
+    compression: float | None = field(default=None, metadata={"above": 0,
         "help": "count inter-stage transfers, with PipeDream's activation compression ratio"})
     memory: str | None = field(default=None, metadata={
         "help": "memory per worker (e.g. 16GiB) for PipeDream's memory-constrained DP; none: no check"})
@@ -182,6 +182,11 @@ def plan_pipedream(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan
 
 
 def _pipedream_plan(graph: Graph, cluster: Cluster, options: PlanOptions, opts: DPOptions) -> Plan:
+    off = ~np.eye(len(cluster), dtype=bool)
+    if len(cluster) > 1 and not (cluster.bandwidth[off] > 0).all():
+        i, j = np.argwhere((cluster.bandwidth <= 0) & off)[0]
+        raise Infeasible(f"pipedream: zero bandwidth between {cluster.devices[i].name} and {cluster.devices[j].name}; "
+                         "its optimizer assumes every worker reaches every other")
     result, nodes, devices, notes = run_pipedream(graph, cluster, opts)
     return Plan(graph, cluster,
                 [Stage([graph.ids[u] for u in ns], [cluster.devices[d].name for d in ds])

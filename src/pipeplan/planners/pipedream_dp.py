@@ -95,6 +95,15 @@ def ancestor_matrix(dag: AntichainDag) -> np.ndarray:
     return np.array(rows, dtype=bool).T if rows else np.zeros((0, 0), dtype=bool)
 
 
+def _sync(m: int, params: np.ndarray, bw: float) -> np.ndarray | float:
+    """PipeDream's weight synchronisation time 4 m |w| / (bw (m+1)): none with one worker
+    (m = 0), never ending over a zero-bandwidth level."""
+    if m == 0:
+        return 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(params > 0, 4 * m * params / bw if bw > 0 else INF, 0.0)
+
+
 def _solve(init_t: np.ndarray, init_p: np.ndarray, init_stash: np.ndarray,
            pairs: _Pairs, seg_t: np.ndarray, seg_p: np.ndarray, seg_stash: np.ndarray,
            out_act: np.ndarray | None, last_state: int, level: Level, below: int,
@@ -109,7 +118,7 @@ def _solve(init_t: np.ndarray, init_p: np.ndarray, init_stash: np.ndarray,
         if first_only is not None and m != first_only - 1:
             continue
         stash = math.ceil((w - (m + 1)) / (m + 1)) * init_stash
-        t = (init_t + 4 * m * init_p / (bw * (m + 1)) / below) / (m + 1)
+        t = (init_t + (_sync(m, init_p, bw * (m + 1)) / below)) / (m + 1)
         if opts.memory_size is not None:
             t = np.where(stash > opts.memory_size, INF, t)
         a[:, m] = t
@@ -120,12 +129,13 @@ def _solve(init_t: np.ndarray, init_p: np.ndarray, init_stash: np.ndarray,
         best = a[:, m].copy()
         for r in range(1, 2 if opts.straight_pipeline else m + 1):
             prev = a[kk, m - r]
-            last = (seg_t + 4 * (r - 1) * seg_p / (bw * r)) / r
+            last = (seg_t + _sync(r - 1, seg_p, bw * r)) / r
             val = np.maximum(prev, last)
             if opts.memory_size is not None:
                 val = np.where(seg_stash * math.ceil((w - (m + 1)) / r) > opts.memory_size, INF, val)
             if ratio is not None and out_act is not None:
-                val = np.maximum(val, 2.0 * out_act[kk] / (bw * r) / ratio)
+                with np.errstate(divide="ignore"):  # a zero-bandwidth level: the transfer never ends
+                    val = np.maximum(val, 2.0 * out_act[kk] / (bw * r) / ratio)
                 val = np.maximum(val, np.where(jj == last_state, 0.0, 2.0 * out_act[jj] / (bw * r) / ratio))
             work["transitions"] = work.get("transitions", 0) + int(val.size)
             if not val.size:

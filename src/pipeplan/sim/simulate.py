@@ -20,7 +20,7 @@ from .compile import TaskGraph, compile_tasks
 from .costs import stage_costs
 from .engine import run_tasks
 from .memory import device_memory
-from .steady import steady_iteration
+from .steady import period, steady_iteration
 from .timeline import Timeline, build_timeline
 
 
@@ -179,7 +179,9 @@ def _simulate(plan: Plan, sched: Schedule, timeline: bool, scale: np.ndarray | N
     mem = device_memory(tg.groups, costs, plan.optimizer, fspeed, tg.share_f, sched.steady_state is not None)
     stage_devs = plan.stage_devices()
     plan_devs = [d for grp in stage_devs for d in grp]
-    tl = build_timeline(cl, tg, start_a, end_a, iteration, plan_devs, stage_devs, sched.lanes) if timeline else None
+    window = period(tg, end_a, sched.steady_state, sched.microbatches) if sched.steady_state is not None else None
+    tl = build_timeline(cl, tg, start_a, end_a, iteration, plan_devs, stage_devs, sched.lanes,
+                        window) if timeline else None
     extra = {"steady_state_of": sched.steady_state} if sched.steady_state is not None else {}
     return SimResult(iteration_s=iteration, lower_s=max(work, path), work_bound_s=work, path_bound_s=path,
                      devices=[cl.devices[d].name for d in plan_devs],

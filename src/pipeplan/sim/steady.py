@@ -16,13 +16,19 @@ from ..schedule import Kind
 from .compile import TaskGraph
 
 
-def steady_iteration(tg: TaskGraph, end: np.ndarray, steady: int, m_count: int, busy: np.ndarray,
-                     allreduce: np.ndarray) -> float:
-    """``busy`` per device over the whole stream; ``allreduce`` per device (its stage's)."""
+def period(tg: TaskGraph, end: np.ndarray, steady: int, m_count: int) -> tuple[float, float]:
+    """The measured period: from the last backward of microbatch N-1 to that of 2N-1 on stage 0."""
     sel = ((tg.kind == Kind.B) | (tg.kind == Kind.I) | (tg.kind == Kind.W)) & (tg.stage == 0)
     last_b0 = np.zeros(m_count)
     np.maximum.at(last_b0, tg.micro[sel], end[sel])
-    window = float(last_b0[2 * steady - 1] - last_b0[steady - 1])
+    return float(last_b0[steady - 1]), float(last_b0[2 * steady - 1])
+
+
+def steady_iteration(tg: TaskGraph, end: np.ndarray, steady: int, m_count: int, busy: np.ndarray,
+                     allreduce: np.ndarray) -> float:
+    """``busy`` per device over the whole stream; ``allreduce`` per device (its stage's)."""
+    t0, t1 = period(tg, end, steady, m_count)
+    window = t1 - t0
     scale = steady / m_count
     chan = tg.chan >= 0
     load = np.bincount(tg.chan[chan], weights=tg.dur[chan]) * scale if chan.any() else np.zeros(1)

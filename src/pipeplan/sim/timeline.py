@@ -35,6 +35,9 @@ class Timeline:
     start: np.ndarray
     end: np.ndarray
     iteration_s: float
+    # a steady state (asynchronous schedules): the stream's period that the iteration is
+    # measured over, (start, end); charts draw that window only
+    period: tuple[float, float] | None = None
 
     def __len__(self) -> int:
         return int(self.kind.size)
@@ -53,7 +56,8 @@ class Timeline:
 
 
 def build_timeline(cl: Cluster, tg, start: np.ndarray, end: np.ndarray, iteration: float,
-                   plan_devs: list[int], stage_devs: list[list[int]], lanes: bool = False) -> Timeline:
+                   plan_devs: list[int], stage_devs: list[list[int]], lanes: bool = False,
+                   period: tuple[float, float] | None = None) -> Timeline:
     """Expand group tasks to each device, all-reduces to each device of the stage. With
     lanes each device has a forward and a backward row."""
     pos = {d: i for i, d in enumerate(plan_devs)}
@@ -79,4 +83,4 @@ def build_timeline(cl: Cluster, tg, start: np.ndarray, end: np.ndarray, iteratio
     return Timeline(resources=dev_names + list(tg.channels),
                     resource_is_device=[True] * rows + [False] * len(tg.channels),
                     kind=tg.kind[idx], stage=tg.stage[idx], micro=tg.micro[idx], resource=res,
-                    start=start[idx], end=end[idx], iteration_s=iteration)
+                    start=start[idx], end=end[idx], iteration_s=iteration, period=period)

@@ -1,6 +1,10 @@
 """Timeline -> Gantt chart PNG (like Fig. 2(b) of the SPP paper).
 
-One row per device (top) and per inter-stage channel (below, on a grey band); time on x.
+One row per device (top, labelled with its stage; every other stage on a shaded band) and
+per inter-stage channel (below, on a grey band, labelled with the stages it joins); time on
+x in one unit. Transfers, all-reduces and optimizer steps are drawn at least a few pixels
+wide, so that they stay visible at any scale. A steady state (asynchronous schedules) is
+drawn over the one period its iteration is measured on.
 Bars are batched into one PolyCollection per task kind, so 32 stages x 128 microbatches
 render in about 2.5 s. Uses the Agg canvas directly: no pyplot, no global state.
 """
@@ -8,6 +12,7 @@ render in about 2.5 s. Uses the Agg canvas directly: no pyplot, no global state.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +88,27 @@ def _label_sizes(width_px: np.ndarray, n_chars: np.ndarray, group: np.ndarray,
     return sizes
 
 
+_MIN_PX = {Kind.SEND_F: 2.5, Kind.SEND_B: 2.5, Kind.AR: 3.0, Kind.UPDATE: 2.0}  # short bars stay visible
+
+
+def _row_labels(tl: Timeline) -> tuple[list[str], dict[int, int]]:
+    """Each resource's label (a device with its stage, a channel with the stages it joins),
+    and the stage of each device row (for the stage bands)."""
+    compute = np.isin(tl.kind, [Kind.F, Kind.B, Kind.I, Kind.W])
+    labels, stage_of = [], {}
+    for r, name in enumerate(tl.resources):
+        if tl.resource_is_device[r]:
+            stages = sorted(set(tl.stage[compute & (tl.resource == r)].tolist()))
+            if stages:
+                stage_of[r] = stages[0]
+            what = f"stage {stages[0]}" if len(stages) == 1 else f"stages {','.join(map(str, stages))}"
+            labels.append(f"{name} · {what}" if stages else name)
+        else:
+            m = re.match(r"ch:(\d+)-(\d+)", name)
+            labels.append(f"{name} (stage {m.group(1)} → {m.group(2)})" if m else name)
+    return labels, stage_of
+
+
 def _bar_label(kind: int, micro: int) -> str:
     return "AR" if kind == Kind.AR else "U" if kind == Kind.UPDATE else str(micro)
 
@@ -105,9 +131,14 @@ def gantt_figure(tl: Timeline, title: str = "", max_labels: int = 4000) -> Figur
     """The timeline as a Gantt chart. Microbatch numbers are written on bars wide enough for
     them, at most ``max_labels`` of them (device rows first)."""
     y, n_dev, n_chan = _row_positions(tl)
+    labels, stage_of = _row_labels(tl)
     span_rows = max(y.max() + 1 if y.size else 1.0, 1.0)
-    t_end = max(float(tl.iteration_s), float(tl.end.max()) if len(tl) else 0.0)
-    t_begin = min(0.0, float(tl.start.min()) if len(tl) else 0.0)
+    if tl.period is not None:  # a steady state: one period of the stream
+        t_begin, t_end = tl.period
+        title = f"{title + ': ' if title else ''}steady state, one period"
+    else:
+        t_end = max(float(tl.iteration_s), float(tl.end.max()) if len(tl) else 0.0)
+        t_begin = min(0.0, float(tl.start.min()) if len(tl) else 0.0)
     unit, scale = _time_unit(t_end - t_begin)
     x0, x1 = t_begin * scale, (t_end * scale if t_end > t_begin else t_begin * scale + 1.0)
     x1 += 0.01 * (x1 - x0)
@@ -115,7 +146,7 @@ def gantt_figure(tl: Timeline, title: str = "", max_labels: int = 4000) -> Figur
     # Layout in inches: width grows with how many typical compute bars the time span
     # holds (capped), height with the number of rows.
     n_bars = _span_in_bars(tl, x1 - x0, scale)
-    name_len = max((len(n) for n in tl.resources), default=4)
+    name_len = max((len(n) for n in labels), default=4)
     left_in = 0.35 + 0.075 * name_len
     width_in = min(24.0, max(9.0, left_in + _RIGHT_IN + 0.14 * n_bars))
     row_in = min(0.35, max(0.18, 16.0 / span_rows), 55.0 / span_rows)
@@ -134,8 +165,38 @@ def gantt_figure(tl: Timeline, title: str = "", max_labels: int = 4000) -> Figur
     if n_chan and n_dev:
         ax.axhspan(n_dev - 0.5 + _GAP, span_rows - 0.5, color="#f6f6f6", zorder=0)
         ax.axhline(n_dev - 0.5 + _GAP / 2, color="#555555", lw=0.8, zorder=1)
+    for r, s in stage_of.items():  # stage bands: every other stage shaded
+        if s % 2:
+            ax.axhspan(y[r] - 0.5, y[r] + 0.5, color="#eef3f8", zorder=0)
 
+    px_per_unit = ax_w_in * _DPI / (x1 - x0)
+    start, end = _draw_bars(ax, tl, y, scale, px_per_unit)
+    _draw_labels(ax, tl, y, start, end, px_per_unit, min(8.0, 0.5 * row_pt), max_labels)
+
+    it = float(tl.iteration_s) * scale
+    ax.axvline(it + (t_begin * scale if tl.period is not None else 0.0), color="crimson", ls="--", lw=1.3, zorder=4)
+    it_text = f"{it:.4g} {unit}"
+
+    order = np.argsort(y, kind="stable")
+    ax.set_yticks(y[order], [labels[r] for r in order], fontsize=tick_fs)
+    ax.tick_params(axis="y", length=0)
+    ax.set_xlabel(f"time [{unit}]")
+    ax.grid(axis="x", color="#dddddd", lw=0.6, zorder=0)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+    _legend_and_heading(fig, ax, tl, title, it_text, left_in / width_in, (width_in - left_in - 0.1) * 72.0,
+                        1 - 0.12 / height_in)
+    return fig
+
+
+def _draw_bars(ax, tl: Timeline, y: np.ndarray, scale: float, px_per_unit: float) -> tuple[np.ndarray, np.ndarray]:
+    """One PolyCollection per kind; short kinds widened to ``_MIN_PX``. Returns the bars'
+    start and end in plot units."""
     start, end = tl.start * scale, tl.end * scale
+    for k, px in _MIN_PX.items():
+        end = np.where(tl.kind == k, np.maximum(end, start + px / px_per_unit), end)
     half = _BAR_H / 2
     for k, (label, face, edge, hatch, hatch_color, _) in _STYLE.items():
         sel = np.flatnonzero(tl.kind == k)
@@ -150,35 +211,21 @@ def gantt_figure(tl: Timeline, title: str = "", max_labels: int = 4000) -> Figur
             bars.set_hatch(hatch)
             bars.set_hatchcolor(hatch_color)
         ax.add_collection(bars, autolim=False)
+    return start, end
 
-    # Microbatch numbers where they fit, device rows first.
-    px_per_unit = ax_w_in * _DPI / (x1 - x0)
+
+def _draw_labels(ax, tl: Timeline, y: np.ndarray, start: np.ndarray, end: np.ndarray, px_per_unit: float,
+                 max_fs: float, max_labels: int) -> None:
+    """Microbatch numbers where they fit, device rows first, at most ``max_labels``."""
     texts = [_bar_label(int(k), int(m)) for k, m in zip(tl.kind, tl.micro)]
     sizes = _label_sizes((end - start) * px_per_unit, np.array([len(t) for t in texts]),
-                         tl.resource * len(_STYLE) + tl.kind, max_fs=min(8.0, 0.5 * row_pt))
+                         tl.resource * len(_STYLE) + tl.kind, max_fs=max_fs)
     fits = np.flatnonzero(sizes > 0)
     fits = fits[np.lexsort((start[fits], y[tl.resource[fits]]))][:max(max_labels, 0)]
     for t in fits:
         ax.text((start[t] + end[t]) / 2, y[tl.resource[t]], texts[t], ha="center",
                 va="center", fontsize=sizes[t], color=_STYLE[int(tl.kind[t])][5], zorder=3,
                 clip_on=True)
-
-    it = float(tl.iteration_s) * scale
-    ax.axvline(it, color="crimson", ls="--", lw=1.3, zorder=4)
-    it_text = f"{it:.4g} {unit}"
-
-    order = np.argsort(y, kind="stable")
-    ax.set_yticks(y[order], [tl.resources[r] for r in order], fontsize=tick_fs)
-    ax.tick_params(axis="y", length=0)
-    ax.set_xlabel(f"time [{unit}]")
-    ax.grid(axis="x", color="#dddddd", lw=0.6, zorder=0)
-    ax.set_axisbelow(True)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-
-    _legend_and_heading(fig, ax, tl, title, it_text, left_in / width_in, (width_in - left_in - 0.1) * 72.0,
-                        1 - 0.12 / height_in)
-    return fig
 
 
 def _legend_and_heading(fig: Figure, ax, tl: Timeline, title: str, it_text: str, x: float, width_pt: float,
@@ -189,6 +236,9 @@ def _legend_and_heading(fig: Figure, ax, tl: Timeline, title: str, it_text: str,
                      label=lab) for k, (lab, f, e, h, hc, _) in _STYLE.items() if k in kinds]
     handles.append(Line2D([], [], color="crimson", ls="--", lw=1.3,
                           label=f"iteration ({it_text})"))
+    if not all(tl.resource_is_device):
+        handles.append(Patch(facecolor="#f6f6f6", edgecolor="#cccccc",
+                             label="ch a-b: link from stage a to b (one row per direction)"))
     ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0),
               ncol=len(handles), frameon=False, fontsize=9, handlelength=2.2,
               borderaxespad=0.2)

@@ -114,10 +114,10 @@ def plan_for_depth(graph: Graph, cluster: Cluster, q: int, options: PlanOptions,
 
 @dataclass(frozen=True)
 class ResallocOptions:
-    beta: float | None = field(default=None, metadata={
+    beta: float | None = field(default=None, metadata={"above": 0, "below": 1,
         "help": "one forward share in (0, 1) for every resource (0.5: the paper's 'without resource "
                 "allocation'); default: each worker's optimum, the LP of §IV-A"})
-    depth: int | None = field(default=None, metadata={
+    depth: int | None = field(default=None, metadata={"min": 1,
         "help": "pipeline depth q (workers); default: every q from 1 to min(devices, layers), the "
                 "fastest kept"})
 

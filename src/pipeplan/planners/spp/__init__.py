@@ -24,7 +24,7 @@ from .rdo import device_order
 
 @dataclass(frozen=True)
 class SppOptions:
-    stages: int | None = field(default=None, metadata={
+    stages: int | None = field(default=None, metadata={"min": 1,
         "help": "only this number of stages (xi); default: every xi from 1 to min(layers, devices), the "
                 "fastest kept"})
 

@@ -1,0 +1,32 @@
+"""The sizes pipeplan plans for, checked when an input is read, so that a mistyped number
+fails at once with one line instead of exhausting memory or time minutes later."""
+
+from __future__ import annotations
+
+from .errors import PipeplanError
+
+#: Devices in one cluster: the link matrices are devices^2 and the planners' searches grow
+#: with them (a 4,096-GPU cluster is 128 MiB of links before any planning).
+MAX_DEVICES = 4096
+#: Layers (nodes) in one model graph.
+MAX_LAYERS = 20000
+#: Microbatches per iteration: the simulator's task graph is microbatches x stages x 4.
+MAX_MICROBATCHES = 65536
+
+
+def check_devices(count: int, where: str) -> None:
+    if count > MAX_DEVICES:
+        raise PipeplanError(f"{where}: {count:,} devices; pipeplan plans for at most {MAX_DEVICES:,} "
+                            "(group identical servers, or plan one data-parallel replica's pipeline)")
+
+
+def check_layers(count: int, where: str) -> None:
+    if count > MAX_LAYERS:
+        raise PipeplanError(f"{where}: {count:,} layers; pipeplan plans for at most {MAX_LAYERS:,} "
+                            "(merge layers into blocks: a stage boundary falls between blocks anyway)")
+
+
+def check_microbatches(count: int, where: str) -> None:
+    if count > MAX_MICROBATCHES:
+        raise PipeplanError(f"{where}: {count:,} microbatches; at most {MAX_MICROBATCHES:,} "
+                            "(use larger microbatches: --global-batch picks their size)")

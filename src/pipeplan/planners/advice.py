@@ -1,0 +1,100 @@
+"""What would fit, when no planner's plan fits in memory: the smallest change, computed.
+
+Every planner has already tried re-materialization and a schedule with fewer microbatches in
+flight (``variants.fit_memory``). The changes below are tried in order of how little they
+ask of the user, each by planning again with the same planners, and the first under which a
+plan fits is returned with the options that make it:
+
+1. the optimizer with the least state: SGD (Adam keeps two moments per weight);
+2. smaller microbatches, the global batch kept (half the samples, twice the microbatches,
+   down to one sample; the graph is rescaled by ``graph.scale``), unless the planners already
+   choose the microbatch size (``--global-batch`` alone);
+3. more memory per device: the least that the least-overflowing plan needs (computed from
+   its memory per device, then checked by planning with it);
+4. more devices of the same kinds: the cluster doubled, then quadrupled (``cluster.scaled``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ..cluster import Cluster
+from ..errors import PipeplanError
+from ..graph import Graph
+from ..graph.scale import profiled_microbatch, with_microbatch
+from ..limits import MAX_MICROBATCHES
+from ..units import fmt_bytes
+from .base import PlanOptions
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A change under which ``planner`` finds a plan that fits, taking ``iteration_s``."""
+
+    change: str  # what to change, in words
+    flags: str  # the command-line options that make it
+    planner: str
+    iteration_s: float
+
+
+Compare = Callable[[Graph, Cluster, PlanOptions], list]  # planners.compare bound to the planners
+
+
+def _first_fit(rows: list) -> object | None:
+    return next((r for r in rows if r.result is not None and r.fits), None)
+
+
+def _try(run: Compare, graph: Graph, cluster: Cluster, options: PlanOptions, change: str, flags: str) -> Fix | None:
+    try:
+        row = _first_fit(run(graph, cluster, options))
+    except PipeplanError:
+        return None
+    return None if row is None else Fix(change, flags, row.planner, row.iteration_s)
+
+
+def _smaller_microbatches(run: Compare, graph: Graph, cluster: Cluster, options: PlanOptions) -> Fix | None:
+    try:
+        b0 = profiled_microbatch(graph)
+    except PipeplanError:
+        return None
+    samples, m = b0 // 2, options.microbatches * 2
+    while samples >= 1 and m <= MAX_MICROBATCHES:
+        if b0 % samples == 0:
+            fix = _try(run, with_microbatch(graph, samples), cluster, replace(options, microbatches=m),
+                       f"microbatches of {samples} samples instead of {b0} ({m} per iteration, the same global "
+                       "batch)", f"--global-batch {b0 * options.microbatches} --microbatches {m}")
+            if fix:
+                return fix
+        samples, m = samples // 2, m * 2
+    return None
+
+
+def _more_memory(run: Compare, graph: Graph, cluster: Cluster, options: PlanOptions, rows: list) -> Fix | None:
+    needs = [float(r.result.memory_bytes.max()) for r in rows if r.result is not None]
+    if not needs:
+        return None
+    need = min(needs) * 1.001  # the least-overflowing plan's largest device, a hair above
+    return _try(run, graph, cluster.with_memory(need), options, f"devices with {fmt_bytes(need)} of memory each",
+                f"--memory-limit {need / 2**30:.2f}GiB (on a cluster whose devices have it)")
+
+
+def what_would_fit(run: Compare, graph: Graph, cluster: Cluster, options: PlanOptions, rows: list) -> Fix | None:
+    """The first change (module docstring) under which ``run`` finds a plan that fits; None
+    if none of them does. ``rows``: the comparison that found none."""
+    if options.optimizer != "sgd":
+        fix = _try(run, graph, cluster, replace(options, optimizer="sgd"), "SGD instead of "
+                   f"{options.optimizer} (no optimizer state per weight)", "--optimizer sgd")
+        if fix:
+            return fix
+    fix = (None if options.global_batch is not None else _smaller_microbatches(run, graph, cluster, options)) \
+        or _more_memory(run, graph, cluster, options, rows)
+    if fix:
+        return fix
+    for factor in (2, 4):
+        bigger = cluster.scaled(factor)
+        fix = _try(run, graph, bigger, options, f"{len(bigger)} devices ({factor}x {cluster.name})",
+                   f"--cluster with {factor}x the servers")
+        if fix:
+            return fix
+    return None

@@ -1,0 +1,113 @@
+"""Reading the files users give: text, JSON and YAML, each failure one PipeplanError naming
+the file (and the line where the parser knows it).
+
+Text is UTF-8 (a leading byte-order mark is dropped); JSON objects and YAML mappings may not
+repeat a key, and
+JSON and YAML nested deeper than ``MAX_DEPTH`` are refused rather than crashing the parser.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import PipeplanError
+
+MAX_DEPTH = 64  # no pipeplan file nests deeper than a handful of levels
+
+
+def read_text(path: str | Path, what: str = "file") -> str:
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except IsADirectoryError:
+        raise PipeplanError(f"{what} {str(path)!r}: is a directory") from None
+    except OSError as e:
+        raise PipeplanError(f"{what} {str(path)!r}: cannot read it ({e.strerror})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise PipeplanError(f"{path}:{line}: not UTF-8 text (byte {e.start}); is this the right file?") from None
+
+
+def _no_duplicates(where: str):
+    def hook(pairs: list[tuple[str, Any]]) -> dict:
+        out: dict = {}
+        for k, v in pairs:
+            if k in out:
+                raise PipeplanError(f"{where}: key {k!r} appears twice in one object")
+            out[k] = v
+        return out
+    return hook
+
+
+def _depth(text: str) -> int:
+    """How deep brackets nest (strings ignored only roughly: enough to refuse a bomb)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def parse_json(text: str, where: str) -> Any:
+    if _depth(text) > MAX_DEPTH:
+        raise PipeplanError(f"{where}: nested more than {MAX_DEPTH} levels deep; not a pipeplan file")
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates(where))
+    except json.JSONDecodeError as e:
+        raise PipeplanError(f"{where}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise PipeplanError(f"{where}: nested too deeply; not a pipeplan file") from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader that refuses a key repeated in one mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice in one mapping",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 reads 1e9 as a string; a cluster file means the number (YAML 1.2 reads it so)
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    if _depth(text) > MAX_DEPTH:
+        raise PipeplanError(f"{where}: nested more than {MAX_DEPTH} levels deep; not a pipeplan file")
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        line = f":{e.problem_mark.line + 1}" if e.problem_mark is not None else ""
+        raise PipeplanError(f"{where}{line}: not valid YAML ({e.problem or e.context})") from None
+    except (yaml.YAMLError, RecursionError) as e:
+        raise PipeplanError(f"{where}: not valid YAML ({str(e).splitlines()[0] if str(e) else 'nested too deeply'})") \
+            from None
+
+
+def load_json(path: str | Path, what: str = "file") -> Any:
+    return parse_json(read_text(path, what), str(path))
+
+
+def load_json_or_yaml(path: str | Path, what: str = "file") -> Any:
+    """By extension: ``.json`` as JSON, anything else as YAML."""
+    text = read_text(path, what)
+    return parse_json(text, str(path)) if Path(path).suffix.lower() == ".json" else parse_yaml(text, str(path))

@@ -1,0 +1,148 @@
+"""Every bad input a user tried, and how pipeplan must answer it: one line naming the problem
+and where, exit code 2, no traceback, no warning noise (issue: a command line people trust).
+Plus the inputs that must be read as meant (a byte-order mark) and the answers that must say
+what to do next."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from pipeplan.cli import main
+
+CHAIN_TXT = ("l0 -- Linear -- forward_compute_time=1.0, backward_compute_time=2.0, activation_size=1000.0, "
+             "parameter_size=4000.0\n"
+             "l1 -- Linear -- forward_compute_time=1.0, backward_compute_time=2.0, activation_size=1000.0, "
+             "parameter_size=4000.0\n"
+             "\tl0 -- l1\n")
+
+
+def graph_json(**node0) -> str:
+    nodes = [{"id": "a", "fwd_s": 0.001, "bwd_s": 0.002, **node0}, {"id": "b", "fwd_s": 0.001, "bwd_s": 0.002}]
+    return json.dumps({"format": "pipeplan.graph/1", "name": "g", "nodes": nodes, "edges": [["a", "b"]]})
+
+
+def files(tmp_path) -> dict[str, str]:
+    """The malformed inputs, written once per test."""
+    out = {
+        "deep.json": "[" * 100_000 + "]" * 100_000,
+        "garbage.yaml": bytes(range(256)) * 4,
+        "gpus.yaml": "servers: [{name: s, gpus: 100000, kind: V100}]\nbandwidth: 10GB/s\n",
+        "bool_cost.json": graph_json(fwd_s=True),
+        "dupkey.json": graph_json().replace('"fwd_s": 0.001,', '"fwd_s": 0.001, "fwd_s": 0.5,', 1),
+        "dupkey.yaml": "devices: [{name: a}, {name: b}]\nbandwidth: 10GB/s\nbandwidth: 20GB/s\n",
+        "dupattr.txt": CHAIN_TXT.replace("forward_compute_time=1.0,", "forward_compute_time=1.0, "
+                                         "forward_compute_time=9.0,", 1),
+        "bom.txt": b"\xef\xbb\xbf" + CHAIN_TXT.encode(),
+        "chain.txt": CHAIN_TXT,
+    }
+    for name, body in out.items():
+        (tmp_path / name).write_bytes(body if isinstance(body, bytes) else body.encode())
+    return {name: str(tmp_path / name) for name in out}
+
+
+def plan_json(tmp_path, microbatches: int) -> str:
+    assert main(["plan", "--model", "zoo:alexnet", "--cluster", "v100x4", "--planner", "gpipe",
+                 "--out", str(tmp_path / "p.json")]) == 0
+    d = json.loads((tmp_path / "p.json").read_text())
+    d["microbatches"] = microbatches
+    (tmp_path / "big.json").write_text(json.dumps(d))
+    return str(tmp_path / "big.json")
+
+
+CASES = {
+    "graph JSON nested 100,000 deep": (["plan", "--model", "{deep.json}", "--cluster", "v100x4"], "nested"),
+    "binary garbage as a cluster": (["plan", "--model", "zoo:alexnet", "--cluster", "{garbage.yaml}"], "UTF-8"),
+    "100,000 GPUs in one server": (["plan", "--model", "zoo:alexnet", "--cluster", "{gpus.yaml}"], "devices"),
+    "100,000 layers": (["plan", "--model", "zoo:bert-large?layers=100000", "--cluster", "v100x4"], "layers"),
+    "a billion microbatches": (["plan", "--model", "zoo:alexnet", "--cluster", "v100x4", "--microbatches",
+                                "1000000000"], "microbatches"),
+    "a plan file with a billion microbatches": (["simulate", "{big.json}"], "microbatches"),
+    "an unknown -O key": (["plan", "--model", "zoo:alexnet", "--cluster", "v100x4", "--planner", "spp",
+                           "-O", "nosuch=1"], "nosuch"),
+    "a -O value of the wrong type": (["compare", "--model", "zoo:alexnet", "--cluster", "v100x4",
+                                      "-O", "straight=banana"], "true or false"),
+    "a -O value out of range": (["compare", "--model", "zoo:alexnet", "--cluster", "v100x4",
+                                 "-O", "compression=-10"], "> 0"),
+    "a -O key of another planner": (["plan", "--model", "zoo:alexnet", "--cluster", "v100x4", "--planner", "spp",
+                                     "-O", "straight=1"], "straight"),
+    "a -O key for a planner not compared": (["compare", "--model", "zoo:alexnet", "--cluster", "v100x4",
+                                             "--planners", "dp,gpipe", "-O", "spp.stages=2"], "spp"),
+    "a bandwidth without a unit": (["plan", "--model", "zoo:alexnet", "--cluster",
+                                    "hier:servers=1,gpus=2,intra=128"], "no unit"),
+    "a memory limit without a unit": (["plan", "--model", "zoo:alexnet", "--cluster", "v100x4",
+                                       "--memory-limit", "16"], "no unit"),
+    "servers= given twice": (["plan", "--model", "zoo:alexnet", "--cluster",
+                              "hier:servers=1,servers=2,gpus=2,intra=1Gbps,inter=1Gbps"], "twice"),
+    "true as a time in a graph": (["plan", "--model", "{bool_cost.json}", "--cluster", "v100x4"], "fwd_s"),
+    "a key twice in a JSON graph": (["plan", "--model", "{dupkey.json}", "--cluster", "v100x4"], "twice"),
+    "a key twice in a YAML cluster": (["plan", "--model", "zoo:alexnet", "--cluster", "{dupkey.yaml}"], "twice"),
+    "a key twice in a graph.txt node": (["plan", "--model", "{dupattr.txt}", "--cluster", "v100x4"], "twice"),
+    "compare where no planner can plan": (["compare", "--model", "zoo:bert-large", "--cluster", "v100x4",
+                                           "--planners", "exact"], "no planner could plan"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_and_exit_2(case, tmp_path, capsys):
+    argv, fragment = CASES[case]
+    paths = files(tmp_path)
+    if any("{big.json}" in a for a in argv):
+        paths["big.json"] = plan_json(tmp_path, 1_000_000_000)
+        capsys.readouterr()
+    argv = [paths[a[1:-1]] if a.startswith("{") else a for a in argv]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning noise either
+        code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("pipeplan: error:") and "Traceback" not in err, err
+    assert fragment in err, err
+
+
+def test_a_byte_order_mark_is_read_as_text(tmp_path, capsys):
+    paths = files(tmp_path)
+    assert main(["plan", "--model", paths["bom.txt"], "--cluster", "v100x4", "--json"]) == 0
+    with_bom = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--model", paths["chain.txt"], "--cluster", "v100x4", "--json"]) == 0
+    assert with_bom["stages"] == json.loads(capsys.readouterr().out)["stages"]
+
+
+def test_prefixed_options_reach_one_planner(capsys):
+    assert main(["compare", "--model", "zoo:alexnet", "--cluster", "v100x4", "--planners", "spp,dp",
+                 "-O", "spp.stages=2", "--json"]) == 0
+    rows = {r["planner"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert len(rows["spp"]["plan"]["stages"]) == 2
+
+
+def test_compare_ends_with_the_command_that_reproduces_the_winner(tmp_path, capsys):
+    import shlex
+
+    assert main(["compare", "--model", "zoo:alexnet", "--cluster", "v100x4", "--microbatches", "8",
+                 "--out", str(tmp_path / "best.json")]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("to use the best plan: "))
+    argv = shlex.split(line.split(": ", 1)[1])[1:]  # drop "pipeplan"
+    argv[argv.index("--out") + 1] = str(tmp_path / "again.json")
+    assert main(argv) == 0
+    capsys.readouterr()
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert json.loads((tmp_path / "again.json").read_text())["stages"] == best["stages"]
+
+
+def test_when_nothing_fits_the_computed_way_out_works(capsys):
+    """T5-11B on 8 GTX 1080 Ti (11 GiB): no planner fits; compare exits 2 with one line that
+    names a change, and planning with that change gives a plan that fits."""
+    import re
+
+    argv = ["--model", "zoo:t5-11b", "--cluster", "1080ti-4x2", "--optimizer", "sgd"]
+    assert main(["compare", *argv, "--planners", "spp,gpipe"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no planner has a plan that fits" in err, err
+    m = re.search(r"--memory-limit (\S+) .*\((\w+), ", err)
+    assert m, err
+    assert main(["plan", *argv, "--planner", m.group(2), "--memory-limit", m.group(1), "--json"]) == 0
+    out = capsys.readouterr()
+    assert not json.loads(out.out)["prediction"]["over_memory"] and "warning" not in out.err
