@@ -60,6 +60,8 @@ CASES = {
     "a billion microbatches": (["plan", "--model", "zoo:alexnet", "--cluster", "v100x4", "--microbatches",
                                 "1000000000"], "microbatches"),
     "a plan file with a billion microbatches": (["simulate", "{big.json}"], "microbatches"),
+    "5,000 layers on 32 GPUs for SPP": (["plan", "--model", "zoo:bert-large?layers=4997", "--cluster", "spp-sim",
+                                         "--planner", "spp"], "dynamic program"),
     "an unknown -O key": (["plan", "--model", "zoo:alexnet", "--cluster", "v100x4", "--planner", "spp",
                            "-O", "nosuch=1"], "nosuch"),
     "a -O value of the wrong type": (["compare", "--model", "zoo:alexnet", "--cluster", "v100x4",

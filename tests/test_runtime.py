@@ -161,16 +161,15 @@ def test_plan_not_matching_the_model_is_refused_before_start():
         run_plan(other, RunConfig("example:transformer"))
 
 
-def test_steady_state_schedules_are_refused_before_start(tmp_path):
+def test_steady_state_schedules_are_refused_before_start(tmp_path, capsys):
     with pytest.raises(PipeplanError, match="'async-1f1b' is evaluated as an asynchronous steady state"):
         run_plan(plan_for("async-1f1b", "split", 7, 2), RunConfig("example:mlp"))
     schedule = "fb-parallel"  # and through the command line: one line, exit 2
     plan = plan_for(schedule, "split", 7, 2)
     plan.save(tmp_path / "p.json")
-    proc = subprocess.run([sys.executable, "-m", "pipeplan", "run", str(tmp_path / "p.json"), "--model", "example:mlp"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and "synchronous schedules" in proc.stderr and schedule in proc.stderr
+    assert main(["run", str(tmp_path / "p.json"), "--model", "example:mlp"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "synchronous schedules" in err and schedule in err
 
 
 def test_cli_run_check(tmp_path, capsys):

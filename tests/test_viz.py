@@ -141,10 +141,10 @@ def test_gantt_empty(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_gantt_large(tmp_path) -> None:
-    tl = gpipe_timeline(stages=32, micros=128)
+    tl = gpipe_timeline(stages=32, micros=64)
     assert sum(tl.resource_is_device) == 32 and len(tl.resources) == 63
     out = tmp_path / "large.png"
-    draw_gantt(tl, out, title="32 stages x 128 microbatches")
+    draw_gantt(tl, out, title="32 stages x 64 microbatches")
     assert out.read_bytes()[:8] == PNG_MAGIC
 
 

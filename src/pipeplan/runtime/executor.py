@@ -62,7 +62,7 @@ class RunConfig:
 
 #: seconds a worker may take to start (spawn, import torch) before its first report counts
 STARTUP_GRACE_S = 30.0
-PROGRESS_EVERY_S = 0.2  # a rank reports its last action at most this often (hang detection is coarser)
+PROGRESS_EVERY_S = 0.2  # a rank reports its last action this often (hang detection is coarser)
 
 
 def _free_port() -> int:
@@ -171,14 +171,7 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         plan = plan_from_dict(plan_dict)
         stage_index = rank_layout(plan)[rank][0]
 
-        sent = [0.0]
-
-        def progress(label: str) -> None:  # at most every PROGRESS_EVERY_S: a message costs the run CPU
-            now = time.monotonic()
-            if now - sent[0] >= PROGRESS_EVERY_S:
-                sent[0] = now
-                results.put(("progress", rank, label))
-
+        progress = _Progress(rank, results)
         progress("started")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         progress("joined the process group")
@@ -193,6 +186,29 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
         results.put(("error", rank, stage_index, f"{type(e).__name__}: {text}"))
         raise SystemExit(1)
+
+
+class _Progress:
+    """A rank's progress: ``progress(label)`` after each action only notes it (a message per
+    action cost the run CPU); a daemon thread sends the latest, with the time it was done,
+    every PROGRESS_EVERY_S when it changed, also while the rank waits in a collective."""
+
+    def __init__(self, rank: int, results) -> None:
+        self.rank, self.results = rank, results
+        self.latest: tuple[float, str] | None = None
+        self.sent: tuple[float, str] | None = None
+        threading.Thread(target=self._send_loop, daemon=True).start()
+
+    def __call__(self, label: str) -> None:
+        self.latest = (time.time(), label)
+
+    def _send_loop(self) -> None:
+        while True:
+            latest = self.latest
+            if latest is not None and latest is not self.sent:
+                self.results.put(("progress", self.rank, latest[1], latest[0]))
+                self.sent = latest
+            time.sleep(PROGRESS_EVERY_S)
 
 
 def _end_all(procs: list) -> None:
@@ -242,8 +258,8 @@ def _watch(plan: Plan, procs: list, results, cfg: RunConfig) -> tuple[dict[int, 
         except queue_mod.Empty:
             msg = None
         if msg is not None:
-            if msg[0] == "progress":
-                last[msg[1]] = (time.time(), msg[2])
+            if msg[0] == "progress":  # (tag, rank, label, when it was done)
+                last[msg[1]] = (msg[3], msg[2])
             elif msg[0] == "error":
                 errors[msg[1]] = msg[3]
             elif msg[0] == "params":

@@ -29,6 +29,24 @@ class SppOptions:
                 "fastest kept"})
 
 
+#: PRM's numpy steps per second on this project's 2-core machine (benchmarks/results/spp/
+#: speed.json: 0.7e8 to 5e8, slower per step with more devices), and the most steps SPP
+#: takes on: the largest grid cell that benchmark runs (64 layers x 128 devices, 1.3e10
+#: steps, ~80 s) fits; 27 layers x 256 devices (1.35e10, ~190 s estimated) does not.
+PRM_STEPS_PER_S = 1.5e8
+MAX_PRM_STEPS = 1.3e10
+
+
+def check_prm_size(layers: int, devices: int, model: str) -> None:
+    """Refuse up front an instance whose DP would take minutes: PRM is O(xi_max V (L V^2 +
+    L^2 V)) steps (prm module docstring), and its tables grow as L^2."""
+    steps = min(layers, devices) * devices * (layers * devices**2 + layers**2 * devices)
+    if steps > MAX_PRM_STEPS:
+        raise Infeasible(f"spp: {layers:,} layers of {model!r} on {devices:,} devices would take its dynamic "
+                         f"program about {steps / PRM_STEPS_PER_S / 60:,.0f} min; merge layers into blocks "
+                         "(a cut between blocks is as good) or plan for fewer devices")
+
+
 @register("spp", "SPP: min-cut device order, DP partition/replication/mapping, PE schedule "
           "with proven bounds", "spp-pe", options=SppOptions)
 def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
@@ -40,6 +58,7 @@ def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     if only is not None and not 1 <= only <= min(lin.n, len(cluster)):
         raise PipeplanError(f"planner 'spp' option stages={only}: expected 1 to {min(lin.n, len(cluster))} "
                             f"(min of {lin.n} layers and {len(cluster)} devices)")
+    check_prm_size(lin.n, len(cluster), graph.name)
     order = device_order(cluster)
     res = prm(lin, cluster, order, options.microbatches, options.optimizer)
     if all(parts is None for parts in res.stages):  # no partition fits: SPP's plan with memory ignored
