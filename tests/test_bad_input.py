@@ -61,7 +61,9 @@ CASES = {
                                 "1000000000"], "microbatches"),
     "a plan file with a billion microbatches": (["simulate", "{big.json}"], "microbatches"),
     "5,000 layers on 32 GPUs for SPP": (["plan", "--model", "zoo:bert-large?layers=4997", "--cluster", "spp-sim",
-                                         "--planner", "spp"], "dynamic program"),
+                                         "--planner", "spp"], "would take it about"),
+    "512 GPUs for SPP": (["plan", "--model", "zoo:alexnet", "--cluster", "hier:servers=64,gpus=8,intra=128Gbps,"
+                          "inter=50Gbps", "--planner", "spp"], "would take it about"),
     "an unknown -O key": (["plan", "--model", "zoo:alexnet", "--cluster", "v100x4", "--planner", "spp",
                            "-O", "nosuch=1"], "nosuch"),
     "a -O value of the wrong type": (["compare", "--model", "zoo:alexnet", "--cluster", "v100x4",

@@ -130,3 +130,11 @@ def test_candidates_that_cannot_run_are_error_rows(capsys, tmp_path):
     assert main(["plan", "--model", str(graph), "--cluster", str(path), "--planner", "spp"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "zero bandwidth" in err
+
+
+def test_compare_reports_each_planner_before_it_runs():
+    g = load_graph("zoo:alexnet")
+    seen = []
+    compare(g, load_cluster("v100x4"), ["dp", "gpipe"], PlanOptions(microbatches=4),
+            lambda name, i, n: seen.append((name, i, n)))
+    assert seen == [("dp", 0, 2), ("gpipe", 1, 2)]

@@ -9,6 +9,7 @@ compared planners that declare KEY; a key none of them declares is a user error.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from ..cluster import Cluster
 from ..errors import Infeasible, PipeplanError
@@ -109,13 +110,20 @@ def options_per_planner(planners: list[str], options: PlanOptions) -> dict[str, 
     return out
 
 
-def compare(graph: Graph, cluster: Cluster, planners: list[str], options: PlanOptions) -> list[CompareRow]:
+Progress = Callable[[str, int, int], None]  # (planner about to run, its index, how many)
+
+
+def compare(graph: Graph, cluster: Cluster, planners: list[str], options: PlanOptions,
+            progress: Progress | None = None) -> list[CompareRow]:
     """One row per planner: plans that fit first, fastest first; then those that overflow,
     least over first (largest memory / limit); then errors (a planner that cannot plan this
-    instance). So the first row is ``best_row``'s choice."""
+    instance). So the first row is ``best_row``'s choice. ``progress`` is told each planner
+    before it runs."""
     per_planner = options_per_planner(planners, options)  # unknown names and bad options first
     rows = []
-    for name in planners:
+    for i, name in enumerate(planners):
+        if progress is not None:
+            progress(name, i, len(planners))
         try:
             plan, result = run_planner(name, graph, cluster, per_planner[name])
             rows.append(CompareRow(name, plan, result))
@@ -157,7 +165,8 @@ def best_row(rows: list[CompareRow]) -> CompareRow:
     return min(answered, key=lambda r: (overflow_ratio(r.result), r.iteration_s))
 
 
-def best(graph: Graph, cluster: Cluster, options: PlanOptions, planners: list[str] | None = None) -> CompareRow:
+def best(graph: Graph, cluster: Cluster, options: PlanOptions, planners: list[str] | None = None,
+         progress: Progress | None = None) -> CompareRow:
     """The fastest plan that fits among ``planners`` (default: ``default_planners``); if none
     fits, the one that overflows least, flagged."""
-    return best_row(compare(graph, cluster, planners or default_planners(cluster), options))
+    return best_row(compare(graph, cluster, planners or default_planners(cluster), options, progress))

@@ -29,22 +29,30 @@ class SppOptions:
                 "fastest kept"})
 
 
-#: PRM's numpy steps per second on this project's 2-core machine (benchmarks/results/spp/
-#: speed.json: 0.7e8 to 5e8, slower per step with more devices), and the most steps SPP
-#: takes on: the largest grid cell that benchmark runs (64 layers x 128 devices, 1.3e10
-#: steps, ~80 s) fits; 27 layers x 256 devices (1.35e10, ~190 s estimated) does not.
+#: SPP's run time on this project's 2-core machine, to refuse up front what would not
+#: finish: RDO's min-cut ordering (networkx's Stoer-Wagner, recursively) took 0.74 s on 64
+#: devices and 10.8 s on 128 (grows as V^3.9); PRM does 0.7e8 to 5e8 numpy steps per second
+#: (benchmarks/results/spp/speed.json). The largest grid cell that benchmark runs (64
+#: layers x 128 devices, ~80 s) is taken on; 256 devices are not.
+RDO_S_AT_64 = 0.74
 PRM_STEPS_PER_S = 1.5e8
-MAX_PRM_STEPS = 1.3e10
+MAX_SPP_S = 120.0
 
 
-def check_prm_size(layers: int, devices: int, model: str) -> None:
-    """Refuse up front an instance whose DP would take minutes: PRM is O(xi_max V (L V^2 +
-    L^2 V)) steps (prm module docstring), and its tables grow as L^2."""
+def spp_seconds(layers: int, devices: int) -> float:
+    """Estimated seconds of RDO + PRM: PRM is O(xi_max V (L V^2 + L^2 V)) steps (prm module
+    docstring)."""
     steps = min(layers, devices) * devices * (layers * devices**2 + layers**2 * devices)
-    if steps > MAX_PRM_STEPS:
-        raise Infeasible(f"spp: {layers:,} layers of {model!r} on {devices:,} devices would take its dynamic "
-                         f"program about {steps / PRM_STEPS_PER_S / 60:,.0f} min; merge layers into blocks "
-                         "(a cut between blocks is as good) or plan for fewer devices")
+    return RDO_S_AT_64 * (devices / 64) ** 3.9 + steps / PRM_STEPS_PER_S
+
+
+def check_spp_size(layers: int, devices: int, model: str) -> None:
+    """Refuse an instance SPP would take minutes on, before any work."""
+    est = spp_seconds(layers, devices)
+    if est > MAX_SPP_S:
+        raise Infeasible(f"spp: {layers:,} layers of {model!r} on {devices:,} devices would take it about "
+                         f"{est / 60:,.0f} min (device ordering and dynamic program); merge layers into blocks "
+                         "or plan for fewer devices (e.g. one data-parallel replica's share of the cluster)")
 
 
 @register("spp", "SPP: min-cut device order, DP partition/replication/mapping, PE schedule "
@@ -58,7 +66,7 @@ def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     if only is not None and not 1 <= only <= min(lin.n, len(cluster)):
         raise PipeplanError(f"planner 'spp' option stages={only}: expected 1 to {min(lin.n, len(cluster))} "
                             f"(min of {lin.n} layers and {len(cluster)} devices)")
-    check_prm_size(lin.n, len(cluster), graph.name)
+    check_spp_size(lin.n, len(cluster), graph.name)
     order = device_order(cluster)
     res = prm(lin, cluster, order, options.microbatches, options.optimizer)
     if all(parts is None for parts in res.stages):  # no partition fits: SPP's plan with memory ignored
