@@ -51,7 +51,7 @@ def plans_of(graph, cluster) -> dict[str, object]:
 
 def fingerprint(plan) -> tuple:
     return (tuple((tuple(s.nodes), tuple(s.devices)) for s in plan.stages), plan.schedule, plan.replicas,
-            plan.microbatches, tuple(plan.recompute) if getattr(plan, "recompute", None) else ())
+            plan.microbatches, tuple(plan.recompute or ()))
 
 
 def outcome(plan, spec: str) -> dict:

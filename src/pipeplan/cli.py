@@ -108,9 +108,7 @@ def cmd_plan(args) -> int:
     outs.write_all()
     if result.over_memory:
         names = default_planners(cluster) if args.planner == "best" else [args.planner]
-        from .planners.compare import CompareRow
-
-        way_out = _way_out(args, graph, cluster, names, [CompareRow(plan.planner, plan, result)])
+        way_out = _way_out(args, graph, cluster, names, [result])
         print(f"pipeplan: warning: the plan does not fit in memory: {overflow_text(result)}; {way_out}",
               file=sys.stderr)
     if args.json:
@@ -191,19 +189,23 @@ def cmd_compare(args) -> int:
         what = f"global batch {args.global_batch}" if args.global_batch else f"{args.microbatches or 32} microbatches"
         print_compare(dicts, f"{graph.name} on {cluster.name}, {what}")
         if top is not None and top.fits:
-            print(f"to use the best plan: {_reproduce(args, top.planner)}")
+            print(f"to use the best plan: {_reproduce(args, top.planner, names)}")
             for what, path in (("gantt of the best plan", args.gantt), ("best plan", args.out)):
                 if path:
                     print(f"{what} ({top.planner}) written to {path}")
     if top is None or not top.fits:
         why = "no planner has a plan that fits in memory" if top is not None else "no planner could plan this"
-        print(f"pipeplan: error: {why}; {_way_out(args, graph, cluster, names, rows)}", file=sys.stderr)
+        results = [r.result for r in rows if r.result is not None]
+        print(f"pipeplan: error: {why}; {_way_out(args, graph, cluster, names, results)}", file=sys.stderr)
         return 2
     return 0
 
 
-def _reproduce(args, planner: str) -> str:
-    """The `pipeplan plan` command that makes ``planner``'s plan on these inputs."""
+def _reproduce(args, planner: str, names: list[str]) -> str:
+    """The `pipeplan plan` command that makes ``planner``'s plan on these inputs (with the
+    -O options that reached it among the compared ``names``, its prefix dropped)."""
+    from .planners.compare import options_per_planner
+
     parts = ["pipeplan plan", "--model", repr(args.model) if "?" in args.model else args.model,
              "--cluster", args.cluster, "--planner", planner]
     for flag, value in (("--microbatches", args.microbatches), ("--global-batch", args.global_batch),
@@ -212,34 +214,18 @@ def _reproduce(args, planner: str) -> str:
             parts += [flag, str(value)]
     if args.optimizer != "adam":
         parts += ["--optimizer", args.optimizer]
-    parts += [f"-O {o}" for o in _options_of(planner, args.planner_option or [])]
+    parts += [f"-O {k}={v}" for k, v in options_per_planner(names, _options(args))[planner].extra]
     return " ".join(parts + ["--out", "plan.json"])
 
 
-def _options_of(planner: str, items: list[str]) -> list[str]:
-    """The -O items that reach ``planner`` (its prefix dropped): unprefixed keys it declares
-    and PLANNER.KEY ones."""
-    from .planners import get_planner
-    from .planners.base import option_fields
-
-    declared = {f["name"] for f in option_fields(get_planner(planner).options)}
-    out = []
-    for item in items:
-        key, _, value = item.partition("=")
-        target, dot, bare = key.rpartition(".")
-        if (dot and target == planner) or (not dot and key in declared):
-            out.append(f"{bare if dot else key}={value}")
-    return out
-
-
-def _way_out(args, graph, cluster, names: list[str], rows) -> str:
-    """The smallest change that would make a plan fit, computed (``planners.advice``)."""
+def _way_out(args, graph, cluster, names: list[str], results: list) -> str:
+    """The smallest change that would make a plan fit, computed (``planners.advice``);
+    ``results``: the simulations of the plans that overflow."""
     from .planners.advice import what_would_fit
     from .planners.compare import compare
     from .units import fmt_time
 
-    answered = [r for r in rows if r.result is not None]
-    fix = what_would_fit(lambda g, c, o: compare(g, c, names, o), graph, cluster, _options(args), answered)
+    fix = what_would_fit(lambda g, c, o: compare(g, c, names, o), graph, cluster, _options(args), results)
     if fix is None:
         return "neither SGD, smaller microbatches, more memory nor 4x the devices makes one fit"
     return f"one would with {fix.change}: {fix.flags} ({fix.planner}, {fmt_time(fix.iteration_s)} per iteration)"

@@ -85,9 +85,6 @@ class Outputs:
         if path is not None:
             self._items[option] = _Output(option, check_target(option, path, FORMATS[kind]))
 
-    def __contains__(self, option: str) -> bool:
-        return option in self._items
-
     def set(self, option: str, write: Callable[[str], None]) -> None:
         """``write(path)`` writes the output to a path (a temporary file beside the target)."""
         if option in self._items:
@@ -100,9 +97,10 @@ class Outputs:
             for out in self._items.values():
                 if out.write is None:
                     continue
-                done.append((self._temporary(out), out))
-                out.write(done[-1][0])
-                os.chmod(done[-1][0], _mode_for(out.path))
+                tmp = self._temporary(out)
+                done.append((tmp, out))
+                out.write(tmp)
+                os.chmod(tmp, _mode_for(out.path))
             for tmp, out in done:
                 os.replace(tmp, out.path)
         except OSError as e:

@@ -86,12 +86,6 @@ class Plan:
         best found, not the best there is. Planners say so as ``extra[name]["complete"]``."""
         return not any(isinstance(v, dict) and v.get("complete") is False for v in self.extra.values())
 
-    def search_note(self) -> str:
-        """'' or 'incomplete after 60 s', for tables and reports."""
-        if self.search_complete:
-            return ""
-        return f"incomplete after {self.search_s:.3g} s"
-
     def to_dict(self, embed: bool = True) -> dict:
         d: dict[str, Any] = {
             "format": FORMAT, "planner": self.planner, "schedule": self.schedule,

@@ -2,8 +2,7 @@
 the file (and the line where the parser knows it).
 
 Text is UTF-8 (a leading byte-order mark is dropped); JSON objects and YAML mappings may not
-repeat a key, and
-JSON and YAML nested deeper than ``MAX_DEPTH`` are refused rather than crashing the parser.
+repeat a key; a file nested deeper than the parsers' recursion allows is refused, not a crash.
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ from typing import Any
 import yaml
 
 from .errors import PipeplanError
-
-MAX_DEPTH = 64  # no pipeplan file nests deeper than a handful of levels
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
@@ -46,21 +43,7 @@ def _no_duplicates(where: str):
     return hook
 
 
-def _depth(text: str) -> int:
-    """How deep brackets nest (strings ignored only roughly: enough to refuse a bomb)."""
-    depth = deepest = 0
-    for ch in text:
-        if ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
 def parse_json(text: str, where: str) -> Any:
-    if _depth(text) > MAX_DEPTH:
-        raise PipeplanError(f"{where}: nested more than {MAX_DEPTH} levels deep; not a pipeplan file")
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates(where))
     except json.JSONDecodeError as e:
@@ -91,16 +74,15 @@ _StrictLoader.add_implicit_resolver(
 
 
 def parse_yaml(text: str, where: str) -> Any:
-    if _depth(text) > MAX_DEPTH:
-        raise PipeplanError(f"{where}: nested more than {MAX_DEPTH} levels deep; not a pipeplan file")
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
     except yaml.MarkedYAMLError as e:
         line = f":{e.problem_mark.line + 1}" if e.problem_mark is not None else ""
         raise PipeplanError(f"{where}{line}: not valid YAML ({e.problem or e.context})") from None
-    except (yaml.YAMLError, RecursionError) as e:
-        raise PipeplanError(f"{where}: not valid YAML ({str(e).splitlines()[0] if str(e) else 'nested too deeply'})") \
-            from None
+    except yaml.YAMLError as e:
+        raise PipeplanError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise PipeplanError(f"{where}: nested too deeply; not a pipeplan file") from None
 
 
 def load_json(path: str | Path, what: str = "file") -> Any:

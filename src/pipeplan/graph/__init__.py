@@ -43,9 +43,4 @@ def load_graph(spec: str) -> Graph:
             raise PipeplanError(f"model folder {spec!r} has no graph.txt or graph.json")
     if not path.exists():
         raise PipeplanError(f"model {spec!r}: no such file (expected a graph.txt, a .json graph or zoo:NAME)")
-    try:
-        if path.suffix == ".json":
-            return load_native(path)
-        return load_pipedream(path)
-    except (OSError, UnicodeDecodeError) as e:
-        raise PipeplanError(f"model {spec!r}: cannot read it ({e.__class__.__name__})") from None
+    return load_native(path) if path.suffix == ".json" else load_pipedream(path)  # readers: one-line errors

@@ -24,6 +24,7 @@ from ..errors import PipeplanError
 from ..graph import Graph
 from ..graph.scale import profiled_microbatch, with_microbatch
 from ..limits import MAX_MICROBATCHES
+from ..sim import SimResult
 from ..units import fmt_bytes
 from .base import PlanOptions
 
@@ -70,8 +71,9 @@ def _smaller_microbatches(run: Compare, graph: Graph, cluster: Cluster, options:
     return None
 
 
-def _more_memory(run: Compare, graph: Graph, cluster: Cluster, options: PlanOptions, rows: list) -> Fix | None:
-    needs = [float(r.result.memory_bytes.max()) for r in rows if r.result is not None]
+def _more_memory(run: Compare, graph: Graph, cluster: Cluster, options: PlanOptions,
+                 results: list[SimResult]) -> Fix | None:
+    needs = [float(r.memory_bytes.max()) for r in results]
     if not needs:
         return None
     need = min(needs) * 1.001  # the least-overflowing plan's largest device, a hair above
@@ -79,16 +81,17 @@ def _more_memory(run: Compare, graph: Graph, cluster: Cluster, options: PlanOpti
                 f"--memory-limit {need / 2**30:.2f}GiB (on a cluster whose devices have it)")
 
 
-def what_would_fit(run: Compare, graph: Graph, cluster: Cluster, options: PlanOptions, rows: list) -> Fix | None:
+def what_would_fit(run: Compare, graph: Graph, cluster: Cluster, options: PlanOptions,
+                   results: list[SimResult]) -> Fix | None:
     """The first change (module docstring) under which ``run`` finds a plan that fits; None
-    if none of them does. ``rows``: the comparison that found none."""
+    if none of them does. ``results``: the simulations of the plans that overflow."""
     if options.optimizer != "sgd":
         fix = _try(run, graph, cluster, replace(options, optimizer="sgd"), "SGD instead of "
                    f"{options.optimizer} (no optimizer state per weight)", "--optimizer sgd")
         if fix:
             return fix
     fix = (None if options.global_batch is not None else _smaller_microbatches(run, graph, cluster, options)) \
-        or _more_memory(run, graph, cluster, options, rows)
+        or _more_memory(run, graph, cluster, options, results)
     if fix:
         return fix
     for factor in (2, 4):

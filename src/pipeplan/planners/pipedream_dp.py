@@ -100,8 +100,9 @@ def _sync(m: int, params: np.ndarray, bw: float) -> np.ndarray | float:
     (m = 0), never ending over a zero-bandwidth level."""
     if m == 0:
         return 0.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(params > 0, 4 * m * params / bw if bw > 0 else INF, 0.0)
+    if bw <= 0:  # rare: a level without links
+        return np.where(params > 0, INF, 0.0)
+    return 4 * m * params / bw
 
 
 def _solve(init_t: np.ndarray, init_p: np.ndarray, init_stash: np.ndarray,

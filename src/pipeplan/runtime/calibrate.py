@@ -31,7 +31,7 @@ import statistics
 import time
 import traceback
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ from torch import nn
 from ..cluster.build import CALIBRATED
 from ..cluster.model import Cluster, Device
 from ..errors import PipeplanError
-from .steps import allreduce_tensors
+from .steps import MOMENTUM, allreduce_tensors
 
 _SMALL = 4
 _ALL_PAIRS_UP_TO = 8
@@ -58,11 +58,17 @@ def benchmark_description(device: str) -> str:
     return f"4 x (Linear({width}, {width}) + ReLU), batch {batch}, fp32, forward+backward"
 
 
+class _Bench(NamedTuple):
+    times: list[float]  # forward and backward, per iteration
+    update_rates: list[float]  # the optimizer step after each, seconds per parameter byte
+    param_bytes: int  # of the benchmark model's trained parameters
+
+
 def _bench(dev: torch.device, seconds: float, start_barrier: Any = None,
-           model_spec: str | None = None) -> tuple[list[float], list[float]]:
+           model_spec: str | None = None) -> _Bench:
     """Per-iteration times of the benchmark (a fixed MLP, or one microbatch of ``model_spec``)
     forward and backward, and of the optimizer step that follows each (the executor's SGD
-    with momentum, timed apart: seconds per parameter byte), run for about ``seconds``."""
+    with momentum, timed apart), run for about ``seconds``."""
     torch.manual_seed(0)
     if model_spec:
         from .models import load_model
@@ -74,7 +80,7 @@ def _bench(dev: torch.device, seconds: float, start_barrier: Any = None,
         model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(width, width), nn.ReLU())]).to(dev)
         x = torch.randn(batch, width, device=dev)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=1e-6, momentum=0.9)
+    opt = torch.optim.SGD(params, lr=1e-6, momentum=MOMENTUM)
     nbytes = sum(p.numel() * p.element_size() for p in params)
 
     def sync() -> float:
@@ -98,13 +104,7 @@ def _bench(dev: torch.device, seconds: float, start_barrier: Any = None,
     end = time.perf_counter() + seconds
     while time.perf_counter() < end or len(times) < 3:
         times.append(step())
-    return [t for t, _ in times], [u for _, u in times]
-
-
-def _param_bytes(model_spec: str) -> int:
-    from .models import load_model
-
-    return sum(p.numel() * p.element_size() for p in load_model(model_spec)[0].parameters() if p.requires_grad)
+    return _Bench([t for t, _ in times], [u for _, u in times], nbytes)
 
 
 def _allreduce_times(large: int, dev: torch.device) -> list[float]:
@@ -170,16 +170,16 @@ def _worker(rank: int, world: int, port: int, device: str, threads: int, seconds
         dist.init_process_group("nccl" if device == "cuda" else "gloo",
                                 init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=120))
-        compute, update = _bench(dev, seconds, start_barrier=dist.barrier, model_spec=model_spec)
+        shared = _bench(dev, seconds, start_barrier=dist.barrier, model_spec=model_spec)
         solo: list[float] = []
         for r in range(world):  # each worker alone: no contention from the others
             dist.barrier()
             if rank == r:
-                solo = _bench(dev, seconds / 2, model_spec=model_spec)[0]
+                solo = _bench(dev, seconds / 2, model_spec=model_spec).times
         dist.barrier()
         # the collective's size: the model's gradients where it is given (its efficiency
         # depends on the size), else the large message of the links
-        ar_bytes = _param_bytes(model_spec) if model_spec else large
+        ar_bytes = shared.param_bytes if model_spec else large
         allreduce = _allreduce_times(ar_bytes, dev) if world > 1 else []
         dist.barrier()  # links are measured only once every worker has stopped computing
         links = {}
@@ -190,8 +190,9 @@ def _worker(rank: int, world: int, port: int, device: str, threads: int, seconds
                 if rank == a:
                     links[(a, b)] = (small, big)
             dist.barrier()
-        results.put(("ok", rank, {"compute_s": compute, "solo_s": solo, "links": links, "allreduce_s": allreduce,
-                                  "update_s_per_byte": statistics.median(update), "allreduce_bytes": ar_bytes}))
+        results.put(("ok", rank, {"compute_s": shared.times, "solo_s": solo, "links": links, "allreduce_s": allreduce,
+                                  "update_s_per_byte": statistics.median(shared.update_rates),
+                                  "allreduce_bytes": ar_bytes}))
     except BaseException as e:
         where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
         line = (str(e).strip().splitlines() or [""])[0]
@@ -315,7 +316,7 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     torch.set_num_threads(profile_threads)
     try:
         reference = _bench(torch.device("cuda", 0) if device == "cuda" else torch.device("cpu"), seconds,
-                           model_spec=model_spec)[0]
+                           model_spec=model_spec).times
     finally:
         torch.set_num_threads(old)
     got = _run_workers(workers, device, threads, seconds, large, model_spec)

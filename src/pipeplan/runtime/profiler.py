@@ -47,6 +47,7 @@ from torch import nn
 from ..errors import PipeplanError
 from ..graph.model import Graph, NodeSpec
 from .data import squared_error
+from .steps import MOMENTUM
 from .models import load_model
 from .trace import layer_graph
 
@@ -273,7 +274,7 @@ def _update_rate(model: nn.Module, x: torch.Tensor, clock: "_Clock", warmup: int
         return 0.0
     _step(model, x, clock)  # gradients to apply
     saved = [p.detach().clone() for p in params]
-    opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    opt = torch.optim.SGD(params, lr=1e-3, momentum=MOMENTUM)
     times = []
     for r in range(warmup + reps):
         t0 = time.perf_counter()

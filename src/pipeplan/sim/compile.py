@@ -204,7 +204,7 @@ def _add_groups(b: _Builder, plan: Plan, sched: Schedule, groups: list[Group], c
 def _add_updates(b: _Builder, plan: Plan, groups: list[Group], costs: StageCosts) -> None:
     """The optimizer step closes each device's iteration, after its last action
     (``costmodel.update_time``)."""
-    if not (plan.graph.meta.get("update_s_per_byte") or plan.cluster.meta.get("update_s_per_byte")):
+    if update_time(plan.graph.meta, plan.cluster, 1.0, 1.0) <= 0:  # no rate, measured or profiled
         return
     speed = plan.cluster.speed
     for gi, g in enumerate(groups):

@@ -165,11 +165,13 @@ def _simulate(plan: Plan, sched: Schedule, timeline: bool, scale: np.ndarray | N
                             "tasks can run (a device waits for data its order never lets arrive)")
     busy = _busy(tg, len(cl), sched.lanes)
     m_eval = sched.steady_state or sched.microbatches
+    window = None
     if sched.steady_state is not None:
         ar = np.zeros(len(cl))
         for t in np.flatnonzero(tg.kind == Kind.AR).tolist():
             ar[plan.stage_devices()[int(tg.stage[t])]] = tg.dur[t]
-        iteration = steady_iteration(tg, end_a, sched.steady_state, sched.microbatches, busy, ar)
+        window = period(tg, end_a, sched.steady_state, sched.microbatches)
+        iteration = steady_iteration(tg, window, sched.steady_state, sched.microbatches, busy, ar)
         busy = busy * (sched.steady_state / sched.microbatches)
         path = 0.0
     else:
@@ -179,7 +181,6 @@ def _simulate(plan: Plan, sched: Schedule, timeline: bool, scale: np.ndarray | N
     mem = device_memory(tg.groups, costs, plan.optimizer, fspeed, tg.share_f, sched.steady_state is not None)
     stage_devs = plan.stage_devices()
     plan_devs = [d for grp in stage_devs for d in grp]
-    window = period(tg, end_a, sched.steady_state, sched.microbatches) if sched.steady_state is not None else None
     tl = build_timeline(cl, tg, start_a, end_a, iteration, plan_devs, stage_devs, sched.lanes,
                         window) if timeline else None
     extra = {"steady_state_of": sched.steady_state} if sched.steady_state is not None else {}

@@ -24,12 +24,11 @@ def period(tg: TaskGraph, end: np.ndarray, steady: int, m_count: int) -> tuple[f
     return float(last_b0[steady - 1]), float(last_b0[2 * steady - 1])
 
 
-def steady_iteration(tg: TaskGraph, end: np.ndarray, steady: int, m_count: int, busy: np.ndarray,
+def steady_iteration(tg: TaskGraph, window: tuple[float, float], steady: int, m_count: int, busy: np.ndarray,
                      allreduce: np.ndarray) -> float:
-    """``busy`` per device over the whole stream; ``allreduce`` per device (its stage's)."""
-    t0, t1 = period(tg, end, steady, m_count)
-    window = t1 - t0
+    """``window``: the ``period``; ``busy`` per device over the whole stream; ``allreduce``
+    per device (its stage's)."""
     scale = steady / m_count
     chan = tg.chan >= 0
     load = np.bincount(tg.chan[chan], weights=tg.dur[chan]) * scale if chan.any() else np.zeros(1)
-    return max(window, float((busy * scale + allreduce).max(initial=0.0)), float(load.max(initial=0.0)))
+    return max(window[1] - window[0], float((busy * scale + allreduce).max(initial=0.0)), float(load.max(initial=0.0)))

@@ -23,6 +23,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from ..errors import PipeplanError
+from ..outputs import FORMATS
 from ..schedule import Kind
 from ..sim.timeline import Timeline
 
@@ -118,12 +119,12 @@ def draw_gantt(tl: Timeline, path: str | os.PathLike, title: str = "",
     """Draw the timeline as a Gantt chart and write it to ``path`` (``.png``, ``.svg`` or
     ``.pdf``, by its extension)."""
     path = Path(path)
-    fmt = path.suffix.lstrip(".").lower()
-    if fmt not in ("png", "svg", "pdf"):
-        raise PipeplanError(f"{path}: a Gantt chart is written as .png, .svg or .pdf, not {path.suffix or 'no extension'}")
+    if path.suffix.lower() not in FORMATS["figure"]:
+        raise PipeplanError(f"{path}: a Gantt chart is written as {', '.join(FORMATS['figure'])}, "
+                            f"not {path.suffix or 'no extension'}")
     fig = gantt_figure(tl, title, max_labels)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format=fmt, dpi=_DPI)
+    fig.savefig(path, format=path.suffix.lower().lstrip("."), dpi=_DPI)
     fig.clear()
 
 
