@@ -150,3 +150,20 @@ def test_when_nothing_fits_the_computed_way_out_works(capsys):
     assert main(["plan", *argv, "--planner", m.group(2), "--memory-limit", m.group(1), "--json"]) == 0
     out = capsys.readouterr()
     assert not json.loads(out.out)["prediction"]["over_memory"] and "warning" not in out.err
+
+
+def test_compare_table_is_one_line_per_planner_with_one_unit_per_column(capsys):
+    """Reasons go below the table, once and unprefixed twice; each time column has one unit;
+    an empty dp column says why."""
+    import re
+
+    assert main(["compare", "--model", "zoo:bert-large", "--cluster", "1080ti-4x2", "--planners",
+                 "spp,gpipe,exact", "--microbatches", "8"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [ln for ln in out if ln.startswith("│")]
+    assert [r.split("│")[2].split()[0] for r in rows] == ["spp", "gpipe", "exact"], out
+    assert any(ln.startswith("(1) exact: instance too large") for ln in out), out
+    for col in (5, 8):  # iteration, search
+        units = {re.sub(r"[\d.\s]", "", r.split("│")[col]) for r in rows[:2]}
+        assert len(units) == 1, (col, units)
+    assert "speedup vs dp: - everywhere because dp was not compared" in out

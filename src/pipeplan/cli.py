@@ -9,34 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import Infeasible, PipeplanError
 from .outputs import Outputs
+from .progress_bar import planning_progress
 
 
 MODEL_SPEC_HELP = ("example:mlp|transformer|cnn|resnet, hf:gpt2?n_layer=4&... or hf:bert?... (transformers "
                    "from a config), or package.module:factory")
-
-
-@contextmanager
-def _planning_progress(what: str):
-    """A progress bar on a terminal's stderr while planners run (elapsed, estimate left);
-    a no-op when stderr is not a terminal. Yields the callback ``compare`` takes."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(what, total=None)
-
-        def step(name: str, i: int, n: int) -> None:
-            bar.update(task, total=n, completed=i, description=f"{what}: {name} ({i + 1}/{n}; Ctrl-C stops)")
-        yield step
 
 
 def _positive_int(text: str) -> int:
@@ -99,7 +80,7 @@ def cmd_plan(args) -> int:
     outs.want("--out", args.out, "json")
     graph, cluster = _load_inputs(args)
     if args.planner == "best":
-        with _planning_progress("planning") as progress:
+        with planning_progress("planning") as progress:
             row = best(graph, cluster, _options(args), progress=progress)
         plan, result = row.plan, row.result
     else:
@@ -170,7 +151,7 @@ def cmd_compare(args) -> int:
     outs.want("--out", args.out, "json")
     graph, cluster = _load_inputs(args)
     names = args.planners.split(",") if args.planners else default_planners(cluster)
-    with _planning_progress("comparing") as progress:
+    with planning_progress("comparing") as progress:
         rows = compare(graph, cluster, names, _options(args), progress)
     top = best_row(rows) if any(r.result is not None for r in rows) else None
     if top is not None and top.fits:

@@ -110,7 +110,8 @@ def print_compare(rows: list[dict], title: str, console: Console | None = None) 
     notes = []
     for k, r in enumerate(rows, start=1):
         if "error" in r:
-            notes.append(f"{r['planner']}: {r['error']}")
+            reason = str(r["error"])
+            notes.append(reason if reason.startswith(f"{r['planner']}: ") else f"{r['planner']}: {reason}")
             table.add_row("-", r["planner"], *["-"] * (len(cols) - 3), f"[red]no plan ({len(notes)})[/red]")
             continue
         rep = r["replication"]
@@ -130,9 +131,9 @@ def print_compare(rows: list[dict], title: str, console: Console | None = None) 
     if {r["plan"]["replicas"] for r in ok if max(r["replication"]) > 1} == {"split", "round-robin"}:
         console.print("split: a stage's replicas share every microbatch (each holds its share of the "
                       "activations); round-robin: each replica runs whole microbatches in turn (each holds "
-                      "whole microbatches' activations)")
+                      "whole microbatches' activations)", soft_wrap=True)
     if ok and all(r.get("speedup_vs_dp") is None for r in ok):
         dp = next((r for r in rows if r["planner"] == "dp"), None)
         why = "dp was not compared" if dp is None else "dp has no plan" if "error" in dp else \
             "dp's plan does not fit in memory"
-        console.print(f"speedup vs dp: - everywhere because {why}")
+        console.print(f"speedup vs dp: - everywhere because {why}", soft_wrap=True)

@@ -146,6 +146,9 @@ def planner_options(cls: type[T], options: PlanOptions, planner: str) -> T:
     return cls(**values)
 
 
+Estimate = Callable[[Graph, Cluster, PlanOptions], float]
+
+
 @dataclass(frozen=True)
 class NoOptions:
     """The options of a planner that takes none."""
@@ -161,6 +164,7 @@ class PlannerInfo:
     fn: Callable[[Graph, Cluster, PlanOptions], Plan]
     options: type = NoOptions  # the frozen dataclass its -O options parse into
     memory_variants: bool = True  # False: the plan is kept as its program returns it, flagged
+    estimate: Estimate | None = None  # seconds it may take on an instance (None: well under one)
 
     def parse_options(self, options: PlanOptions) -> Any:
         return planner_options(self.options, options, self.name)
@@ -175,16 +179,17 @@ REGISTRY: dict[str, PlannerInfo] = {}
 
 
 def register(name: str, description: str, default_schedule: str, options: type | None = None,
-             memory_variants: bool = True):
+             memory_variants: bool = True, estimate: Estimate | None = None):
     """Register ``fn(graph, cluster, PlanOptions) -> Plan`` under ``name``; ``options``: the
-    frozen dataclass of its ``-O`` options (None: it takes none)."""
+    frozen dataclass of its ``-O`` options (None: it takes none); ``estimate``: how many
+    seconds it may take on an instance, for progress bars (None: well under a second)."""
     if options is not None and not is_dataclass(options):
         raise TypeError(f"planner {name!r}: options must be a dataclass, got {options!r}")
     cls = options or NoOptions
     option_fields(cls)  # a field of an unsupported type fails at import, not at the user
 
     def deco(fn: Callable[[Graph, Cluster, PlanOptions], Plan]):
-        REGISTRY[name] = PlannerInfo(name, description, default_schedule, fn, cls, memory_variants)
+        REGISTRY[name] = PlannerInfo(name, description, default_schedule, fn, cls, memory_variants, estimate)
         return fn
     return deco
 

@@ -110,7 +110,13 @@ def options_per_planner(planners: list[str], options: PlanOptions) -> dict[str, 
     return out
 
 
-Progress = Callable[[str, int, int], None]  # (planner about to run, its index, how many)
+Progress = Callable[[str, int, int, float | None], None]  # (planner about to run, its index, how many,
+#                                                     seconds it may take or None)
+
+
+def _estimate(name: str, graph: Graph, cluster: Cluster, options: PlanOptions) -> float | None:
+    estimate = get_planner(name).estimate
+    return None if estimate is None else estimate(graph, cluster, options)
 
 
 def compare(graph: Graph, cluster: Cluster, planners: list[str], options: PlanOptions,
@@ -118,12 +124,12 @@ def compare(graph: Graph, cluster: Cluster, planners: list[str], options: PlanOp
     """One row per planner: plans that fit first, fastest first; then those that overflow,
     least over first (largest memory / limit); then errors (a planner that cannot plan this
     instance). So the first row is ``best_row``'s choice. ``progress`` is told each planner
-    before it runs."""
+    before it runs, with its estimate (``PlannerInfo.estimate``)."""
     per_planner = options_per_planner(planners, options)  # unknown names and bad options first
     rows = []
     for i, name in enumerate(planners):
         if progress is not None:
-            progress(name, i, len(planners))
+            progress(name, i, len(planners), _estimate(name, graph, cluster, per_planner[name]))
         try:
             plan, result = run_planner(name, graph, cluster, per_planner[name])
             rows.append(CompareRow(name, plan, result))

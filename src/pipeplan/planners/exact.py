@@ -342,17 +342,22 @@ class ExactOptions:
                 "the plan says complete: false"})
 
 
+def _budget_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
+    """The seconds the search may take: ``-O budget`` or the planner time budget."""
+    budget = planner_options(ExactOptions, options, "exact").budget
+    return options.time_budget_s if budget is None else budget
+
+
 @register("exact", "exhaustive search over partitions, replication, mapping, replica order and "
-          "schedules (small instances: <= 12 layers, <= 8 devices)", "best", options=ExactOptions)
+          "schedules (small instances: <= 12 layers, <= 8 devices)", "best", options=ExactOptions,
+          estimate=_budget_s)
 def plan_exact(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """The best simulated plan of a small instance (module docstring)."""
-    budget = planner_options(ExactOptions, options, "exact").budget
     n, v = len(graph), len(cluster)
     if n > MAX_LAYERS or v > MAX_DEVICES:
         raise PipeplanError(f"exact: instance too large ({n} layers, {v} devices; "
                             f"at most {MAX_LAYERS} and {MAX_DEVICES})")
-    budget = options.time_budget_s if budget is None else budget
-    s = _Search(graph, cluster, options, budget)
+    s = _Search(graph, cluster, options, _budget_s(graph, cluster, options))
     _seed(graph, cluster, options, s.best)
     s.search(0, [len(c) for c in s.classes], None, [], np.zeros(2), np.zeros(2))
     plan = s.best.plan or s.best.over_plan

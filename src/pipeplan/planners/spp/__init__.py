@@ -56,7 +56,8 @@ def check_spp_size(layers: int, devices: int, model: str) -> None:
 
 
 @register("spp", "SPP: min-cut device order, DP partition/replication/mapping, PE schedule "
-          "with proven bounds", "spp-pe", options=SppOptions)
+          "with proven bounds", "spp-pe", options=SppOptions,
+          estimate=lambda graph, cluster, options: spp_seconds(len(graph), len(cluster)))
 def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """SPP Alg. 3: PRM for every stage count xi (or the one ``-O stages`` names), each
     simulated under the schedule; the fastest that fits wins (the one that overflows least

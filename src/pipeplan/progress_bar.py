@@ -1,0 +1,62 @@
+"""A progress bar for planning (rich, on a terminal's stderr): which planner runs, elapsed
+time and an estimate of what is left. Within one planner the bar moves with the time the
+planner's own estimate gives it (``PlannerInfo.estimate``), so a long search shows movement,
+not a frozen bar; it never reaches the next planner's mark before that planner starts."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+#: the share of a planner's slot the bar may fill while it runs past its estimate
+CAP = 0.95
+
+
+def fill(i: int, elapsed_s: float, estimate_s: float | None) -> float:
+    """Planners done so far, fractionally: ``i`` finished, the running one ``elapsed_s`` into
+    an ``estimate_s`` (None: no estimate, no movement within it)."""
+    if not estimate_s or estimate_s <= 0:
+        return float(i)
+    return i + min(CAP, elapsed_s / estimate_s)
+
+
+def step_text(what: str, name: str, i: int, n: int, estimate_s: float | None) -> str:
+    """The bar's description while planner ``name`` (``i`` of ``n``, from 0) runs."""
+    hint = f", up to {estimate_s:,.0f} s" if estimate_s and estimate_s >= 1 else ""
+    return f"{what}: {name} ({i + 1}/{n}{hint}; Ctrl-C stops)"
+
+
+@contextmanager
+def planning_progress(what: str, stream=None) -> Iterator[Callable | None]:
+    """Yields the callback ``planners.compare`` takes (planner, index, count, estimate), or
+    None when ``stream`` (default stderr) is not a terminal."""
+    stream = sys.stderr if stream is None else stream
+    if not stream.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    now: dict = {"i": 0, "t0": time.monotonic(), "est": None}
+    stop = threading.Event()
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=Console(file=stream), transient=True) as bar:
+        task = bar.add_task(what, total=None)
+
+        def tick() -> None:
+            while not stop.wait(0.25):
+                bar.update(task, completed=fill(now["i"], time.monotonic() - now["t0"], now["est"]))
+
+        def step(name: str, i: int, n: int, estimate_s: float | None = None) -> None:
+            now.update(i=i, t0=time.monotonic(), est=estimate_s)
+            bar.update(task, total=n, completed=i, description=step_text(what, name, i, n, estimate_s))
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            yield step
+        finally:
+            stop.set()
+            ticker.join()

@@ -1,0 +1,52 @@
+"""The README's example outputs are what the commands print (issue: the "what would fit"
+message on zoo:t5-11b / 1080ti-4x2 and the exact-incomplete mark)."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from pipeplan.cli import main
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _example(command_start: str) -> tuple[list[str], list[str]]:
+    """The README block whose command starts with ``command_start``: (argv, output lines)."""
+    for block in re.findall(r"```\n(.*?)```", README.read_text(), re.S):
+        lines = block.splitlines()
+        if lines and lines[0].startswith("$ " + command_start):
+            return shlex.split(lines[0][2:])[1:], lines[1:]
+    raise AssertionError(f"README has no example of {command_start!r}")
+
+
+def _cells(row: str) -> list[str]:
+    """A table row's cells, less those that vary between runs (search seconds) and those the
+    README elides (``...``)."""
+    cells = [c.strip() for c in row.strip("│┃ ").split("│")]
+    return [c for c in cells if not re.fullmatch(r"[\d.]+ s|\.\.\.", c)]
+
+
+def _within(shown: list[str], printed: list[str]) -> bool:
+    """``shown``'s cells appear in ``printed``, in order."""
+    rest = iter(printed)
+    return all(any(c == p for p in rest) for c in shown)
+
+
+def test_what_would_fit_example(capsys):
+    argv, shown = _example("pipeplan plan --model zoo:t5-11b")
+    assert main(argv) == 0
+    assert " ".join(capsys.readouterr().err.split()) == " ".join(" ".join(shown).split())
+
+
+@pytest.mark.slow
+def test_exact_incomplete_example(capsys):
+    argv, shown = _example("pipeplan compare --model zoo:alexnet")
+    main(argv)
+    printed = capsys.readouterr().out.splitlines()
+    rows = [ln for ln in shown if ln.startswith("│")]
+    assert any("incomplete after 2 s" in r for r in rows) and all(">=" in r for r in rows)
+    table = [ln for ln in printed if ln.startswith("│")]
+    assert len(table) == len(rows) and all(_within(_cells(r), _cells(p)) for r, p in zip(rows, table)), table
+    assert shown[-1] in printed
