@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .errors import Infeasible, PipeplanError
 from .outputs import Outputs
-from .progress_bar import planning_progress
+from .progress_bar import planning_progress, training_progress
 
 
 MODEL_SPEC_HELP = ("example:mlp|transformer|cnn|resnet, hf:gpt2?n_layer=4&... or hf:bert?... (transformers "
@@ -98,6 +98,55 @@ def cmd_plan(args) -> int:
         print_plan(plan, result)
         if args.out:
             print(f"plan written to {args.out}")
+    return 0
+
+
+LEARNING_PLANNERS = ("drl-pp",)
+
+
+def cmd_train(args) -> int:
+    """Train a learning planner; write its checkpoint and learning curve (CSV and PNG beside
+    the checkpoint), print the best plan it found."""
+    import shlex
+
+    from .learn.harness import Budget, save_bytes
+    from .planners.drlpp.run import train_agent
+    from .report import print_plan
+    from .sim import simulate
+    from .units import parse_duration
+
+    if args.agent not in LEARNING_PLANNERS:
+        raise PipeplanError(f"unknown learning planner {args.agent!r} (known: {', '.join(LEARNING_PLANNERS)})")
+    outs = Outputs()
+    outs.want("--out", args.out, "checkpoint")
+    stem = args.out[:-3] if args.out else None
+    outs.want("curve CSV", stem and stem + ".csv", "csv")
+    outs.want("curve PNG", stem and stem + ".png", "figure")
+    if args.planner_option or args.global_batch:
+        raise PipeplanError("train: -O and --global-batch are options of plan and compare, not of train")
+    seconds = parse_duration(args.budget, "--budget") if args.budget else None
+    budget = Budget(seconds=seconds if seconds or args.evaluations else 300.0, evaluations=args.evaluations)
+    graph, cluster = _load_inputs(args)
+    command = shlex.join(["pipeplan", "train", *(args.argv or [])])
+    with training_progress(f"training {args.agent}") as progress:
+        trained = train_agent(graph, cluster, _options(args), budget, args.seed, args.init, progress, command)
+    title = f"{args.agent} on {graph.name} / {cluster.name} (seed {args.seed})"
+    outs.set("--out", lambda p: Path(p).write_bytes(save_bytes(trained.checkpoint)))
+    outs.set("curve CSV", lambda p: Path(p).write_text(trained.curve.csv_text()))
+    outs.set("curve PNG", lambda p: trained.curve.figure(title).savefig(p, format="png"))
+    outs.write_all()
+    summary = {k: trained.checkpoint["trained_on"][k] for k in ("evaluations", "seconds", "best_iteration_s")}
+    summary["updates"] = len(trained.curve.points)
+    if args.json:
+        print(json.dumps({**summary, "checkpoint": args.out, "plan": trained.plan.to_dict()}))
+        return 0
+    print_plan(trained.plan, simulate(trained.plan, timeline=False), searched=False)
+    print(f"trained {summary['updates']} updates, {summary['evaluations']:,} plans scored in "
+          f"{summary['seconds']:.1f} s")
+    if args.out:
+        print(f"checkpoint written to {args.out} (curve: {stem}.csv, {stem}.png); plan with it: pipeplan plan "
+              f"--model {shlex.quote(args.model)} --cluster {shlex.quote(args.cluster)} --planner {args.agent} "
+              f"-O checkpoint={shlex.quote(args.out)}")
     return 0
 
 
@@ -513,6 +562,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_run_parser(sub)
 
+    sp = sub.add_parser("train", help="train a learning planner (drl-pp) on a model and cluster; save a checkpoint")
+    sp.add_argument("agent", metavar="NAME", help=f"the learning planner: {', '.join(LEARNING_PLANNERS)}")
+    model_cluster(sp)
+    sp.add_argument("--schedule", default=None, help=f"{', '.join(_schedule_names())} (default 1f1b)")
+    sp.add_argument("--budget", default=None, help="wall-clock budget, e.g. 90s, 3m, 1h (default 5m unless "
+                                                   "--evaluations is given)")
+    sp.add_argument("--evaluations", type=_positive_int, default=None,
+                    help="budget in plans scored (reproducible, unlike wall-clock)")
+    sp.add_argument("--seed", type=int, default=0, help="seed of the weights and samples (default 0)")
+    sp.add_argument("--init", help="start from this checkpoint (fine-tune) instead of from scratch")
+    sp.add_argument("--out", help="write the checkpoint (.pt) here, and its learning curve as .csv and .png beside it")
+    sp.set_defaults(fn=cmd_train)
+
     sp = sub.add_parser("planners", help="list the planners, their default schedules and options")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_planners)
@@ -528,6 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[2:] if argv is None else argv[1:])  # the command, for checkpoints to cite
     try:
         return args.fn(args)
     except (PipeplanError, Infeasible) as e:

@@ -20,7 +20,8 @@ from typing import Callable
 from .errors import PipeplanError
 
 #: Formats by kind of output (the extension decides; anything else is refused).
-FORMATS = {"json": (".json",), "yaml": (".yaml", ".yml"), "figure": (".png", ".svg", ".pdf")}
+FORMATS = {"json": (".json",), "yaml": (".yaml", ".yml"), "figure": (".png", ".svg", ".pdf"),
+           "checkpoint": (".pt",), "csv": (".csv",)}
 
 
 @dataclass

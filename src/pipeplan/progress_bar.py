@@ -60,3 +60,30 @@ def planning_progress(what: str, stream=None) -> Iterator[Callable | None]:
         finally:
             stop.set()
             ticker.join()
+
+
+def training_text(what: str, best_s: float, updates: int, evaluations: int) -> str:
+    """The bar's description while an agent trains: the best plan so far."""
+    best = "none yet" if not best_s < float("inf") else f"{best_s * 1e3:,.1f} ms"
+    return f"{what}: best {best}, {updates} updates, {evaluations:,} plans scored (Ctrl-C stops)"
+
+
+@contextmanager
+def training_progress(what: str, stream=None) -> Iterator[Callable | None]:
+    """Yields the callback a training loop takes (``learn.harness.Progress``: the latest
+    curve point and the fraction of the budget spent), or None off a terminal."""
+    stream = sys.stderr if stream is None else stream
+    if not stream.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=Console(file=stream), transient=True) as bar:
+        task = bar.add_task(what, total=1.0)
+
+        def update(point, fraction: float) -> None:
+            bar.update(task, completed=fraction,
+                       description=training_text(what, point.best_iteration_s, point.step, point.evaluations))
+        yield update

@@ -4,6 +4,7 @@ Accepted spellings (case-sensitive for the b/B distinction):
   bytes:      ``123B``, ``32GiB``, ``16GB``, ``512MiB``, ``1.5TB`` (KB/MB/GB/TB decimal, KiB.. binary)
   bandwidth:  ``128Gbps``, ``50Gb/s``, ``10GB/s``, ``900MB/s``, ``1e9B/s``
   time:       ``5ms``, ``2us``, ``3ns``, ``1.5s``
+  duration:   ``90s``, ``3m``, ``1h`` (training budgets; ``m`` is minutes)
 Text needs its unit (``intra=128`` is refused, not read as 128 bytes/s), except ``0``; a
 number in a JSON or YAML file (not a string) is in the base unit: bytes, bytes/s, seconds.
 """
@@ -83,6 +84,20 @@ def parse_time(text: object, what: str = "time") -> float:
     if not m:
         raise PipeplanError(f"{what}: cannot read {text!r} as a time (e.g. 5ms, 2us, 0.1)")
     return _finite_nonneg(float(m.group(1)) * _TIME_SCALE[m.group(2)], text, what)
+
+
+_DURATION_RE = re.compile(rf"^{_NUM}\s*(s|m|min|h)$")
+
+
+def parse_duration(text: object, what: str = "budget") -> float:
+    """A budget: ``'90s'``, ``'3m'`` (minutes), ``'1h'`` -> seconds (> 0)."""
+    m = _DURATION_RE.match(str(text).strip())
+    if not m:
+        raise PipeplanError(f"{what}: cannot read {text!r} as a duration (e.g. 90s, 3m, 1h)")
+    value = float(m.group(1)) * {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[m.group(2)]
+    if not (math.isfinite(value) and value > 0):
+        raise PipeplanError(f"{what} must be positive, got {text!r}")
+    return value
 
 
 def fmt_bytes(n: float) -> str:

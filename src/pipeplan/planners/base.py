@@ -165,6 +165,7 @@ class PlannerInfo:
     options: type = NoOptions  # the frozen dataclass its -O options parse into
     memory_variants: bool = True  # False: the plan is kept as its program returns it, flagged
     estimate: Estimate | None = None  # seconds it may take on an instance (None: well under one)
+    in_best: bool = True  # run by ``best`` and a compare without --planners
 
     def parse_options(self, options: PlanOptions) -> Any:
         return planner_options(self.options, options, self.name)
@@ -179,17 +180,19 @@ REGISTRY: dict[str, PlannerInfo] = {}
 
 
 def register(name: str, description: str, default_schedule: str, options: type | None = None,
-             memory_variants: bool = True, estimate: Estimate | None = None):
+             memory_variants: bool = True, estimate: Estimate | None = None, in_best: bool = True):
     """Register ``fn(graph, cluster, PlanOptions) -> Plan`` under ``name``; ``options``: the
     frozen dataclass of its ``-O`` options (None: it takes none); ``estimate``: how many
-    seconds it may take on an instance, for progress bars (None: well under a second)."""
+    seconds it may take on an instance, for progress bars (None: well under a second);
+    ``in_best``: False for planners run only when named (a yardstick, a learning agent)."""
     if options is not None and not is_dataclass(options):
         raise TypeError(f"planner {name!r}: options must be a dataclass, got {options!r}")
     cls = options or NoOptions
     option_fields(cls)  # a field of an unsupported type fails at import, not at the user
 
     def deco(fn: Callable[[Graph, Cluster, PlanOptions], Plan]):
-        REGISTRY[name] = PlannerInfo(name, description, default_schedule, fn, cls, memory_variants, estimate)
+        REGISTRY[name] = PlannerInfo(name, description, default_schedule, fn, cls, memory_variants, estimate,
+                                     in_best)
         return fn
     return deco
 

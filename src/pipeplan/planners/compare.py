@@ -75,11 +75,12 @@ class CompareRow:
 
 
 def default_planners(cluster: Cluster) -> list[str]:
-    """Every planner but the exhaustive yardstick (``exact``); ``resalloc`` (an asynchronous
-    forward/backward steady state) where some device has several resources."""
+    """Every planner but those run only when named (the exhaustive yardstick ``exact``, the
+    learning agents); ``resalloc`` (an asynchronous forward/backward steady state) where some
+    device has several resources."""
     get_planner("dp")  # loads the registry
     multi = any(len(d.resources) > 1 for d in cluster.devices)
-    return sorted(n for n in REGISTRY if n != "exact" and (n != "resalloc" or multi))
+    return sorted(n for n, info in REGISTRY.items() if info.in_best and (n != "resalloc" or multi))
 
 
 def options_per_planner(planners: list[str], options: PlanOptions) -> dict[str, PlanOptions]:

@@ -350,7 +350,7 @@ def _budget_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
 
 @register("exact", "exhaustive search over partitions, replication, mapping, replica order and "
           "schedules (small instances: <= 12 layers, <= 8 devices)", "best", options=ExactOptions,
-          estimate=_budget_s)
+          estimate=_budget_s, in_best=False)
 def plan_exact(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """The best simulated plan of a small instance (module docstring)."""
     n, v = len(graph), len(cluster)

@@ -1,0 +1,78 @@
+"""Rewards for the learning planners and the search baselines, from the batched evaluator.
+
+A candidate is ``part[u]`` (the partition of node u, in stage order) and ``device_part[d]``
+(the partition device d holds). Candidates with the same number of partitions are scored in
+one call of a ``BatchEvaluator`` for that stage count. The reward is DRL-PP's Eq. 2,
+``-ln(iteration time)``; a plan that overflows a device's memory loses ``1 + ln(worst
+memory / limit)`` more (it cannot run, and more overflow is worse); one that cannot run at
+all (no link between stages that talk) scores as a plan e^3 times slower than running the
+whole model on one reference device. Every candidate scored counts as one evaluation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..graph import Graph
+from ..plan import Plan
+from ..sim.batch import BatchEvaluator
+
+OVER_MEMORY_PENALTY = 1.0
+INFEASIBLE_PENALTY = 3.0
+
+
+@dataclass
+class Scores:
+    """Per candidate: ``iteration_s`` (inf if it cannot run), ``fits`` and ``reward``."""
+
+    iteration_s: np.ndarray
+    fits: np.ndarray
+    reward: np.ndarray
+
+
+class Scorer:
+    """Scores candidates of one (graph, cluster) under one schedule; counts evaluations."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, microbatches: int, schedule: str,
+                 replicas: str = "round-robin", optimizer: str = "adam") -> None:
+        self.graph, self.cluster = graph, cluster
+        self.microbatches, self.schedule, self.replicas, self.optimizer = microbatches, schedule, replicas, optimizer
+        self.evaluators: dict[int, BatchEvaluator] = {}
+        self.evaluations = 0
+        serial = float(graph.fwd.sum() + graph.bwd.sum()) * microbatches
+        self.infeasible_reward = -np.log(max(serial, 1e-12)) - INFEASIBLE_PENALTY
+
+    def evaluator(self, partitions: int) -> BatchEvaluator:
+        if partitions not in self.evaluators:
+            self.evaluators[partitions] = BatchEvaluator(self.graph, self.cluster, partitions, self.microbatches,
+                                                         self.schedule, self.replicas, self.optimizer)
+        return self.evaluators[partitions]
+
+    def score(self, part: np.ndarray, device_part: np.ndarray) -> Scores:
+        """Scores of candidates ``part`` (B, nodes) and ``device_part`` (B, devices)."""
+        part, device_part = np.atleast_2d(part), np.atleast_2d(device_part)
+        count = part.shape[0]
+        it = np.full(count, np.inf)
+        fits = np.zeros(count, dtype=bool)
+        reward = np.full(count, self.infeasible_reward)
+        k = part.max(axis=1) + 1
+        for partitions in np.unique(k):
+            idx = np.flatnonzero(k == partitions)
+            res = self.evaluator(int(partitions)).evaluate(part[idx], device_part[idx])
+            ok = res.feasible
+            ratio = np.max(res.memory_bytes / res.memory_limit[None, :], axis=1)
+            over = ratio > 1.0
+            with np.errstate(divide="ignore"):
+                r = -np.log(res.iteration_s) - np.where(over, OVER_MEMORY_PENALTY + np.log(np.maximum(ratio, 1.0)), 0)
+            it[idx[ok]] = res.iteration_s[ok]
+            fits[idx] = ok & ~over
+            reward[idx[ok]] = r[ok]
+        self.evaluations += count
+        return Scores(it, fits, reward)
+
+    def plan(self, part: np.ndarray, device_part: np.ndarray) -> Plan:
+        """The Plan of one candidate."""
+        return self.evaluator(int(part.max()) + 1).plan(part, device_part)

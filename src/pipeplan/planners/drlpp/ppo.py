@@ -1,0 +1,401 @@
+"""DRL-PP (drl-pp.txt): a PPO agent that partitions a model's DAG and places the partitions.
+
+One module, top to bottom: the hyper-parameters (``Config``), the agent (graph encoder §3.1,
+recurrent partitioner §3.2 / Algorithm 1, pipeline scheduler §3.3), how it samples a plan,
+and the PPO loop that trains the three parts jointly (§3.4). Choices the paper leaves open
+are in ``Config`` and in docs/drlpp.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...cluster import Cluster
+from ...graph import Graph
+from ...learn.features import NODE_FEATURES, adjacency, node_features
+from ...learn.gcn import GraphEncoder
+from ...learn.harness import Budget, Curve, Point, Progress, seed_everything
+from ...learn.partition import Ancestors, PartitionState, placement_valid
+from ...learn.scoring import Scorer
+
+
+@dataclass(frozen=True)
+class Config:
+    # the agent (§4.2)
+    gcn_widths: tuple[int, ...] = (32, 64, 128)
+    hidden: int = 128  # LSTM and MLP units
+    accelerator_embedding: int = 128
+    temperature: float = 3.0  # T of Algorithm 1: the cut action's score is lowered by T (docs/drlpp.md)
+    # sampling (§3.4): placements per partition scheme; invalid placements drawn again (§3.3)
+    schemes_per_update: int = 8
+    placements_per_scheme: int = 4
+    resample_rounds: int = 4
+    # PPO (Schulman et al. 2017); the paper gives none of these
+    learning_rate: float = 1e-3
+    epochs: int = 4
+    clip: float = 0.2
+    entropy_coef: float = 0.01
+    baseline_decay: float = 0.9  # the baseline is a moving average of the schemes' rewards
+    max_grad_norm: float = 1.0
+    seed: int = 0
+
+
+# -- the agent -------------------------------------------------------------------------------
+
+def _mlp(inputs: int, hidden: int) -> nn.Sequential:
+    """A one-hidden-layer perceptron giving one score."""
+    return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+
+class Agent(nn.Module):
+    """Graph encoder, graph cutter and candidate selector (Alg. 1), pipeline scheduler."""
+
+    def __init__(self, cfg: Config, devices: int) -> None:
+        super().__init__()
+        width = cfg.gcn_widths[-1]
+        self.cfg, self.devices = cfg, devices
+        self.encoder = GraphEncoder(NODE_FEATURES, cfg.gcn_widths)
+        self.cutter = nn.LSTMCell(width, cfg.hidden)  # encodes partition summaries (line 13)
+        self.selector = nn.LSTMCell(width, cfg.hidden)  # reads a partition's nodes, then a candidate
+        self.cut_score = _mlp(cfg.hidden, cfg.hidden)  # S_{G_k} (line 14)
+        self.candidate_score = _mlp(cfg.hidden, cfg.hidden)  # S_{v_i} (line 15)
+        self.accelerators = nn.Embedding(devices, cfg.accelerator_embedding)  # §3.3
+        self.pair_score = _mlp(width + cfg.accelerator_embedding, cfg.hidden)
+
+
+@dataclass
+class Scheme:
+    """One partition scheme and the placements sampled for it."""
+
+    trajectory: Trajectory  # Algorithm 1's steps
+    part: np.ndarray
+    logp: float = 0.0
+    placements: list[np.ndarray] = field(default_factory=list)
+    placement_logp: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)  # per placement (penalty if invalid)
+    valid: list[bool] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # predicted iteration time per placement
+
+    @property
+    def reward(self) -> float:
+        """§3.4: the mean reward of its valid placements."""
+        ok = [r for r, v in zip(self.rewards, self.valid) if v]
+        return float(np.mean(ok)) if ok else min(self.rewards)
+
+
+# -- Algorithm 1: the recurrent partitioner ---------------------------------------------------
+
+@dataclass
+class Step:
+    """One step of Algorithm 1 as taken: partition ``k`` held ``joined`` nodes; ``starting``:
+    it picked the partition's first node (no cut offered); ``grows``: cutter steps before it;
+    ``candidates``: V_c; ``choice``: the index taken among [cut] + candidates (or candidates)."""
+
+    k: int
+    joined: int
+    starting: bool
+    grows: int
+    candidates: np.ndarray
+    choice: int
+    logp: float  # of the choice, when it was sampled
+
+
+@dataclass
+class Trajectory:
+    """Algorithm 1's steps on one scheme and each partition's nodes in the order they joined."""
+
+    steps: list[Step]
+    orders: list[list[int]]
+    actions: list[int]
+
+
+def walk(agent: Agent, h: torch.Tensor, state: PartitionState,
+         generator: torch.Generator | None = None) -> tuple[Trajectory, float]:
+    """Sample Algorithm 1 on ``state`` (no gradients); the trajectory and its log-probability.
+
+    The cutter LSTM reads the current partition's summary (the sum of its nodes'
+    representations) at every step that may cut, starting from zeros (line 1); the selector
+    LSTM starts each partition from the cutter's encoding of the previous one (H~_{G_{k-1}}),
+    reads the partition's nodes in the order they joined, and scores each candidate as one
+    more step (line 15). The cut's score is the current partition's score minus T (lines
+    9-14; docs/drlpp.md). ``replay`` recomputes the same figures in a few batched calls."""
+    cfg, n = agent.cfg, state.actions.nodes
+    zero = h.new_zeros(1, cfg.hidden)
+    cut_state, sel_state = (zero, zero), (zero, zero)
+    fed, grows, steps, logp = 0, 0, [], 0.0
+    while state.partitioning:
+        cand = np.flatnonzero(state.candidates())
+        joined = int((state.part == state.k).sum())
+        if state.starting:  # a new partition: the selector starts from H~_{G_{k-1}}
+            sel_state, fed = cut_state, len(state.added)
+        else:
+            for u in state.added[fed:]:
+                sel_state = agent.selector(h[u:u + 1], sel_state)
+            fed = len(state.added)
+            summary = h[torch.as_tensor(np.flatnonzero(state.part == state.k))].sum(0, keepdim=True)
+            cut_state = agent.cutter(summary, cut_state)
+            grows += 1
+        hc = agent.selector(h[torch.as_tensor(cand)], (sel_state[0].expand(len(cand), -1),
+                                                        sel_state[1].expand(len(cand), -1)))
+        scores = agent.candidate_score(hc[0]).squeeze(1)
+        if not state.starting:
+            scores = torch.cat([agent.cut_score(cut_state[0]).view(1) - cfg.temperature, scores])
+        logp_all = torch.log_softmax(scores, dim=0)
+        i = int(torch.multinomial(logp_all.exp(), 1, generator=generator))
+        logp += float(logp_all[i])
+        steps.append(Step(state.k, joined, state.starting, grows - (0 if state.starting else 1), cand, i,
+                          float(logp_all[i])))
+        state.step(n if (not state.starting and i == 0) else int(cand[i - (0 if state.starting else 1)]))
+    orders = [[u for u in state.added if state.part[u] == k] for k in range(state.num_partitions)]
+    return Trajectory(steps, orders, []), logp
+
+
+def replay(agent: Agent, h: torch.Tensor, trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every step's log-probability and entropy under the agent now (with gradients), and
+    the trajectory each step belongs to: the figures of ``walk``, batched over trajectories
+    and steps (one LSTM call per time step of the longest sequence, one for every candidate
+    of every step)."""
+    cfg = agent.cfg
+    if not any(tr.steps for tr in trajs):  # one device: nothing was chosen
+        return h.new_zeros(0), h.new_zeros(0), torch.zeros(0, dtype=torch.long)
+    cut_h, cut_c, cut_at = _cutter_states(agent, h, trajs)
+    sel_h, sel_c, sel_at = _selector_states(agent, h, trajs, cut_h, cut_c, cut_at)
+    rows, cands, nodes, traj_of = [], [], [], []
+    for t, tr in enumerate(trajs):
+        for st in tr.steps:
+            rows.append(sel_at[(t, st.k)] + st.joined)
+            cands.append(len(st.candidates))
+            nodes.extend(st.candidates.tolist())
+            traj_of.append(t)
+    rows_t = torch.as_tensor(np.repeat(rows, cands))
+    hc = agent.selector(h[torch.as_tensor(nodes)], (sel_h[rows_t], sel_c[rows_t]))
+    cand_scores = agent.candidate_score(hc[0]).squeeze(1)
+    steps = [st for tr in trajs for st in tr.steps]
+    width = max(cands) + 1
+    logits = torch.full((len(steps), width), -torch.inf, dtype=h.dtype)
+    offset = torch.as_tensor([0 if st.starting else 1 for st in steps])
+    col = torch.as_tensor(np.concatenate([np.arange(c) for c in cands])) + torch.repeat_interleave(
+        offset, torch.as_tensor(cands))
+    logits[torch.repeat_interleave(torch.arange(len(steps)), torch.as_tensor(cands)), col] = cand_scores
+    grow = [j for j, st in enumerate(steps) if not st.starting]
+    if grow:
+        at = torch.as_tensor([cut_at[traj_of[j]] + steps[j].grows + 1 for j in grow])
+        logits[torch.as_tensor(grow), 0] = agent.cut_score(cut_h[at]).squeeze(1) - cfg.temperature
+    logp_all = torch.log_softmax(logits, dim=1)
+    chosen = logp_all[torch.arange(len(steps)), torch.as_tensor([st.choice for st in steps])]
+    probs = logp_all.exp()
+    entropy = -(probs * torch.where(probs > 0, logp_all, torch.zeros_like(logp_all))).sum(1)
+    return chosen, entropy, torch.as_tensor(traj_of)
+
+
+def _cutter_states(agent: Agent, h: torch.Tensor, trajs: list[Trajectory]):
+    """The cutter's (h, c) after each grow step of each trajectory, stacked: trajectory t's
+    state after g grow steps is row ``at[t] + g`` (row ``at[t]``: zeros)."""
+    cfg = agent.cfg
+    summaries = []
+    for tr in trajs:
+        seq = [h[torch.as_tensor(tr.orders[st.k][:st.joined])].sum(0) for st in tr.steps if not st.starting]
+        summaries.append(torch.stack(seq) if seq else h.new_zeros(0, h.shape[1]))
+    length = max(len(s) for s in summaries)
+    x = h.new_zeros(len(trajs), max(length, 1), h.shape[1])
+    for t, s in enumerate(summaries):
+        x[t, :len(s)] = s
+    hs, cs = [h.new_zeros(len(trajs), cfg.hidden)], [h.new_zeros(len(trajs), cfg.hidden)]
+    for g in range(length):
+        nh, nc = agent.cutter(x[:, g], (hs[-1], cs[-1]))
+        hs.append(nh)
+        cs.append(nc)
+    hh, cc = torch.stack(hs, 1), torch.stack(cs, 1)  # (trajs, length + 1, hidden)
+    at = [t * (length + 1) for t in range(len(trajs))]
+    return hh.reshape(-1, cfg.hidden), cc.reshape(-1, cfg.hidden), at
+
+
+def _selector_states(agent: Agent, h: torch.Tensor, trajs: list[Trajectory], cut_h, cut_c, cut_at):
+    """The selector's (h, c) after j nodes of each partition of each trajectory, stacked:
+    row ``at[(t, k)] + j``; it starts from the cutter's state when the partition began."""
+    cfg = agent.cfg
+    pairs, init = [], []
+    for t, tr in enumerate(trajs):
+        starts = {st.k: st.grows for st in tr.steps if st.starting}
+        for k, order in enumerate(tr.orders):
+            if k in starts:
+                pairs.append((t, k, order))
+                init.append(cut_at[t] + starts[k])
+    length = max((len(o) for _, _, o in pairs), default=0)
+    hi, ci = cut_h[torch.as_tensor(init)], cut_c[torch.as_tensor(init)]
+    hs, cs = [hi], [ci]
+    for j in range(length):
+        idx = torch.as_tensor([o[j] if j < len(o) else 0 for _, _, o in pairs])
+        nh, nc = agent.selector(h[idx], (hs[-1], cs[-1]))
+        hs.append(nh)
+        cs.append(nc)
+    hh, cc = torch.stack(hs, 1), torch.stack(cs, 1)
+    at = {(t, k): i * (length + 1) for i, (t, k, _) in enumerate(pairs)}
+    return hh.reshape(-1, cfg.hidden), cc.reshape(-1, cfg.hidden), at
+
+
+# -- §3.3: the pipeline scheduler ------------------------------------------------------------
+
+def placement_logits(agent: Agent, h: torch.Tensor, part: np.ndarray) -> torch.Tensor:
+    """(devices, partitions) log-probabilities: each accelerator's softmax over partitions
+    (column-wise, Fig. 4b) of the pair scores MLP(accelerator embedding || partition summary)."""
+    k = int(part.max()) + 1
+    onehot = torch.zeros(k, len(part), dtype=h.dtype)
+    onehot[torch.as_tensor(part), torch.arange(len(part))] = 1.0
+    summaries = onehot @ h  # (k, width)
+    emb = agent.accelerators.weight  # (devices, emb)
+    pairs = torch.cat([emb[:, None, :].expand(-1, k, -1), summaries[None, :, :].expand(len(emb), -1, -1)], dim=-1)
+    return torch.log_softmax(agent.pair_score(pairs).squeeze(-1), dim=1)
+
+
+def sample_placements(logits: torch.Tensor, count: int, generator: torch.Generator | None) -> np.ndarray:
+    """``count`` placements (count, devices): each device samples its partition."""
+    return torch.multinomial(logits.exp(), count, replacement=True, generator=generator).T.numpy()
+
+
+def placement_logp(logits: torch.Tensor, placements: np.ndarray) -> torch.Tensor:
+    """Log-probability of each placement (sum over devices)."""
+    idx = torch.as_tensor(placements)
+    return logits[torch.arange(logits.shape[0])[None, :], idx].sum(dim=1)
+
+
+# -- sampling plans --------------------------------------------------------------------------
+
+class Instance:
+    """A (graph, cluster) pair as tensors, with the scorer of its plans."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, scorer: Scorer) -> None:
+        self.graph, self.cluster, self.scorer = graph, cluster, scorer
+        self.x = torch.as_tensor(node_features(graph))
+        self.adj = torch.as_tensor(adjacency(graph))
+        self.ancestors = Ancestors(graph)
+
+    def state(self) -> PartitionState:
+        return PartitionState(self.graph, len(self.cluster), self.ancestors)
+
+
+def sample_schemes(agent: Agent, inst: Instance, count: int, generator: torch.Generator) -> list[Scheme]:
+    """``count`` partition schemes, each with placements sampled until
+    ``placements_per_scheme`` are valid or ``resample_rounds`` rounds are spent; then every
+    placement scored in one batch (an invalid one gets the scorer's infeasible reward)."""
+    cfg = agent.cfg
+    with torch.no_grad():
+        h = agent.encoder(inst.x, inst.adj)
+        schemes = []
+        for _ in range(count):
+            state = inst.state()
+            traj, logp = walk(agent, h, state, generator)
+            scheme = Scheme(traj, state.part.copy(), logp)
+            logits = placement_logits(agent, h, scheme.part)
+            k = int(scheme.part.max()) + 1
+            for _ in range(cfg.resample_rounds):
+                drawn = sample_placements(logits, cfg.placements_per_scheme, generator)
+                scheme.placements.extend(drawn)
+                scheme.placement_logp.extend(placement_logp(logits, drawn).tolist())
+                scheme.valid.extend(placement_valid(p, k) for p in drawn)
+                if sum(scheme.valid) >= cfg.placements_per_scheme:
+                    break
+            schemes.append(scheme)
+    _score(schemes, inst.scorer)
+    return schemes
+
+
+def _score(schemes: list[Scheme], scorer: Scorer) -> None:
+    rows = [(s, j) for s in schemes for j, ok in enumerate(s.valid) if ok]
+    for s in schemes:
+        s.rewards = [scorer.infeasible_reward] * len(s.placements)
+        s.times = [np.inf] * len(s.placements)
+    if rows:
+        res = scorer.score(np.stack([s.part for s, _ in rows]), np.stack([s.placements[j] for s, j in rows]))
+        for (s, j), r, t in zip(rows, res.reward, res.iteration_s):
+            s.rewards[j], s.times[j] = float(r), float(t)
+
+
+# -- §3.4: PPO -------------------------------------------------------------------------------
+
+def ppo_update(agent: Agent, opt: torch.optim.Optimizer, inst: Instance, schemes: list[Scheme],
+               baseline: float) -> None:
+    """Clipped PPO on the partitioner (each step of Algorithm 1, advantage: its scheme's
+    reward minus the baseline) and on the scheduler (each placement, advantage: its reward
+    minus the baseline), advantages divided by their spread in the batch."""
+    cfg = agent.cfg
+    adv_s = np.array([s.reward for s in schemes]) - baseline
+    adv_p = np.concatenate([np.array(s.rewards) for s in schemes]) - baseline
+    spread = max(float(np.concatenate([adv_s, adv_p]).std()), 1e-6)
+    adv_s, adv_p = torch.as_tensor(adv_s / spread), torch.as_tensor(adv_p / spread)
+    old_s = torch.tensor([st.logp for s in schemes for st in s.trajectory.steps], dtype=torch.float64)
+    old_p = torch.tensor([lp for s in schemes for lp in s.placement_logp], dtype=torch.float64)
+    for _ in range(cfg.epochs):
+        h = agent.encoder(inst.x, inst.adj)
+        new_s, ent, owner = replay(agent, h, [s.trajectory for s in schemes])
+        new_p = [placement_logp(placement_logits(agent, h, s.part), np.stack(s.placements)) for s in schemes]
+        loss = (_clipped(new_s, old_s, adv_s[owner], cfg.clip) if len(owner) else 0.0) + \
+            _clipped(torch.cat(new_p), old_p, adv_p, cfg.clip) - cfg.entropy_coef * (ent.mean() if len(ent) else 0.0)
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+        opt.step()
+
+
+def _clipped(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, clip: float) -> torch.Tensor:
+    ratio = torch.exp(new.double() - old)
+    return -torch.min(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv).mean()
+
+
+# -- the training loop -----------------------------------------------------------------------
+
+@dataclass
+class Best:
+    """The best plan seen: its reward, partition and placement."""
+
+    reward: float = -np.inf
+    part: np.ndarray | None = None
+    device_part: np.ndarray | None = None
+    iteration_s: float = np.inf
+
+    def offer(self, schemes: list[Scheme]) -> None:
+        for s in schemes:
+            for p, r, t, ok in zip(s.placements, s.rewards, s.times, s.valid):
+                if ok and r > self.reward:
+                    self.reward, self.part, self.device_part, self.iteration_s = r, s.part, p, t
+
+
+def train(agent: Agent, inst: Instance, budget: Budget, progress: Progress | None = None,
+          best: Best | None = None) -> tuple[Best, Curve]:
+    """PPO until the budget is spent (at least one update): sample schemes and placements,
+    score them, keep the best plan, update the baseline and the agent (§3.4)."""
+    cfg = agent.cfg
+    generator = torch.Generator().manual_seed(cfg.seed)
+    opt = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate)
+    best, curve, baseline, step = best or Best(), Curve(), None, 0
+    while step == 0 or budget.left(inst.scorer.evaluations):
+        schemes = sample_schemes(agent, inst, cfg.schemes_per_update, generator)
+        best.offer(schemes)
+        mean = float(np.mean([s.reward for s in schemes]))
+        baseline = mean if baseline is None else cfg.baseline_decay * baseline + (1 - cfg.baseline_decay) * mean
+        ppo_update(agent, opt, inst, schemes, baseline)
+        step += 1
+        point = Point(step, budget.elapsed, inst.scorer.evaluations, mean, baseline, best.iteration_s)
+        curve.add(point)
+        if progress is not None:
+            progress(point, budget.fraction(inst.scorer.evaluations))
+    return best, curve
+
+
+def sample_best(agent: Agent, inst: Instance, schemes: int, best: Best | None = None) -> Best:
+    """Plan with a trained agent: sample ``schemes`` schemes (and their placements), keep the
+    best scored plan."""
+    generator = torch.Generator().manual_seed(agent.cfg.seed)
+    best = best or Best()
+    best.offer(sample_schemes(agent, inst, schemes, generator))
+    return best
+
+
+def new_agent(cfg: Config, devices: int) -> Agent:
+    seed_everything(cfg.seed)
+    return Agent(cfg, devices)
+

@@ -1,0 +1,95 @@
+"""DRL-PP as a planner and as ``pipeplan train drl-pp``: build the agent (new or from a
+checkpoint), train it within a budget, sample plans, and return the best as a Plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...cluster import Cluster
+from ...errors import PipeplanError
+from ...graph import Graph
+from ...learn.harness import Budget, Curve, Progress, checkpoint, load_checkpoint
+from ...learn.scoring import Scorer
+from ...plan import Plan
+from ..base import PlanOptions
+from .ppo import Agent, Best, Config, Instance, new_agent, sample_best, train
+
+AGENT = "drl-pp"
+REPLICAS = "round-robin"  # a partition on several accelerators is data-parallel (§3.3, PipeDream's)
+
+
+@dataclass
+class Trained:
+    """A training run: the agent, the best plan seen, its learning curve, and the checkpoint."""
+
+    agent: Agent
+    best: Best
+    curve: Curve
+    plan: Plan
+    checkpoint: dict
+
+
+def instance(graph: Graph, cluster: Cluster, options: PlanOptions) -> Instance:
+    schedule = options.schedule or "1f1b"
+    return Instance(graph, cluster, Scorer(graph, cluster, options.microbatches, schedule, REPLICAS,
+                                           options.optimizer))
+
+
+def load_agent(path: str, devices: int, seed: int) -> Agent:
+    """The agent of a checkpoint, for a cluster of ``devices`` accelerators."""
+    data = load_checkpoint(path, AGENT)
+    cfg = Config(**{**data["config"], "gcn_widths": tuple(data["config"]["gcn_widths"]), "seed": seed})
+    trained = data["trained_on"].get("devices")
+    if trained != devices:
+        raise PipeplanError(f"checkpoint {path!r} was trained for {trained} accelerators; this cluster has "
+                            f"{devices} (DRL-PP learns one embedding per accelerator, §3.3)")
+    agent = Agent(cfg, devices)
+    agent.load_state_dict(data["state"])
+    return agent
+
+
+def train_agent(graph: Graph, cluster: Cluster, options: PlanOptions, budget: Budget, seed: int = 0,
+                init: str | None = None, progress: Progress | None = None, command: str = "") -> Trained:
+    """Train DRL-PP on (graph, cluster) within ``budget``, from a checkpoint ``init`` or from
+    scratch; the result holds the checkpoint to save."""
+    torch.set_num_threads(1)  # small networks: one thread is fastest, and runs are reproducible
+    inst = instance(graph, cluster, options)
+    agent = load_agent(init, len(cluster), seed) if init else new_agent(Config(seed=seed), len(cluster))
+    best, curve = train(agent, inst, budget, progress)
+    plan = _plan(inst, best)
+    trained_on = {"model": graph.name, "cluster": cluster.name, "devices": len(cluster),
+                  "microbatches": options.microbatches, "schedule": inst.scorer.schedule,
+                  "evaluations": inst.scorer.evaluations, "seconds": budget.elapsed,
+                  "best_iteration_s": best.iteration_s, "from": init, "command": command}
+    return Trained(agent, best, curve, plan, checkpoint(AGENT, agent.cfg, agent.state_dict(), trained_on))
+
+
+def _plan(inst: Instance, best: Best) -> Plan:
+    if best.part is None:
+        raise PipeplanError(f"drl-pp: no valid placement sampled for {inst.graph.name!r} on {inst.cluster.name!r}")
+    plan = inst.scorer.plan(best.part, best.device_part)
+    plan.planner = AGENT
+    return plan
+
+
+def plan_with_agent(graph: Graph, cluster: Cluster, options: PlanOptions, path: str | None,
+                    budget_s: float | None, seed: int, samples: int) -> Plan:
+    """The planner: train from scratch or fine-tune within ``budget_s``, or only sample from
+    the checkpoint ``path``; then ``samples`` schemes from the agent. The best scored plan
+    seen wins; its ``extra`` says how it was found."""
+    torch.set_num_threads(1)
+    inst = instance(graph, cluster, options)
+    best, updates = Best(), 0
+    if budget_s is not None:
+        trained = train_agent(graph, cluster, options, Budget(seconds=budget_s), seed, path)
+        agent, best, updates = trained.agent, trained.best, len(trained.curve.points)
+        inst.scorer.evaluations = trained.checkpoint["trained_on"]["evaluations"]
+    else:
+        agent = load_agent(path, len(cluster), seed)
+    best = sample_best(agent, inst, samples, best)
+    plan = _plan(inst, best)
+    plan.extra = {"drl-pp": {"checkpoint": path, "trained_s": budget_s or 0.0, "updates": updates,
+                             "evaluations": inst.scorer.evaluations}}
+    return plan

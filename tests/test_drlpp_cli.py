@@ -1,0 +1,68 @@
+"""`pipeplan train drl-pp`, then `plan --planner drl-pp -O checkpoint=...` and `compare` with it
+(the issue's flow, on a small budget), and the bad inputs around them."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from pipeplan.cli import main
+
+MODEL, CLUSTER = "zoo:alexnet", "drlpp-4gpu"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ck") / "ck.pt"
+    assert main(["train", "drl-pp", "--model", MODEL, "--cluster", CLUSTER, "--microbatches", "4",
+                 "--evaluations", "150", "--seed", "3", "--out", str(path), "--json"]) == 0
+    return path
+
+
+def test_train_writes_checkpoint_and_curve(checkpoint, capsys):
+    data = torch.load(checkpoint, weights_only=True)
+    assert data["agent"] == "drl-pp" and data["config"]["seed"] == 3 and data["pipeplan_version"]
+    assert data["trained_on"]["devices"] == 4 and data["trained_on"]["evaluations"] >= 150
+    assert "--evaluations 150" in data["trained_on"]["command"]
+    rows = list(csv.DictReader(checkpoint.with_suffix(".csv").open()))
+    assert rows and int(rows[-1]["evaluations"]) == data["trained_on"]["evaluations"]
+    assert checkpoint.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_and_compare_with_the_checkpoint(checkpoint, capsys):
+    capsys.readouterr()
+    argv = ["--model", MODEL, "--cluster", CLUSTER, "--microbatches", "4"]
+    assert main(["plan", *argv, "--planner", "drl-pp", "-O", f"checkpoint={checkpoint}", "-O", "samples=4",
+                 "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["planner"] == "drl-pp" and plan["drl-pp"]["checkpoint"] == str(checkpoint)
+    assert main(["compare", *argv, "--planners", "dp,gpipe,pipedream,spp,drl-pp", "-O",
+                 f"checkpoint={checkpoint}", "--json"]) == 0
+    rows = {r["planner"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert set(rows) == {"dp", "gpipe", "pipedream", "spp", "drl-pp"} and "error" not in rows["drl-pp"]
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["train", "drl-pp", "--budget", "10x"], "as a duration"),
+    (["train", "nosuch", "--budget", "1s"], "unknown learning planner"),
+    (["train", "drl-pp", "--budget", "1s", "--out", "{tmp}/ck.json"], ".pt"),
+    (["train", "drl-pp", "--budget", "1s", "-O", "samples=2"], "not of train"),
+    (["plan", "--planner", "drl-pp", "-O", "checkpoint={tmp}/none.pt"], "no such file"),
+    (["plan", "--planner", "drl-pp", "-O", "checkpoint={tmp}/bad.pt"], "not a pipeplan checkpoint"),
+    (["plan", "--planner", "drl-pp", "-O", "budget=-1"], "budget"),
+])
+def test_bad_input_is_one_line(argv, fragment, tmp_path, capsys):
+    (tmp_path / "bad.pt").write_text("{}")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--model", MODEL, "--cluster", CLUSTER]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err, err
+
+
+def test_a_checkpoint_for_another_device_count_is_refused(checkpoint, capsys):
+    assert main(["plan", "--model", MODEL, "--cluster", "1080ti-4x2", "--planner", "drl-pp",
+                 "-O", f"checkpoint={checkpoint}"]) == 2
+    assert "trained for 4 accelerators; this cluster has 8" in capsys.readouterr().err
