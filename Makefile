@@ -38,6 +38,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/runtime/accuracy.py
 	$(BIN)/python benchmarks/runtime/hf_flow.py
 	$(BIN)/python benchmarks/runtime/every_plan.py
+	$(BIN)/python benchmarks/drlpp/table1.py
+	$(BIN)/python benchmarks/drlpp/evaluate.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis
