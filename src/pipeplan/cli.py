@@ -493,28 +493,45 @@ def _planner_epilog() -> str:
     return "\n".join(lines)
 
 
+def _model_cluster(sp) -> None:
+    """The inputs plan, compare and train share."""
+    sp.add_argument("--model", required=True, help="graph.txt / folder, graph .json, or zoo:NAME[?k=v&..]")
+    sp.add_argument("--cluster", required=True, help="preset name, hier:..., or a YAML/JSON file")
+    sp.add_argument("--microbatches", type=_positive_int, default=None,
+                    help="microbatches per iteration (default 32, or chosen with --global-batch)")
+    sp.add_argument("--global-batch", type=_positive_int, default=None, metavar="N",
+                    help="samples per iteration: choose the microbatch size and count (the model's "
+                         "profile must say its microbatch size)")
+    sp.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"],
+                    help="optimizer whose state counts in memory (default adam)")
+    sp.add_argument("--memory-limit", help="memory per device, overriding the cluster's (e.g. 16GiB)")
+    sp.add_argument("-O", "--planner-option", action="append", metavar="KEY=VALUE",
+                    help="planner option, e.g. replicas=split for dp ('pipeplan planners' lists them)")
+    sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+
+
+def _add_train_parser(sub) -> None:
+    sp = sub.add_parser("train", help="train a learning planner (drl-pp) on a model and cluster; save a checkpoint")
+    sp.add_argument("agent", metavar="NAME", help=f"the learning planner: {', '.join(LEARNING_PLANNERS)}")
+    _model_cluster(sp)
+    sp.add_argument("--schedule", default=None, help=f"{', '.join(_schedule_names())} (default 1f1b)")
+    sp.add_argument("--budget", default=None, help="wall-clock budget, e.g. 90s, 3m, 1h (default 5m unless "
+                                                   "--evaluations is given)")
+    sp.add_argument("--evaluations", type=_positive_int, default=None,
+                    help="budget in plans scored (reproducible, unlike wall-clock)")
+    sp.add_argument("--seed", type=int, default=0, help="seed of the weights and samples (default 0)")
+    sp.add_argument("--init", help="start from this checkpoint (fine-tune) instead of from scratch")
+    sp.add_argument("--out", help="write the checkpoint (.pt) here, and its learning curve as .csv and .png beside it")
+    sp.set_defaults(fn=cmd_train)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="pipeplan", description="Plan pipeline-parallel DNN training.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    def model_cluster(sp):
-        sp.add_argument("--model", required=True, help="graph.txt / folder, graph .json, or zoo:NAME[?k=v&..]")
-        sp.add_argument("--cluster", required=True, help="preset name, hier:..., or a YAML/JSON file")
-        sp.add_argument("--microbatches", type=_positive_int, default=None,
-                        help="microbatches per iteration (default 32, or chosen with --global-batch)")
-        sp.add_argument("--global-batch", type=_positive_int, default=None, metavar="N",
-                        help="samples per iteration: choose the microbatch size and count (the model's "
-                             "profile must say its microbatch size)")
-        sp.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"],
-                        help="optimizer whose state counts in memory (default adam)")
-        sp.add_argument("--memory-limit", help="memory per device, overriding the cluster's (e.g. 16GiB)")
-        sp.add_argument("-O", "--planner-option", action="append", metavar="KEY=VALUE",
-                        help="planner option, e.g. replicas=split for dp ('pipeplan planners' lists them)")
-        sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
-
     sp = sub.add_parser("plan", help="plan one model on one cluster", epilog=_planner_epilog(),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    model_cluster(sp)
+    _model_cluster(sp)
     sp.add_argument("--planner", default="best",
                     help=f"{', '.join(_planner_names())}, or 'best': every planner, keep the fastest plan that "
                          "fits (default)")
@@ -531,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_simulate)
 
     sp = sub.add_parser("compare", help="run several planners on the same inputs and rank them")
-    model_cluster(sp)
+    _model_cluster(sp)
     sp.add_argument("--planners", help="comma-separated planner names (default: all)")
     sp.add_argument("--gantt", help="write the best plan's Gantt chart (PNG, SVG or PDF) here")
     sp.add_argument("--out", help="write the best plan's JSON here (as 'pipeplan plan' would)")
@@ -562,18 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_run_parser(sub)
 
-    sp = sub.add_parser("train", help="train a learning planner (drl-pp) on a model and cluster; save a checkpoint")
-    sp.add_argument("agent", metavar="NAME", help=f"the learning planner: {', '.join(LEARNING_PLANNERS)}")
-    model_cluster(sp)
-    sp.add_argument("--schedule", default=None, help=f"{', '.join(_schedule_names())} (default 1f1b)")
-    sp.add_argument("--budget", default=None, help="wall-clock budget, e.g. 90s, 3m, 1h (default 5m unless "
-                                                   "--evaluations is given)")
-    sp.add_argument("--evaluations", type=_positive_int, default=None,
-                    help="budget in plans scored (reproducible, unlike wall-clock)")
-    sp.add_argument("--seed", type=int, default=0, help="seed of the weights and samples (default 0)")
-    sp.add_argument("--init", help="start from this checkpoint (fine-tune) instead of from scratch")
-    sp.add_argument("--out", help="write the checkpoint (.pt) here, and its learning curve as .csv and .png beside it")
-    sp.set_defaults(fn=cmd_train)
+    _add_train_parser(sub)
 
     sp = sub.add_parser("planners", help="list the planners, their default schedules and options")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
