@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/runtime/every_plan.py
 	$(BIN)/python benchmarks/drlpp/table1.py
 	$(BIN)/python benchmarks/drlpp/evaluate.py
+	$(BIN)/python benchmarks/drlpp/env_speed.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis
