@@ -1,5 +1,6 @@
-"""`pipeplan train drl-pp`, then `plan --planner drl-pp -O checkpoint=...` and `compare` with it
-(the issue's flow, on a small budget), and the bad inputs around them."""
+"""`pipeplan train drl-pp` on PipeDream's VGG-16 profile / drlpp-4gpu, then `plan --planner drl-pp
+-O checkpoint=...` and `compare --planners dp,gpipe,pipedream,spp,drl-pp` with it (the
+issue's flow, on a budget of evaluations), and the bad inputs around them."""
 
 from __future__ import annotations
 
@@ -9,15 +10,21 @@ import json
 import pytest
 import torch
 
+from conftest import profile_path
 from pipeplan.cli import main
 
-MODEL, CLUSTER = "zoo:alexnet", "drlpp-4gpu"
+MODEL, CLUSTER = "zoo:alexnet", "drlpp-4gpu"  # for the bad inputs
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def vgg16() -> str:
+    return str(profile_path("vgg16").parent)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, vgg16):
     path = tmp_path_factory.mktemp("ck") / "ck.pt"
-    assert main(["train", "drl-pp", "--model", MODEL, "--cluster", CLUSTER, "--microbatches", "4",
+    assert main(["train", "drl-pp", "--model", vgg16, "--cluster", CLUSTER, "--microbatches", "4",
                  "--evaluations", "150", "--seed", "3", "--out", str(path), "--json"]) == 0
     return path
 
@@ -32,9 +39,9 @@ def test_train_writes_checkpoint_and_curve(checkpoint, capsys):
     assert checkpoint.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_plan_and_compare_with_the_checkpoint(checkpoint, capsys):
+def test_plan_and_compare_with_the_checkpoint(checkpoint, vgg16, capsys):
     capsys.readouterr()
-    argv = ["--model", MODEL, "--cluster", CLUSTER, "--microbatches", "4"]
+    argv = ["--model", vgg16, "--cluster", CLUSTER, "--microbatches", "4"]
     assert main(["plan", *argv, "--planner", "drl-pp", "-O", f"checkpoint={checkpoint}", "-O", "samples=4",
                  "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
