@@ -73,7 +73,6 @@ class Scheme:
 
     trajectory: Trajectory  # Algorithm 1's steps
     part: np.ndarray
-    logp: float = 0.0
     placements: list[np.ndarray] = field(default_factory=list)
     placement_logp: list[float] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)  # per placement (penalty if invalid)
@@ -110,7 +109,6 @@ class Trajectory:
 
     steps: list[Step]
     orders: list[list[int]]
-    actions: list[int]
 
 
 def walk(agent: Agent, h: torch.Tensor, state: PartitionState,
@@ -151,7 +149,7 @@ def walk(agent: Agent, h: torch.Tensor, state: PartitionState,
                           float(logp_all[i])))
         state.step(n if (not state.starting and i == 0) else int(cand[i - (0 if state.starting else 1)]))
     orders = [[u for u in state.added if state.part[u] == k] for k in range(state.num_partitions)]
-    return Trajectory(steps, orders, []), logp
+    return Trajectory(steps, orders), logp
 
 
 def replay(agent: Agent, h: torch.Tensor, trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -288,8 +286,8 @@ def sample_schemes(agent: Agent, inst: Instance, count: int, generator: torch.Ge
         schemes = []
         for _ in range(count):
             state = inst.state()
-            traj, logp = walk(agent, h, state, generator)
-            scheme = Scheme(traj, state.part.copy(), logp)
+            traj, _ = walk(agent, h, state, generator)
+            scheme = Scheme(traj, state.part.copy())
             logits = placement_logits(agent, h, scheme.part)
             k = int(scheme.part.max()) + 1
             for _ in range(cfg.resample_rounds):
