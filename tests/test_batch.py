@@ -48,6 +48,7 @@ def _check_batch(rng: np.random.Generator) -> tuple[int, list[str]]:
     return 25, bad
 
 
+@pytest.mark.slow
 def test_batched_equals_single_on_1000_candidates():
     rng = np.random.default_rng(2026)
     total, bad = 0, []

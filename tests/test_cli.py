@@ -69,6 +69,7 @@ def check_compare(res: dict) -> None:
         assert sum(len(s["nodes"]) for s in stages) == len({n for s in stages for n in s["nodes"]})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["alexnet", "vgg16", "gnmt"])  # all of them: benchmarks/baselines_compare.py
 def test_profiles_on_every_preset(name, capsys):
     path = str(profile_path(name))

@@ -13,6 +13,8 @@ import torch
 from conftest import profile_path
 from pipeplan.cli import main
 
+pytestmark = pytest.mark.slow  # trains an agent (a few seconds)
+
 MODEL, CLUSTER = "zoo:alexnet", "drlpp-4gpu"  # for the bad inputs
 
 

@@ -140,6 +140,7 @@ def _check_part(args: tuple[int, int, int, int]) -> dict:
     return _check(count, seed, (index, parts))
 
 
+@pytest.mark.slow
 def test_exact_equals_brute_force():
     seen = _check(8, seed=1)
     assert seen["overflowing"] > 0
@@ -180,6 +181,7 @@ def _chain_on_four(params: float, latency) -> tuple[Graph, Cluster]:
     return g, Cluster(c.name, c.devices, c.bandwidth, np.broadcast_to(latency, (4, 4)), meta=c.meta)
 
 
+@pytest.mark.slow
 def test_round_robin_with_latency_regression():
     """3-layer chain, 4 devices, 10 ms links, M=8: the channel bound once divided the bytes
     of round-robin transfers by |src||dst| and serialized all M of them on one channel;

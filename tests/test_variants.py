@@ -114,6 +114,7 @@ def _premises_hold(table: dict, plan: Plan) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_fit_memory_matches_brute_force():
     rng = np.random.default_rng(2024)
     seen = {"fits": 0, "none": 0, "variant": 0, "premises": 0}
