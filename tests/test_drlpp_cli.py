@@ -48,6 +48,10 @@ def test_plan_and_compare_with_the_checkpoint(checkpoint, vgg16, capsys):
                  "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["planner"] == "drl-pp" and plan["drl-pp"]["checkpoint"] == str(checkpoint)
+    assert plan["replicas"] == "round-robin"
+    assert main(["plan", *argv, "--planner", "drl-pp", "-O", f"checkpoint={checkpoint}", "-O", "samples=2",
+                 "-O", "replicas=split", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["replicas"] == "split"
     assert main(["compare", *argv, "--planners", "dp,gpipe,pipedream,spp,drl-pp", "-O",
                  f"checkpoint={checkpoint}", "--json"]) == 0
     rows = {r["planner"]: r for r in json.loads(capsys.readouterr().out)["results"]}

@@ -43,7 +43,7 @@ from pipeplan.learn.scoring import Scorer
 from pipeplan.learn.search import random_search, simulated_annealing
 from pipeplan.planners import PlanOptions, run_planner
 from pipeplan.planners.drlpp.ppo import Best, Config, new_agent, sample_best
-from pipeplan.planners.drlpp.run import REPLICAS, instance, load_agent, train_agent
+from pipeplan.planners.drlpp.run import REPLICAS, instance, train_agent
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
 from _results import add_out_argument, write_json, write_markdown  # noqa: E402

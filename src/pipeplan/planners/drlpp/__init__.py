@@ -27,6 +27,9 @@ class DrlppOptions:
         f"seconds of training (from the checkpoint if given); default {DEFAULT_BUDGET_S:g} without a checkpoint, "
         "none with one")})
     seed: int = field(default=0, metadata={"min": 0, "help": "seed of the agent's weights and samples"})
+    replicas: str = field(default="round-robin", metadata={"choices": ("round-robin", "split"), "help": (
+        "how a partition's accelerators share the microbatches: whole ones in turn (PipeDream's, the paper's) "
+        "or each split across them")})
     samples: int = field(default=32, metadata={"min": 1, "help": (
         "partition schemes sampled from the trained agent (each with its placements); the best scored is kept")})
 
@@ -48,4 +51,4 @@ def plan_drlpp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
 
     opts = planner_options(DrlppOptions, options, "drl-pp")
     return plan_with_agent(graph, cluster, options, opts.checkpoint, _budget_s(graph, cluster, options),
-                           opts.seed, opts.samples)
+                           opts.seed, opts.samples, opts.replicas)

@@ -31,9 +31,9 @@ class Trained:
     checkpoint: dict
 
 
-def instance(graph: Graph, cluster: Cluster, options: PlanOptions) -> Instance:
+def instance(graph: Graph, cluster: Cluster, options: PlanOptions, replicas: str = REPLICAS) -> Instance:
     schedule = options.schedule or "1f1b"
-    return Instance(graph, cluster, Scorer(graph, cluster, options.microbatches, schedule, REPLICAS,
+    return Instance(graph, cluster, Scorer(graph, cluster, options.microbatches, schedule, replicas,
                                            options.optimizer))
 
 
@@ -51,16 +51,17 @@ def load_agent(path: str, devices: int, seed: int) -> Agent:
 
 
 def train_agent(graph: Graph, cluster: Cluster, options: PlanOptions, budget: Budget, seed: int = 0,
-                init: str | None = None, progress: Progress | None = None, command: str = "") -> Trained:
+                init: str | None = None, progress: Progress | None = None, command: str = "",
+                replicas: str = REPLICAS) -> Trained:
     """Train DRL-PP on (graph, cluster) within ``budget``, from a checkpoint ``init`` or from
     scratch; the result holds the checkpoint to save."""
     torch.set_num_threads(1)  # small networks: one thread is fastest, and runs are reproducible
-    inst = instance(graph, cluster, options)
+    inst = instance(graph, cluster, options, replicas)
     agent = load_agent(init, len(cluster), seed) if init else new_agent(Config(seed=seed), len(cluster))
     best, curve = train(agent, inst, budget, progress)
     plan = _plan(inst, best)
     trained_on = {"model": graph.name, "cluster": cluster.name, "devices": len(cluster),
-                  "microbatches": options.microbatches, "schedule": inst.scorer.schedule,
+                  "microbatches": options.microbatches, "schedule": inst.scorer.schedule, "replicas": replicas,
                   "evaluations": inst.scorer.evaluations, "seconds": budget.elapsed,
                   "best_iteration_s": best.iteration_s, "from": init, "command": command}
     return Trained(agent, best, curve, plan, checkpoint(AGENT, agent.cfg, agent.state_dict(), trained_on))
@@ -75,15 +76,15 @@ def _plan(inst: Instance, best: Best) -> Plan:
 
 
 def plan_with_agent(graph: Graph, cluster: Cluster, options: PlanOptions, path: str | None,
-                    budget_s: float | None, seed: int, samples: int) -> Plan:
+                    budget_s: float | None, seed: int, samples: int, replicas: str = REPLICAS) -> Plan:
     """The planner: train from scratch or fine-tune within ``budget_s``, or only sample from
     the checkpoint ``path``; then ``samples`` schemes from the agent. The best scored plan
     seen wins; its ``extra`` says how it was found."""
     torch.set_num_threads(1)
-    inst = instance(graph, cluster, options)
+    inst = instance(graph, cluster, options, replicas)
     best, updates = Best(), 0
     if budget_s is not None:
-        trained = train_agent(graph, cluster, options, Budget(seconds=budget_s), seed, path)
+        trained = train_agent(graph, cluster, options, Budget(seconds=budget_s), seed, path, replicas=replicas)
         agent, best, updates = trained.agent, trained.best, len(trained.curve.points)
         inst.scorer.evaluations = trained.checkpoint["trained_on"]["evaluations"]
     else:
