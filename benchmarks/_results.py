@@ -48,6 +48,8 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+#: PipeDream's profiles, read from ../shared beside the repository (never copied here)
+PROFILES = ROOT.parent / "shared" / "profiles" / "pipedream"
 #: The interpreter every command is recorded with: ``make bench``'s ``$(BIN)/python``.
 PYTHON = ".venv/bin/python"
 FRONT = "---"
@@ -223,6 +225,14 @@ def read_provenance(path: str | Path) -> dict | None:
         return read_provenance(sidecar) if sidecar.exists() else None
     except (OSError, ValueError, UnicodeDecodeError):
         return None
+
+
+def profiles_absent() -> bool:
+    """True (saying so) when ../shared's PipeDream profiles are absent: the caller skips."""
+    if PROFILES.is_dir():
+        return False
+    print(f"skipped: {PROFILES} is absent (PipeDream's profiles, ../shared)")
+    return True
 
 
 def add_out_argument(parser: argparse.ArgumentParser, sub: str = "") -> None:

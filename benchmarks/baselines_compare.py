@@ -20,9 +20,8 @@ from pipeplan.graph import load_graph
 from pipeplan.planners import PlanOptions
 from pipeplan.planners.compare import compare, default_planners
 
-from _results import add_out_argument, write_json, write_markdown
+from _results import PROFILES, add_out_argument, write_json, write_markdown
 
-PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles" / "pipedream"
 MODELS = ["alexnet", "vgg16", "resnet50", "resnext101", "inception_v3", "gnmt"]
 #: GPipe with re-materialization fits these (model, cluster, M).
 GPIPE_FITS = [("resnet50", "1080ti-4x2", 8), ("inception_v3", "1080ti-4x2", 8), ("vgg16", "v100x4", 8)]

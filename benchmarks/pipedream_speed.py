@@ -20,9 +20,8 @@ from pipeplan.graph import load_graph
 from pipeplan.planners.pipedream import MAX_STATES, _dag
 from pipeplan.planners.pipedream_dp import Level, solve
 
-from _results import add_out_argument, write_json
+from _results import PROFILES, add_out_argument, write_json
 
-PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles" / "pipedream"
 CASES = [("inception_v3", 16, 267.0), ("resnet50", 32, 10.5), ("vgg16", 4, 0.15)]
 
 

@@ -29,9 +29,8 @@ from pipeplan.learn.scoring import Scorer
 from pipeplan.learn.search import random_search
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
-from _results import add_out_argument, write_json, write_markdown  # noqa: E402
+from _results import PROFILES, add_out_argument, profiles_absent, write_json, write_markdown  # noqa: E402
 
-PROFILES = Path(__file__).resolve().parents[3] / "shared" / "profiles" / "pipedream"
 MODELS = ("vgg16", "gnmt", "resnext101")
 SCHEDULES = ("1f1b", "async-1f1b")
 TARGET = 5000.0
@@ -69,8 +68,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=200)
     add_out_argument(ap, "drlpp")
     args = ap.parse_args()
-    if not PROFILES.is_dir():
-        print(f"skipped: {PROFILES} is absent (PipeDream's profiles, ../shared)")
+    if profiles_absent():
         return
     cluster, rows = load_cluster("drlpp-4gpu"), []
     for name in MODELS:

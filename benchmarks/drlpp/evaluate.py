@@ -46,9 +46,8 @@ from pipeplan.planners.drlpp.ppo import Best, Config, new_agent, sample_best
 from pipeplan.planners.drlpp.run import REPLICAS, instance, train_agent
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
-from _results import add_out_argument, write_json, write_markdown  # noqa: E402
+from _results import PROFILES, add_out_argument, profiles_absent, write_json, write_markdown  # noqa: E402
 
-PROFILES = Path(__file__).resolve().parents[3] / "shared" / "profiles" / "pipedream"
 SCHEDULE, MICROBATCHES = "1f1b", 8
 NON_LEARNED = ("dp", "pipedream", "spp", "exact")
 SAMPLES = 32
@@ -95,9 +94,8 @@ def non_learned(graph: Graph, cluster: Cluster) -> dict[str, dict]:
 def one_seed(graph: Graph, cluster: Cluster, seed: int, budget_s: float) -> dict[str, dict]:
     """DRL-PP, then the two searches at its evaluations and at its wall-clock."""
     trained = train_agent(graph, cluster, options(), Budget(seconds=budget_s), seed)
-    inst = instance(graph, cluster, options())
-    best = sample_best(trained.agent, inst, SAMPLES, trained.best)
-    evals = trained.checkpoint["trained_on"]["evaluations"] + inst.scorer.evaluations
+    best = sample_best(trained.agent, trained.instance, SAMPLES, trained.best)
+    evals = trained.instance.scorer.evaluations  # training and sampling
     seconds = trained.checkpoint["trained_on"]["seconds"]
     out = {"drl-pp": {"iteration_s": best.iteration_s, "evaluations": evals, "seconds": seconds}}
     anc = Ancestors(graph)
@@ -214,8 +212,7 @@ def main() -> None:
     ap.add_argument("--tune-budget", type=float, default=5.0, help="fine-tune / from-scratch seconds per model")
     add_out_argument(ap, "drlpp")
     args = ap.parse_args()
-    if not PROFILES.is_dir():
-        print(f"skipped: {PROFILES} is absent (PipeDream's profiles, ../shared)")
+    if profiles_absent():
         return
     torch.set_num_threads(1)
     eq = equal_budgets(args.seeds, args.budget)

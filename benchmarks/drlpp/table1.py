@@ -27,9 +27,8 @@ from pipeplan.planners import PlanOptions, run_planner
 from pipeplan.planners.compare import best
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
-from _results import add_out_argument, write_json, write_markdown  # noqa: E402
+from _results import PROFILES, add_out_argument, profiles_absent, write_json, write_markdown  # noqa: E402
 
-PROFILES = Path(__file__).resolve().parents[3] / "shared" / "profiles" / "pipedream"
 MODELS = [("ResNet-50", "resnet50"), ("VGG-16", "vgg16"), ("AlexNet", "alexnet"),
           ("ResNeXt-101", "resnext101"), ("GNMT-4", "gnmt")]
 # Table 1: seconds per minibatch (DP, GPipe, PipeDream, DRL-PP)
@@ -100,8 +99,7 @@ def main() -> None:
     ap.add_argument("--microbatches", type=int, default=8)
     add_out_argument(ap, "drlpp")
     args = ap.parse_args()
-    if not PROFILES.is_dir():
-        print(f"skipped: {PROFILES} is absent (PipeDream's profiles, ../shared)")
+    if profiles_absent():
         return
     rows = []
     for cluster, schedules in SETTINGS:

@@ -29,21 +29,32 @@ def step_text(what: str, name: str, i: int, n: int, estimate_s: float | None) ->
     return f"{what}: {name} ({i + 1}/{n}{hint}; Ctrl-C stops)"
 
 
+def _terminal(stream):
+    """``stream`` (default stderr) if it is a terminal, else None."""
+    stream = sys.stderr if stream is None else stream
+    return stream if stream.isatty() else None
+
+
+def _bar(stream):
+    """A transient rich bar on ``stream``: description, bar, elapsed, estimate left."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                    console=Console(file=stream), transient=True)
+
+
 @contextmanager
 def planning_progress(what: str, stream=None) -> Iterator[Callable | None]:
     """Yields the callback ``planners.compare`` takes (planner, index, count, estimate), or
     None when ``stream`` (default stderr) is not a terminal."""
-    stream = sys.stderr if stream is None else stream
-    if not stream.isatty():
+    stream = _terminal(stream)
+    if stream is None:
         yield None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     now: dict = {"i": 0, "t0": time.monotonic(), "est": None}
     stop = threading.Event()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=Console(file=stream), transient=True) as bar:
+    with _bar(stream) as bar:
         task = bar.add_task(what, total=None)
 
         def tick() -> None:
@@ -72,15 +83,11 @@ def training_text(what: str, best_s: float, updates: int, evaluations: int) -> s
 def training_progress(what: str, stream=None) -> Iterator[Callable | None]:
     """Yields the callback a training loop takes (``learn.harness.Progress``: the latest
     curve point and the fraction of the budget spent), or None off a terminal."""
-    stream = sys.stderr if stream is None else stream
-    if not stream.isatty():
+    stream = _terminal(stream)
+    if stream is None:
         yield None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                  console=Console(file=stream), transient=True) as bar:
+    with _bar(stream) as bar:
         task = bar.add_task(what, total=1.0)
 
         def update(point, fraction: float) -> None:

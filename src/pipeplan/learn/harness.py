@@ -30,12 +30,11 @@ def pipeplan_version() -> str:
         return "unknown"
 
 
-def seed_everything(seed: int) -> np.random.Generator:
-    """Seed Python, numpy and torch; return a numpy generator for the loop's own draws."""
+def seed_everything(seed: int) -> None:
+    """Seed Python, numpy and torch (an agent's weights are drawn from torch's generator)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    return np.random.default_rng(seed)
 
 
 @dataclass

@@ -77,6 +77,7 @@ class PartitionState:
         self.device_part = np.full(devices, -1, dtype=np.int64)
         self.next_device = 0
         self.added: list[int] = []  # nodes in the order they joined (for recurrent encoders)
+        self._candidates: tuple[int, np.ndarray] | None = None  # (len(added) when computed, V_c)
         if devices == 1:  # K = 1: no cut to make, the whole graph is the one partition
             self._rest()
 
@@ -86,10 +87,14 @@ class PartitionState:
         return int(self.part.max()) + 1 if (self.part >= 0).any() else 0
 
     def candidates(self) -> np.ndarray:
-        """V_c: unassigned nodes that are sources or have an assigned predecessor."""
-        free = self.part < 0
-        fed = (self.pred_mask & ~free[None, :]).any(axis=1)
-        return free & (~self.has_pred | fed)
+        """V_c: unassigned nodes that are sources or have an assigned predecessor (computed
+        once per change of the partition: an agent reads it, then ``step`` checks against it;
+        read-only)."""
+        if self._candidates is None or self._candidates[0] != len(self.added):
+            free = self.part < 0
+            fed = (self.pred_mask & ~free[None, :]).any(axis=1)
+            self._candidates = (len(self.added), free & (~self.has_pred | fed))
+        return self._candidates[1]
 
     def _join(self, v: int) -> None:
         """Node v and its unassigned ancestors join partition k (Alg. 1 line 5)."""

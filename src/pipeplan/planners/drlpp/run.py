@@ -22,9 +22,11 @@ REPLICAS = "round-robin"  # a partition on several accelerators is data-parallel
 
 @dataclass
 class Trained:
-    """A training run: the agent, the best plan seen, its learning curve, and the checkpoint."""
+    """A training run: the agent, the instance it trained on (its scorer counts every
+    evaluation), the best plan seen, its learning curve, and the checkpoint."""
 
     agent: Agent
+    instance: Instance
     best: Best
     curve: Curve
     plan: Plan
@@ -64,7 +66,7 @@ def train_agent(graph: Graph, cluster: Cluster, options: PlanOptions, budget: Bu
                   "microbatches": options.microbatches, "schedule": inst.scorer.schedule, "replicas": replicas,
                   "evaluations": inst.scorer.evaluations, "seconds": budget.elapsed,
                   "best_iteration_s": best.iteration_s, "from": init, "command": command}
-    return Trained(agent, best, curve, plan, checkpoint(AGENT, agent.cfg, agent.state_dict(), trained_on))
+    return Trained(agent, inst, best, curve, plan, checkpoint(AGENT, agent.cfg, agent.state_dict(), trained_on))
 
 
 def _plan(inst: Instance, best: Best) -> Plan:
@@ -81,14 +83,12 @@ def plan_with_agent(graph: Graph, cluster: Cluster, options: PlanOptions, path: 
     the checkpoint ``path``; then ``samples`` schemes from the agent. The best scored plan
     seen wins; its ``extra`` says how it was found."""
     torch.set_num_threads(1)
-    inst = instance(graph, cluster, options, replicas)
     best, updates = Best(), 0
     if budget_s is not None:
         trained = train_agent(graph, cluster, options, Budget(seconds=budget_s), seed, path, replicas=replicas)
-        agent, best, updates = trained.agent, trained.best, len(trained.curve.points)
-        inst.scorer.evaluations = trained.checkpoint["trained_on"]["evaluations"]
+        agent, inst, best, updates = trained.agent, trained.instance, trained.best, len(trained.curve.points)
     else:
-        agent = load_agent(path, len(cluster), seed)
+        agent, inst = load_agent(path, len(cluster), seed), instance(graph, cluster, options, replicas)
     best = sample_best(agent, inst, samples, best)
     plan = _plan(inst, best)
     plan.extra = {"drl-pp": {"checkpoint": path, "trained_s": budget_s or 0.0, "updates": updates,
