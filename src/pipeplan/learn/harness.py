@@ -91,8 +91,10 @@ Progress = Callable[[Point, float], None]  # (latest point, fraction of the budg
 class Curve:
     """The learning curve of one training run."""
 
-    def __init__(self) -> None:
+    def __init__(self, reward_label: str = "mean reward (-ln s)", baseline_label: str = "baseline",
+                 step_label: str = "update") -> None:
         self.points: list[Point] = []
+        self.labels = (reward_label, baseline_label, step_label)
 
     def add(self, point: Point) -> None:
         self.points.append(point)
@@ -112,9 +114,9 @@ class Curve:
         fig = Figure(figsize=(9, 3.4), dpi=110)
         left, right = fig.subplots(1, 2)
         steps = [p.step for p in self.points]
-        left.plot(steps, [p.mean_reward for p in self.points], label="mean reward (-ln s)")
-        left.plot(steps, [p.baseline for p in self.points], label="baseline")
-        left.set_xlabel("update")
+        left.plot(steps, [p.mean_reward for p in self.points], label=self.labels[0])
+        left.plot(steps, [p.baseline for p in self.points], label=self.labels[1])
+        left.set_xlabel(self.labels[2])
         left.legend(loc="lower right", fontsize=8)
         right.step([p.elapsed_s for p in self.points], [p.best_iteration_s for p in self.points], where="post")
         right.set_xlabel("training time (s)")

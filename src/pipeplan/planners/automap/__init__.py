@@ -1,0 +1,71 @@
+"""``automap``: Auto-MAP's pipeline search (auto-map.txt §3.4, §4.4), a DQN that cuts the
+model into K stages one pivot at a time, trained online on the model it plans
+(``online.py`` over ``problem.py``; the DQN is ``learn/dqn.py``). Training is planning time;
+the search stops when the greedy policy's plan has stopped changing or the budget is spent,
+and the plan is the best one seen. torch is imported only when the planner runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...cluster import Cluster
+from ...errors import PipeplanError
+from ...graph import Graph
+from ...plan import Plan
+from ..base import PlanOptions, planner_options, register
+from .problem import RADIUS, CutProblem, server_boundaries
+
+DEFAULT_BUDGET_S = 300.0  # the issue's target: each Table 7 case converges within 5 minutes
+
+
+@dataclass(frozen=True)
+class AutomapOptions:
+    stages: int | None = field(default=None, metadata={"min": 2, "help": (
+        "K, the number of stages (default: one per server, as in the paper's experiments, at least 2)")})
+    budget: float = field(default=DEFAULT_BUDGET_S, metadata={"above": 0, "help": (
+        "most seconds of online training; it stops earlier once the greedy policy has converged")})
+    radius: int = field(default=RADIUS, metadata={"min": 0, "help": (
+        "devices around each center device cut (network boundary) a cut may map to (§4.4)")})
+    seed: int = field(default=0, metadata={"min": 0, "help": "seed of the DQN's weights and exploration"})
+
+
+def default_stages(cluster: Cluster) -> int:
+    """One stage per server (§5.2.3), at least 2, at most one per device."""
+    return min(len(cluster), max(2, len(server_boundaries(cluster)) + 1))
+
+
+def problem_for(graph: Graph, cluster: Cluster, options: PlanOptions, stages: int | None,
+                radius: int = RADIUS) -> CutProblem:
+    """The pruned cut problem of a planning request (schedule 1F1B unless asked, replicas
+    splitting each microbatch as in DAPPLE, the paper's pipeline runtime)."""
+    if options.schedule not in (None, "1f1b", "gpipe"):
+        raise PipeplanError(f"automap: schedule {options.schedule!r} is not a synchronous pipeline "
+                            "(use 1f1b or gpipe)")
+    return CutProblem(graph, cluster, stages or default_stages(cluster), options.microbatches,
+                      options.schedule or "1f1b", "split", options.optimizer, radius)
+
+
+def _budget_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
+    return planner_options(AutomapOptions, options, "automap").budget
+
+
+@register("automap", "Auto-MAP (online training): a DQN cuts the model into K stages at pruned pivots "
+          "near network boundaries; stages get devices in proportion to their compute", "1f1b",
+          options=AutomapOptions, estimate=_budget_s, in_best=False)
+def plan_automap(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
+    """Train the DQN on this model and cluster; the best plan it met."""
+    from ...learn.dqn import Config
+    from ...learn.harness import Budget
+    from .online import train_online
+
+    opts = planner_options(AutomapOptions, options, "automap")
+    problem = problem_for(graph, cluster, options, opts.stages, opts.radius)
+    run = train_online(problem, Budget(seconds=opts.budget), Config(seed=opts.seed))
+    if not run.cuts:
+        raise PipeplanError(f"automap: no plan found for {graph.name!r} within {opts.budget:g} s")
+    plan = problem.plan(run.cuts)
+    plan.extra = {"automap": {**problem.describe(run.cuts), "fits": run.fits, "episodes": run.episodes,
+                              "evaluations": run.evaluations, "converged_s": run.converged_s,
+                              "complete": run.converged_s is not None}}
+    return plan
