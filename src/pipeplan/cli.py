@@ -295,6 +295,25 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from .graph import save_graph
+    from .runtime.aten_graph import export_graph
+    from .units import fmt_bytes, fmt_time
+
+    outs = Outputs()
+    outs.want("--out", args.out, "json")
+    graph = export_graph(args.model_spec, microbatch=args.microbatch, measured=args.measured)
+    outs.set("--out", lambda p: save_graph(graph, p))
+    outs.write_all()
+    measured = graph.meta.get("measured")
+    times = (f"{len(measured['matched'])} layers measured" if measured
+             else f"roofline on {graph.meta['reference_device']}")
+    print(f"{len(graph)} ops, {len(graph.edges)} edges, forward {fmt_time(graph.total_fwd)}, backward "
+          f"{fmt_time(graph.total_bwd)} ({times}), params {fmt_bytes(graph.total_params)}; "
+          f"graph written to {args.out}")
+    return 0
+
+
 def cmd_calibrate(args) -> int:
     from .runtime.calibrate import calibrate, cluster_to_yaml
     from .units import fmt_bandwidth, fmt_time
@@ -564,6 +583,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", help="write the graph JSON here")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_profile)
+
+    sp = sub.add_parser("export", help="a PyTorch model's ATen-op graph through torch.export (roofline times)")
+    sp.add_argument("model_spec", help=MODEL_SPEC_HELP)
+    sp.add_argument("--out", required=True, help="write the graph JSON here")
+    sp.add_argument("--microbatch", type=_positive_int, help="samples per microbatch (default: the example input's)")
+    sp.add_argument("--measured", help="a 'pipeplan profile' graph JSON of the same model and microbatch: scale "
+                                       "the ops of each profiled layer to its measured times")
+    sp.set_defaults(fn=cmd_export)
 
     sp = sub.add_parser("calibrate", help="measure this machine's worker processes and links")
     sp.add_argument("--workers", type=_positive_int, help="worker processes (default: the GPUs, else 2)")

@@ -51,7 +51,22 @@ def print_plan(plan: Plan, result: SimResult, console: Console | None = None, se
                       f"[red]{fmt_bytes(mem)} OVER[/red]" if over else fmt_bytes(mem),
                       f"{max(result.utilization[k] for k in ks):.0%}")
     console.print(table)
+    cuts = cut_summary(plan)
+    if cuts:
+        console.print(cuts)
     print_prediction(result, console, plan, searched)
+
+
+def cut_summary(plan: Plan) -> str:
+    """A planner's cut positions, the node before each cut and its layer, and the device
+    cuts (planners that cut one node order, e.g. Auto-MAP's, record them in ``extra``)."""
+    for name, info in plan.extra.items():
+        if isinstance(info, dict) and info.get("cuts"):
+            parts = [f"after #{c} of {info.get('nodes', '?')} ({after}" + (f", in {layer}" if layer != after else "")
+                     + f") -> device {d}"
+                     for c, after, layer, d in zip(info["cuts"], info["after"], info["layers"], info["device_cuts"])]
+            return f"{name} cuts: " + "; ".join(parts)
+    return ""
 
 
 def print_prediction(result: SimResult, console: Console, plan: Plan | None = None, searched: bool = True) -> None:

@@ -19,6 +19,12 @@ Every node (a layer or a block) gets, for ONE microbatch:
   ReLUs and residual adds lie inside them, so none is in-place; ``saved`` = ``act``, a lower
   bound of what a block keeps for backward (its internal tensors are not modelled).
 
+``granularity=op`` (BERT, Transformer, T5; zoo_ops.py): one node per operation the layer's
+builder prices instead (``layer14/attn.q``, ``dec5/cross.k``, ``lm_head/proj``, ...), with the
+same formulas: a layer's ops sum to its node's fwd, bwd, flops and params; an op's ``act`` is
+its output tensor; edges are the data dependencies, so cut bytes come from the DAG. Every
+graph's ``meta["granularity"]`` says which (``"layer"`` or ``"op"``).
+
 Architectures: BERT (Devlin et al. 2019), XLNet (Yang et al. 2019), Transformer (Vaswani et al.
 2017), T5 (Raffel et al. 2020), GNMT (Wu et al. 2016, MLPerf/PipeDream variant), VGG (Simonyan &
 Zisserman 2015), AlexNet (Krizhevsky et al. 2012, torchvision one-tower variant), GoogLeNet
@@ -33,8 +39,9 @@ from functools import partial
 from typing import Callable
 
 from ..errors import PipeplanError
-from ..limits import check_layers
+from ..limits import MAX_LAYERS, check_layers
 from .model import Graph, NodeSpec
+from .zoo_ops import GRANULARITIES, Op, assemble
 
 # -- reference device ------------------------------------------------------------------------
 REFERENCE_DEVICE = "V100"
@@ -45,26 +52,65 @@ BYTES = 4                          # fp32
 
 _PEAK = REFERENCE_TFLOPS * 1e12
 _MEM_BW = REFERENCE_MEM_GBPS * 1e9 * EFFICIENCY["memory"]
+#: Key of a builder's ``hyper`` holding meta entries that replace others at granularity=op.
+_OP_META = "_op_meta"
 
 
 class _Node:
-    """One node under construction: ops add their FLOPs, times and parameters to it."""
+    """One node under construction: ops add their FLOPs, times and parameters to it and, if
+    it ``record``s its ops (granularity=op), to the op opened by :meth:`op` (zoo_ops.py)."""
 
-    def __init__(self, nid: str, desc: str) -> None:
-        self.id, self.desc = nid, desc
+    def __init__(self, nid: str, desc: str, record: bool = False) -> None:
+        self.id, self.desc, self.record = nid, desc, record
         self.flops = self.fwd = self.bwd = self.params = self.act = 0.0
+        self.ops: list[Op] = []
+        self._open: Op | None = None
+
+    def ref(self, name: str) -> str:
+        """The op-level id of this node's op ``name``."""
+        return f"{self.id}/{name}"
+
+    def op(self, name: str, out: float, inputs: tuple[str | None, ...], what: str,
+           shapes: tuple[tuple[float, ...], ...], sep: str = "x", note: str = "") -> "_Node":
+        """Record op ``name`` (``out`` output elements, reading the op ids ``inputs``; for
+        its description ``what``, tensor ``shapes`` joined by ``sep``, ``note``); the costs
+        charged inside ``with n.op(...):`` are its own. A node that does not record keeps
+        its totals only."""
+        if self.record:
+            self._open = Op(name, out, inputs, what, shapes, sep, note)
+            self.ops.append(self._open)
+        return self
+
+    def __enter__(self) -> Op | None:
+        return self._open
+
+    def __exit__(self, *exc: object) -> None:
+        self._open = None
+
+    def _charge(self, flops: float, fwd: float, bwd: float) -> None:
+        self.flops += flops
+        self.fwd += fwd
+        self.bwd += bwd
+        if self._open is not None:
+            self._open.flops += flops
+            self._open.fwd += fwd
+            self._open.bwd += bwd
 
     def compute(self, flops: float, kind: str = "matmul", input_grad: bool = True) -> None:
         """Dense FLOPs; backward = weight gradient (1x) + input gradient (1x, if needed)."""
         t = flops / (_PEAK * EFFICIENCY[kind])
-        self.flops += flops
-        self.fwd += t
-        self.bwd += (2.0 if input_grad else 1.0) * t
+        self._charge(flops, t, (2.0 if input_grad else 1.0) * t)
 
     def memory(self, nbytes: float, bwd_bytes: float | None = None) -> None:
         """A memory-bound op moving ``nbytes`` forward (backward: as many unless given)."""
-        self.fwd += nbytes / _MEM_BW
-        self.bwd += (nbytes if bwd_bytes is None else bwd_bytes) / _MEM_BW
+        self._charge(0.0, nbytes / _MEM_BW,
+                     (nbytes if bwd_bytes is None else bwd_bytes) / _MEM_BW)
+
+    def add_params(self, count: float) -> None:
+        """Parameters (a count) of the node and of its open op."""
+        self.params += count
+        if self._open is not None:
+            self._open.params += count
 
     def spec(self) -> NodeSpec:
         return NodeSpec(id=self.id, fwd=self.fwd, bwd=self.bwd, params=self.params * BYTES,
@@ -72,90 +118,125 @@ class _Node:
 
 
 # -- building blocks shared by the NLP models (rows = tokens in the microbatch) --------------
-def _eltwise(n: _Node, elems: float, passes: float = 2) -> None:
-    """An element-wise op reading/writing ``passes`` tensors of ``elems`` fp32 elements."""
-    n.memory(passes * elems * BYTES)
+# Each records the op(s) it prices; ``name`` / ``x`` (the op id it reads) wire the op graph.
+def _eltwise(n: _Node, elems: float, passes: float = 2, *, name: str = "eltwise",
+             what: str = "elementwise", shape: tuple[float, ...] | None = None,
+             inputs: tuple[str | None, ...] = ()) -> str:
+    """An element-wise op reading/writing ``passes`` tensors of ``elems`` fp32 elements
+    (its output: ``elems`` elements)."""
+    with n.op(name, elems, inputs, what, (shape or (elems,),)):
+        n.memory(passes * elems * BYTES)
+    return n.ref(name)
 
 
 def _linear(n: _Node, rows: float, din: int, dout: int, bias: bool = True,
-            kind: str = "matmul", input_grad: bool = True) -> None:
-    n.compute(2.0 * rows * din * dout, kind, input_grad)
-    n.params += din * dout + (dout if bias else 0)
+            kind: str = "matmul", input_grad: bool = True, *, name: str = "linear",
+            x: str | None = None) -> str:
+    with n.op(name, rows * dout, (x,), "matmul", ((rows, din), (din, dout)),
+              note=" + bias" if bias else ""):
+        n.compute(2.0 * rows * din * dout, kind, input_grad)
+        n.add_params(din * dout + (dout if bias else 0))
+    return n.ref(name)
 
 
-def _norm(n: _Node, rows: float, d: int, shift: bool = True) -> None:
+def _norm(n: _Node, rows: float, d: int, shift: bool = True, *, name: str = "norm",
+          x: str | None = None) -> str:
     """LayerNorm (scale + shift) or T5's RMS norm (scale only)."""
-    n.params += d * (2 if shift else 1)
-    _eltwise(n, rows * d)
+    with n.op(name, rows * d, (x,), "layernorm" if shift else "rmsnorm", ((rows, d),)):
+        n.add_params(d * (2 if shift else 1))
+        n.memory(2 * (rows * d) * BYTES)                  # = _eltwise(n, rows * d)
+    return n.ref(name)
 
 
-def _embedding(n: _Node, rows: float, vocab: int, d: int, owner: bool = True) -> None:
+def _embedding(n: _Node, rows: float, vocab: int, d: int, owner: bool = True, *,
+               name: str = "lookup") -> str:
     """Table lookup: no FLOPs, no input gradient; backward scatter-adds the output gradient
     into a dense (vocab x d) table gradient, which is written in full."""
-    if owner:
-        n.params += vocab * d
-    out = rows * d * BYTES
-    n.memory(2 * out, bwd_bytes=2 * out + vocab * d * BYTES)
+    with n.op(name, rows * d, (), "embedding lookup", ((vocab, d), (rows, d)), " -> ",
+              "" if owner else " [tied]"):
+        if owner:
+            n.add_params(vocab * d)
+        out = rows * d * BYTES
+        n.memory(2 * out, bwd_bytes=2 * out + vocab * d * BYTES)
+    return n.ref(name)
 
 
 def _attention(n: _Node, B: int, sq: int, sk: int, d: int, heads: int, dkv: int,
-               bias: bool = True) -> None:
-    """Multi-head attention, queries over ``sq`` positions, keys/values over ``sk``."""
-    inner = heads * dkv
-    _linear(n, B * sq, d, inner, bias)                    # Q
-    _linear(n, B * sk, d, inner, bias)                    # K
-    _linear(n, B * sk, d, inner, bias)                    # V
-    n.compute(2.0 * B * heads * sq * sk * dkv)            # Q K^T
-    _eltwise(n, B * heads * sq * sk, 2)                   # scale + mask + softmax (fused)
-    n.compute(2.0 * B * heads * sq * sk * dkv)            # P V
-    _linear(n, B * sq, inner, d, bias)                    # output projection
-    _eltwise(n, B * sq * d, 3)                            # residual add
+               bias: bool = True, *, x: str | None = None, kv: str | None = None,
+               res: str | None = None, pre: str = "attn", scored: str | None = None) -> str:
+    """Multi-head attention, queries over ``sq`` positions, keys/values over ``sk``: ops
+    ``{pre}.q/k/v/scores/softmax/context/out/residual``. Q reads ``x``, K and V read ``kv``,
+    the residual add ``res``; the softmax reads ``scored`` (T5: the position-biased scores)."""
+    inner, bh, p = heads * dkv, B * heads, f"{pre}."
+    q = _linear(n, B * sq, d, inner, bias, name=p + "q", x=x)
+    k = _linear(n, B * sk, d, inner, bias, name=p + "k", x=kv)
+    v = _linear(n, B * sk, d, inner, bias, name=p + "v", x=kv)
+    with n.op(p + "scores", bh * sq * sk, (q, k), "bmm Q.K^T", ((bh, sq, dkv), (bh, dkv, sk))):
+        n.compute(2.0 * B * heads * sq * sk * dkv)
+    s = _eltwise(n, B * heads * sq * sk, 2, name=p + "softmax", what="scale+mask+softmax",
+                 shape=(bh, sq, sk), inputs=(scored or n.ref(p + "scores"),))
+    with n.op(p + "context", B * sq * inner, (s, v), "bmm P.V", ((bh, sq, sk), (bh, sk, dkv))):
+        n.compute(2.0 * B * heads * sq * sk * dkv)
+    o = _linear(n, B * sq, inner, d, bias, name=p + "out", x=n.ref(p + "context"))
+    return _eltwise(n, B * sq * d, 3, name=p + "residual", what="residual add",
+                    shape=(B * sq, d), inputs=(o, res))
 
 
-def _ffn(n: _Node, rows: float, d: int, ffn: int, bias: bool = True) -> None:
-    _linear(n, rows, d, ffn, bias)
-    _eltwise(n, rows * ffn)                               # GELU / ReLU
-    _linear(n, rows, ffn, d, bias)
-    _eltwise(n, rows * d, 3)                              # residual add
+def _ffn(n: _Node, rows: float, d: int, ffn: int, bias: bool = True, *, act: str = "gelu",
+         x: str | None = None, res: str | None = None) -> str:
+    """Feed-forward: ops ``ffn.fc1``, ``ffn.act`` (``act``), ``ffn.fc2``, ``ffn.residual``."""
+    h = _linear(n, rows, d, ffn, bias, name="ffn.fc1", x=x)
+    h = _eltwise(n, rows * ffn, name="ffn.act", what=act, shape=(rows, ffn), inputs=(h,))
+    h = _linear(n, rows, ffn, d, bias, name="ffn.fc2", x=h)
+    return _eltwise(n, rows * d, 3, name="ffn.residual", what="residual add", shape=(rows, d),
+                    inputs=(h, res))
 
 
-def _lm_head(n: _Node, rows: float, d: int, vocab: int, owner: bool, bias: bool) -> None:
-    """Projection to the vocabulary (weights tied to the embedding unless ``owner``) + softmax."""
-    n.compute(2.0 * rows * d * vocab)
-    n.params += (d * vocab if owner else 0) + (vocab if bias else 0)
-    _eltwise(n, rows * vocab, 2)
+def _lm_head(n: _Node, rows: float, d: int, vocab: int, owner: bool, bias: bool, *,
+             x: str | None = None) -> str:
+    """Projection to the vocabulary (weights tied to the embedding unless ``owner``) + softmax:
+    ops ``proj`` and ``softmax``."""
+    note = ("" if owner else " [tied]") + (" + bias" if bias else "")
+    with n.op("proj", rows * vocab, (x,), "matmul", ((rows, d), (d, vocab)), note=note):
+        n.compute(2.0 * rows * d * vocab)
+        n.add_params((d * vocab if owner else 0) + (vocab if bias else 0))
+    return _eltwise(n, rows * vocab, 2, name="softmax", what="softmax", shape=(rows, vocab),
+                    inputs=(n.ref("proj"),))
 
 
 # -- NLP models -------------------------------------------------------------------------------
-def _bert(o: dict[str, int], *, d: int = 1024, heads: int = 16, ffn: int = 4096,
+def _bert(o: dict, *, d: int = 1024, heads: int = 16, ffn: int = 4096,
           vocab: int = 30522, max_pos: int = 512) -> tuple:
     """BERT (Devlin et al. 2019): embeddings, ``layers`` post-LN transformer layers, pooler,
     SQuAD span head (27 nodes for BERT-large, as in SPP's simulation)."""
     B, S, L = o["microbatch"], o["seq"], o["layers"]
     T = B * S
-    emb = _Node("embed", f"BertEmbeddings(vocab={vocab}, d={d})")
-    _embedding(emb, T, vocab, d)
-    _embedding(emb, T, max_pos, d)
-    _embedding(emb, T, 2, d)
-    _eltwise(emb, T * d, 4)                               # sum of the three lookups
-    _norm(emb, T, d)
+    node = partial(_Node, record=o["granularity"] == "op")
+    emb = node("embed", f"BertEmbeddings(vocab={vocab}, d={d})")
+    parts = (_embedding(emb, T, vocab, d, name="word"),
+             _embedding(emb, T, max_pos, d, name="position"),
+             _embedding(emb, T, 2, d, name="token_type"))
+    x = _eltwise(emb, T * d, 4, name="sum", what="sum of the 3 embeddings", shape=(T, d),
+                 inputs=parts)
+    x = _norm(emb, T, d, name="norm", x=x)
     emb.act = T * d
     nodes = [emb]
     for i in range(1, L + 1):
-        n = _Node(f"layer{i}", f"TransformerLayer(d={d}, h={heads}, ffn={ffn})")
-        _attention(n, B, S, S, d, heads, d // heads)
-        _norm(n, T, d)
-        _ffn(n, T, d, ffn)
-        _norm(n, T, d)
+        n = node(f"layer{i}", f"TransformerLayer(d={d}, h={heads}, ffn={ffn})")
+        h = _attention(n, B, S, S, d, heads, d // heads, x=x, kv=x, res=x)
+        h = _norm(n, T, d, name="norm1", x=h)
+        h = _ffn(n, T, d, ffn, act="gelu", x=h, res=h)
+        x = _norm(n, T, d, name="norm2", x=h)
         n.act = T * d
         nodes.append(n)
-    pool = _Node("pooler", f"BertPooler(d={d})")
-    _linear(pool, B, d, d)
-    _eltwise(pool, B * d)                                 # tanh
+    pool = node("pooler", f"BertPooler(d={d})")
+    h = _linear(pool, B, d, d, name="dense", x=x)          # reads the first token of each sample
+    _eltwise(pool, B * d, name="tanh", what="tanh", shape=(B, d), inputs=(h,))
     pool.act = T * d + B * d                              # the head reads the sequence output
-    head = _Node("head", f"SQuADSpanHead(d={d})")
-    _linear(head, T, d, 2)
-    _eltwise(head, T * 2)
+    head = node("head", f"SQuADSpanHead(d={d})")
+    h = _linear(head, T, d, 2, name="span", x=x)
+    _eltwise(head, T * 2, name="logits", what="split start/end logits", shape=(T, 2),
+             inputs=(h,))
     head.act = T * 2
     hyper = {"layers": L, "d_model": d, "heads": heads, "ffn": ffn, "vocab": vocab}
     return nodes + [pool, head], None, hyper
@@ -214,63 +295,94 @@ def _xlnet(o: dict[str, int], *, d: int = 1024, heads: int = 16, ffn: int = 4096
     return nodes + [head], None, hyper
 
 
-def _enc_dec(o: dict[str, int], *, d: int, heads: int, dkv: int, ffn: int, vocab: int,
+def _position_bias(n: _Node, B: int, heads: int, sq: int, first: bool) -> None:
+    """T5: add the relative position bias to the self-attention scores (op ``attn.bias``;
+    the bucket table belongs to the first layer of the stack)."""
+    elems = B * heads * sq * sq
+    with n.op("attn.bias", elems, (n.ref("attn.scores"),), "add position bias",
+              ((B * heads, sq, sq),)):
+        if first:
+            n.add_params(32 * heads)                      # relative attention bias buckets
+        n.memory(3 * elems * BYTES)                       # = _eltwise(n, elems, 3)
+
+
+def _stack_layer(n: _Node, x: str, *, B: int, sq: int, d: int, heads: int, dkv: int,
+                 ffn: int, t5: bool, first: bool, last: bool, memory: str | None = None,
+                 sk: int = 0) -> str:
+    """One encoder layer, or a decoder layer (cross-attention over ``memory``, ``sk``
+    positions), reading the residual stream ``x``; returns its output op. Post-LN
+    (Vaswani) or pre-RMS-norm (T5); norms are named norm1, norm2, ... in sublayer order."""
+    rows, bias = B * sq, not t5
+
+    def sublayer(s: str, norm: str, body: Callable[[str, str], str]) -> str:
+        y = body(n.ref(norm) if t5 else s, s)             # T5 reads the normed stream
+        z = _norm(n, rows, d, shift=not t5, name=norm, x=s if t5 else y)
+        return y if t5 else z
+
+    if t5:
+        _position_bias(n, B, heads, sq, first)
+    scored = n.ref("attn.bias") if t5 else None
+    x = sublayer(x, "norm1", lambda a, r: _attention(n, B, sq, sq, d, heads, dkv, bias, x=a,
+                                                     kv=a, res=r, scored=scored))
+    if memory is not None:
+        x = sublayer(x, "norm2", lambda a, r: _attention(n, B, sq, sk, d, heads, dkv, bias,
+                                                         x=a, kv=memory, res=r, pre="cross"))
+    x = sublayer(x, "norm3" if memory else "norm2",
+                 lambda a, r: _ffn(n, rows, d, ffn, bias, act="relu", x=a, res=r))
+    if t5 and last:
+        x = _norm(n, rows, d, shift=False, name="final_norm", x=x)
+    return x
+
+
+def _token_embedding(node: Callable[..., _Node], nid: str, rows: int, vocab: int, d: int,
+                     t5: bool) -> tuple[_Node, str]:
+    """The shared table's lookup (+ sinusoidal positions unless T5); owned by ``embed``."""
+    owner = nid == "embed"
+    n = node(nid, f"Embedding(vocab={vocab}, d={d}) "
+              + ("[shared]" if owner else "[tied to embed]"))
+    x = _embedding(n, rows, vocab, d, owner=owner, name="word")
+    if not t5:
+        x = _eltwise(n, rows * d, 3, name="position", what="add sinusoidal positions",
+                     shape=(rows, d), inputs=(x,))
+    return n, x
+
+
+def _enc_dec(o: dict, *, d: int, heads: int, dkv: int, ffn: int, vocab: int,
              t5: bool) -> tuple:
     """Encoder-decoder transformer. ``t5=False``: Vaswani et al. (post-LN, biases, one table
     shared by source, target and pre-softmax). ``t5=True``: Raffel et al. (pre-RMS-norm, no
     biases, relative position buckets in the first layer of each stack, tied LM head)."""
     B, S, Tg, L = o["microbatch"], o["seq"], o["tgt_seq"], o["layers"]
     src, tgt = B * S, B * Tg
-    emb = _Node("embed", f"Embedding(vocab={vocab}, d={d}) [shared]")
-    _embedding(emb, src, vocab, d)
-    if not t5:
-        _eltwise(emb, src * d, 3)                         # + sinusoidal positions
+    node = partial(_Node, record=o["granularity"] == "op")
+    arch = {"B": B, "d": d, "heads": heads, "dkv": dkv, "ffn": ffn, "t5": t5}
+    emb, x = _token_embedding(node, "embed", src, vocab, d, t5)
     emb.act = src * d
     nodes = [emb]
     kind = "T5" if t5 else "Transformer"
     for i in range(1, L + 1):
-        n = _Node(f"enc{i}", f"{kind}EncoderLayer(d={d}, h={heads}, ffn={ffn})")
-        if t5 and i == 1:
-            n.params += 32 * heads                        # relative attention bias buckets
-        if t5:
-            _eltwise(n, B * heads * S * S, 3)             # add position bias to the scores
-        _attention(n, B, S, S, d, heads, dkv, bias=not t5)
-        _norm(n, src, d, shift=not t5)
-        _ffn(n, src, d, ffn, bias=not t5)
-        _norm(n, src, d, shift=not t5)
-        if t5 and i == L:
-            _norm(n, src, d, shift=False)                 # final encoder norm
+        n = node(f"enc{i}", f"{kind}EncoderLayer(d={d}, h={heads}, ffn={ffn})")
+        x = _stack_layer(n, x, sq=S, first=i == 1, last=i == L, **arch)
         n.act = src * d
         nodes.append(n)
-    demb = _Node("dec_embed", f"Embedding(vocab={vocab}, d={d}) [tied to embed]")
-    _embedding(demb, tgt, vocab, d, owner=False)
-    if not t5:
-        _eltwise(demb, tgt * d, 3)
+    memory = x
+    demb, y = _token_embedding(node, "dec_embed", tgt, vocab, d, t5)
     demb.act = tgt * d + src * d                          # + encoder memory
     nodes.append(demb)
     for i in range(1, L + 1):
-        n = _Node(f"dec{i}", f"{kind}DecoderLayer(d={d}, h={heads}, ffn={ffn})")
-        if t5 and i == 1:
-            n.params += 32 * heads
-        if t5:
-            _eltwise(n, B * heads * Tg * Tg, 3)
-        _attention(n, B, Tg, Tg, d, heads, dkv, bias=not t5)   # causal self-attention
-        _norm(n, tgt, d, shift=not t5)
-        _attention(n, B, Tg, S, d, heads, dkv, bias=not t5)    # cross-attention
-        _norm(n, tgt, d, shift=not t5)
-        _ffn(n, tgt, d, ffn, bias=not t5)
-        _norm(n, tgt, d, shift=not t5)
-        if t5 and i == L:
-            _norm(n, tgt, d, shift=False)
+        n = node(f"dec{i}", f"{kind}DecoderLayer(d={d}, h={heads}, ffn={ffn})")
+        y = _stack_layer(n, y, sq=Tg, first=i == 1, last=i == L, memory=memory, sk=S, **arch)
         n.act = tgt * d + (src * d if i < L else 0)
         nodes.append(n)
-    head = _Node("lm_head", f"LMHead(d={d}, vocab={vocab}) [tied to embed]")
-    _lm_head(head, tgt, d, vocab, owner=False, bias=False)
+    head = node("lm_head", f"LMHead(d={d}, vocab={vocab}) [tied to embed]")
+    _lm_head(head, tgt, d, vocab, owner=False, bias=False, x=y)
     head.act = tgt * vocab
     nodes.append(head)
+    shared = {"owner": "embed", "users": ["dec_embed", "lm_head"], "bytes": vocab * d * BYTES}
     hyper = {"layers": L, "d_model": d, "heads": heads, "d_kv": dkv, "ffn": ffn, "vocab": vocab,
-             "shared_weights": [{"owner": "embed", "users": ["dec_embed", "lm_head"],
-                                 "bytes": vocab * d * BYTES}]}
+             "shared_weights": [shared],
+             _OP_META: {"shared_weights": [{**shared, "owner": "embed/word",
+                                            "users": ["dec_embed/word", "lm_head/proj"]}]}}
     return nodes, None, hyper
 
 
@@ -599,10 +711,11 @@ def _inception_v3(o: dict[str, int]) -> tuple:
 class _Model:
     name: str
     description: str
-    build: Callable[[dict[str, int]], tuple]
+    build: Callable[[dict], tuple]
     defaults: dict[str, int]
     published_params: float
     limits: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    ops: bool = False              # offers granularity=op (zoo_ops.py)
 
 
 _t5 = partial(_enc_dec, vocab=32128, t5=True)
@@ -614,9 +727,10 @@ _AUX = {"aux": (0, 1)}
 
 _MODELS = {m.name: m for m in [
     _Model("bert-large", "BERT-large (Devlin et al. 2019): embeddings + 24 transformer layers "
-           "(d=1024, 16 heads) + pooler + SQuAD head", _bert, {**_NLP, "layers": 24}, 340e6),
+           "(d=1024, 16 heads) + pooler + SQuAD head", _bert, {**_NLP, "layers": 24}, 340e6,
+           ops=True),
     _Model("bert-48", "BERT-large width with 48 transformer layers (SPP Table II)", _bert,
-           {**_NLP, "layers": 48}, 640e6),
+           {**_NLP, "layers": 48}, 640e6, ops=True),
     _Model("xlnet-large", "XLNet-large (Yang et al. 2019): 24 relative-attention layers, "
            "d=1024, two-stream attention, SQuAD head", _xlnet,
            {"microbatch": 4, "seq": 512, "layers": 24, "streams": 2}, 340e6,
@@ -624,15 +738,16 @@ _MODELS = {m.name: m for m in [
     _Model("transformer", "Transformer base (Vaswani et al. 2017): 6+6 layers, d=512, 8 heads, "
            "shared 37000-token vocabulary",
            partial(_enc_dec, d=512, heads=8, dkv=64, ffn=2048, vocab=37000, t5=False),
-           _SEQ2SEQ, 65e6),
+           _SEQ2SEQ, 65e6, ops=True),
     _Model("t5-base", "T5-base (Raffel et al. 2020): 12+12 layers, d=768, 12 heads, ffn 3072",
-           partial(_t5, d=768, heads=12, dkv=64, ffn=3072), {**_T5, "layers": 12}, 220e6),
+           partial(_t5, d=768, heads=12, dkv=64, ffn=3072), {**_T5, "layers": 12}, 220e6,
+           ops=True),
     _Model("t5-3b", "T5-3B (Raffel et al. 2020): 24+24 layers, d=1024, 32 heads of 128, "
            "ffn 16384", partial(_t5, d=1024, heads=32, dkv=128, ffn=16384),
-           {**_T5, "layers": 24}, 2.85e9),
+           {**_T5, "layers": 24}, 2.85e9, ops=True),
     _Model("t5-11b", "T5-11B (Raffel et al. 2020): 24+24 layers, d=1024, 128 heads of 128, "
            "ffn 65536", partial(_t5, d=1024, heads=128, dkv=128, ffn=65536),
-           {**_T5, "layers": 24}, 11.3e9),
+           {**_T5, "layers": 24}, 11.3e9, ops=True),
     _Model("gnmt-4", "GNMT (Wu et al. 2016) with 4+4 LSTM layers of 1024, attention, vocab "
            "32320 (PipeDream / MLPerf)", _gnmt,
            {"microbatch": 64, "seq": 50, "tgt_seq": 50, "layers": 4}, 193.8e6,
@@ -660,8 +775,12 @@ def names() -> list[str]:
 
 
 def describe() -> list[dict]:
-    """One entry per model: name, description, default options (for ``pipeplan models``)."""
-    return [{"name": m.name, "description": m.description, "defaults": dict(m.defaults),
+    """One entry per model: name, description, default options (for ``pipeplan models``;
+    ``granularity`` appears there, as a string, for the models that offer ``op``), the
+    granularities it offers and its published parameter count."""
+    return [{"name": m.name, "description": m.description,
+             "defaults": {**m.defaults, **({"granularity": "layer"} if m.ops else {})},
+             "granularities": list(_granularities(m)),
              "published_params": m.published_params} for m in _MODELS.values()]
 
 
@@ -672,12 +791,33 @@ def _model(name: str) -> _Model:
     return model
 
 
-def _options(model: _Model, options: dict) -> dict[str, int]:
-    values = dict(model.defaults)
+def _granularities(model: _Model) -> tuple[str, ...]:
+    return GRANULARITIES if model.ops else GRANULARITIES[:1]
+
+
+def _granularity(model: _Model, raw: object) -> str:
+    """The ``granularity`` option: ``layer`` for every model, ``op`` where the model offers it."""
+    value = str(raw).strip().lower()
+    allowed = _granularities(model)
+    if isinstance(raw, str) and value in allowed:
+        return value
+    offer = "" if model.ops else \
+        f" (granularity=op is offered by {', '.join(m.name for m in _MODELS.values() if m.ops)})"
+    raise PipeplanError(f"zoo model {model.name!r}: option 'granularity' must be one of "
+                        f"{', '.join(allowed)}, got {raw!r}{offer}")
+
+
+def _options(model: _Model, options: dict) -> dict[str, int | str]:
+    """Defaults overridden by ``options``: positive integers (within the model's limits),
+    and the string option ``granularity``."""
+    values: dict[str, int | str] = {**model.defaults, "granularity": GRANULARITIES[0]}
     for key, raw in (options or {}).items():
         if key not in values:
             raise PipeplanError(f"zoo model {model.name!r}: unknown option {key!r} "
                                 f"(known: {', '.join(sorted(values))})")
+        if key == "granularity":
+            values[key] = _granularity(model, raw)
+            continue
         lo, hi = model.limits.get(key, (1, None))
         rng = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
         try:
@@ -694,13 +834,23 @@ def _options(model: _Model, options: dict) -> dict[str, int]:
 
 
 def build(name: str, options: dict[str, str] | None = None) -> Graph:
-    """Build zoo model ``name`` with ``options`` (strings, from ``zoo:NAME?key=value&...``)."""
+    """Build zoo model ``name`` with ``options`` (strings, from ``zoo:NAME?key=value&...``):
+    one node per layer / block, or per operation with ``granularity=op`` (zoo_ops.py)."""
     model = _model(name)
     opts = _options(model, options or {})
     nodes, edges, hyper = model.build(opts)
+    op_meta = hyper.pop(_OP_META, {})
     meta = {"source": "zoo", **opts, **hyper, "reference_device": REFERENCE_DEVICE,
             "reference_tflops": REFERENCE_TFLOPS, "reference_mem_gbps": REFERENCE_MEM_GBPS,
             "efficiency": dict(EFFICIENCY), "published_params": model.published_params}
+    if opts["granularity"] == "op":
+        count = sum(len(n.ops) for n in nodes)
+        if count > MAX_LAYERS:
+            raise PipeplanError(f"zoo model {name!r}: granularity=op gives {count:,} nodes; "
+                                f"pipeplan plans for at most {MAX_LAYERS:,} (use fewer layers "
+                                "or granularity=layer)")
+        specs, op_edges = assemble(nodes, BYTES)
+        return Graph.from_nodes(name, specs, op_edges, {**meta, **op_meta})
     if edges is None:
         edges = [(a.id, b.id) for a, b in zip(nodes, nodes[1:])]
     return Graph.from_nodes(name, [n.spec() for n in nodes], edges, meta)

@@ -39,6 +39,7 @@ class Config:
     eps_decay_steps: int = 10000           # pipeline tasks: 10,000 iterations (§5.1)
     target_every: int = 100
     learn_start: int = 64                  # transitions stored before the first update (ours)
+    train_every: int = 1                   # environment steps per update (ours; CleanRL's train_frequency)
     grad_clip: float = 10.0                # ours: Huber loss + clipped gradients
     priority_eps: float = 1e-3             # keeps every transition sampleable (Schaul et al.)
     seed: int = 0
@@ -185,7 +186,8 @@ def run_episode(env: Env, agent: Agent, explore: bool = True, learn: bool = True
         done = terminated or truncated
         if learn:
             agent.replay.add(obs, a, r, nxt, info["action_mask"], terminated)
-            agent.learn()
+            if agent.steps % agent.cfg.train_every == 0:
+                agent.learn()
         total += r
         actions.append(a)
         obs = nxt
