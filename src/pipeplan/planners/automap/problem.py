@@ -38,6 +38,7 @@ from ...errors import Infeasible, PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan
 from ...sim.batch import BatchEvaluator
+from .bounds import pipeline_lower_bound
 
 RADIUS = 3  # §5.2.3: "set the radius to 3"
 
@@ -150,8 +151,8 @@ class CutProblem:
         bounds = [0] + [int(self.device_cut[c]) for c in cuts] + [len(self.cluster)]
         return bounds[k], bounds[k + 1]
 
-    def allreduce_s(self, d0: int, d1: int, param_bytes: np.ndarray | float) -> np.ndarray:
-        """Ring all-reduce of ``param_bytes`` over devices [d0, d1) (SPP Eq. 1, costmodel)."""
+    def _ar_coef(self, d0: int, d1: int) -> tuple[float, float]:
+        """(seconds per byte, fixed seconds) of a ring all-reduce over devices [d0, d1)."""
         if (d0, d1) not in self._ar:
             group = list(range(d0, d1))
             try:
@@ -160,11 +161,10 @@ class CutProblem:
             except Infeasible:
                 fixed, unit = np.inf, 0.0
             self._ar[(d0, d1)] = (unit, fixed)
-        unit, fixed = self._ar[(d0, d1)]
-        return np.where(np.asarray(param_bytes) > 0, unit * np.asarray(param_bytes) + fixed, 0.0)
+        return self._ar[(d0, d1)]
 
-    def transfer_s(self, d0: int, d1: int, d2: int, nbytes: np.ndarray | float) -> np.ndarray:
-        """One microbatch's activations from devices [d0, d1) to [d1, d2) (costmodel)."""
+    def _xfer_coef(self, d0: int, d1: int, d2: int) -> tuple[float, float]:
+        """(seconds per byte, fixed seconds) of a transfer from devices [d0, d1) to [d1, d2)."""
         key = (d0, d1, d2)
         if key not in self._xfer:
             src, dst = list(range(d0, d1)), list(range(d1, d2))
@@ -174,8 +174,36 @@ class CutProblem:
             except Infeasible:
                 base, unit = np.inf, 0.0
             self._xfer[key] = (unit, base)
-        unit, base = self._xfer[key]
+        return self._xfer[key]
+
+    def allreduce_s(self, d0: int, d1: int, param_bytes: np.ndarray | float) -> np.ndarray:
+        """Ring all-reduce of ``param_bytes`` over devices [d0, d1) (SPP Eq. 1, costmodel)."""
+        unit, fixed = self._ar_coef(d0, d1)
+        return np.where(np.asarray(param_bytes) > 0, unit * np.asarray(param_bytes) + fixed, 0.0)
+
+    def transfer_s(self, d0: int, d1: int, d2: int, nbytes: np.ndarray | float) -> np.ndarray:
+        """One microbatch's activations from devices [d0, d1) to [d1, d2) (costmodel)."""
+        unit, base = self._xfer_coef(d0, d1, d2)
         return np.where(np.asarray(nbytes) > 0, unit * np.asarray(nbytes) + base, 0.0)
+
+    def lower_bounds(self, cuts: np.ndarray) -> np.ndarray:
+        """``bounds.pipeline_lower_bound`` of each row of complete cuts."""
+        cuts = np.atleast_2d(np.asarray(cuts, dtype=np.int64))
+        t = len(cuts)
+        ends = np.concatenate([np.zeros((t, 1), dtype=np.int64), cuts, np.full((t, 1), self.n)], axis=1)
+        devs = np.concatenate([np.zeros((t, 1), dtype=np.int64), self.device_cut[cuts],
+                               np.full((t, 1), len(self.cluster))], axis=1)
+        speed = np.concatenate(([0.0], np.cumsum(self.cluster.speed)))[devs]
+        s = np.diff(speed, axis=1)
+        lin = self.lin
+        fwd, bwd = np.diff(lin.fwd_cum[ends], axis=1) / s, np.diff(lin.bwd_cum[ends], axis=1) / s
+        par = np.diff(lin.params_cum[ends], axis=1)
+        unit, fixed = _coefs(np.stack([devs[:, :-1], devs[:, 1:]], axis=2), self._ar_coef)
+        ar = np.where(par > 0, unit * par + fixed, 0.0)
+        nbytes = lin.cut_bytes[cuts]
+        unit, fixed = _coefs(np.stack([devs[:, :-2], devs[:, 1:-1], devs[:, 2:]], axis=2), self._xfer_coef)
+        xfer = np.where(nbytes > 0, unit * nbytes + fixed, 0.0)
+        return pipeline_lower_bound(fwd, bwd, xfer, ar, self.microbatches)
 
     # -- state ----------------------------------------------------------------------------------
     def features(self, cuts: list[int]) -> np.ndarray:
@@ -268,6 +296,20 @@ class CutProblem:
         return {"cuts": [int(c) for c in cuts], "nodes": self.n, "after": ids,
                 "layers": [layer_of(i) for i in ids], "device_cuts": [int(self.device_cut[c]) for c in cuts],
                 "centers": list(self.centers), "radius": self.radius_used, "candidates": int(self.pivots.size)}
+
+
+def _coefs(keys: np.ndarray, coef) -> tuple[np.ndarray, np.ndarray]:
+    """``coef(*key)`` -> (unit, fixed) for every key in ``keys`` (..., m) of device indices,
+    computed once per distinct key."""
+    base = int(keys.max()) + 1
+    code = np.zeros(keys.shape[:-1], dtype=np.int64)
+    for i in range(keys.shape[-1]):
+        code = code * base + keys[..., i]
+    uniq, inv = np.unique(code.ravel(), return_inverse=True)
+    digits = [(uniq // base ** (keys.shape[-1] - 1 - i)) % base for i in range(keys.shape[-1])]
+    vals = np.array([coef(*(int(d[u]) for d in digits)) for u in range(uniq.size)], dtype=float).reshape(-1, 2)
+    inv = inv.reshape(code.shape)
+    return vals[inv, 0], vals[inv, 1]
 
 
 def layer_of(node_id: str) -> str:

@@ -1,0 +1,134 @@
+"""Auto-MAP's abstract array-partition problem (auto-map.txt §3.5, §4.5.1).
+
+A model becomes three arrays over its instructions (here: the nodes of one topological
+order): C, compute per node; A, the activation crossing a cut after each position; W,
+parameters per node. Step 1 builds the prefix sums of C and W (A stays per position);
+step 2 takes ``POINTS`` = 128 evenly spaced positions; step 3 divides all three by their
+common maximum. Dividing seconds and bytes by one maximum needs one unit, which the paper
+leaves open: we express A and W as seconds too, the time they take over the cluster's
+fastest link, so that the joint scale means something (docs/automap.md). The topology is
+the cluster's bandwidth matrix over its fastest link.
+
+The value function V(P | C, A, W) is pipeplan's evaluator on the coarsened instance: a chain
+of ``POINTS - 1`` segments (segment i holds positions (q_i, q_i+1]: its compute split 1:2
+into forward and backward, its parameters, and the activation at its end), on devices of
+speed 1 linked by the normalized bandwidths. A plan of the instance is K-1 boundaries among
+the points and K-1 device cuts; on a real model a boundary i is a cut at position q_i, so
+the coarse value is the real one over the common maximum (memory aside: the abstract
+problem has none, as in the paper).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...cluster import Cluster, Device
+from ...errors import PipeplanError
+from ...graph import Graph, linearize
+from ...plan import Plan, Stage
+from ...sim.batch import BatchEvaluator
+
+POINTS = 128      # §4.5.1 step 2: "which we empirically set to 128"
+MAX_DEVICES = 32  # the topology matrix is padded to this size (Table 2's largest cluster)
+
+
+def coarsen(compute: np.ndarray, activation: np.ndarray, params: np.ndarray,
+            points: int = POINTS) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """§4.5.1: prefix sums of C and W, ``points`` evenly spaced positions, joint scaling to
+    [0, 1]. ``activation[p]`` is the activation at a cut after the first p nodes (length
+    n+1, zero at both ends). Returns C*, A*, W*, the positions and the common maximum."""
+    n = compute.size
+    if activation.size != n + 1 or params.size != n:
+        raise PipeplanError("coarsen: expected C and W per node and A per cut position (n + 1)")
+    c = np.concatenate(([0.0], np.cumsum(compute)))
+    w = np.concatenate(([0.0], np.cumsum(params)))
+    pos = np.rint(np.arange(points) * n / (points - 1)).astype(np.int64)
+    cc, aa, ww = c[pos], activation[pos], w[pos]
+    top = float(max(cc.max(), aa.max(), ww.max()))
+    if top <= 0:
+        raise PipeplanError("coarsen: the model has no compute, activations or parameters")
+    return cc / top, aa / top, ww / top, pos, top
+
+
+@dataclass
+class Instance:
+    """One abstract problem: the arrays, the normalized topology, M and K; ``positions``
+    and ``scale`` tie it to a real model (None for generated data)."""
+
+    C: np.ndarray
+    A: np.ndarray
+    W: np.ndarray
+    topology: np.ndarray
+    microbatches: int
+    stages: int
+    positions: np.ndarray | None = None
+    scale: float = 1.0
+    name: str = "generated"
+
+    def __post_init__(self) -> None:
+        n_dev = self.topology.shape[0]
+        if n_dev > MAX_DEVICES:
+            raise PipeplanError(f"automap-infer: {n_dev} devices; the agent's topology input holds {MAX_DEVICES}")
+        if not 2 <= self.stages <= n_dev:
+            raise PipeplanError(f"automap-infer: {self.stages} stages on {n_dev} devices")
+        dc, dw = np.diff(self.C), np.diff(self.W)
+        ids = [f"p{i + 1}" for i in range(dc.size)]
+        self.graph = Graph(self.name, ids, dc / 3, 2 * dc / 3, dw, np.append(self.A[1:-1], 0.0),
+                           np.full(dc.size, np.nan), [""] * dc.size, [(i, i + 1) for i in range(dc.size - 1)])
+        bw = np.where(self.topology > 0, self.topology, 0.0)
+        devices = [Device(name=f"d{i}", kind="unit", memory=1e30, speed=1.0) for i in range(n_dev)]
+        self.cluster = Cluster("topology", devices, bw, np.zeros_like(bw))
+        self.evaluator = BatchEvaluator(self.graph, self.cluster, self.stages, self.microbatches, "1f1b", "split")
+
+    @property
+    def devices(self) -> int:
+        return self.topology.shape[0]
+
+    def assignment(self, bounds: np.ndarray, dcuts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``stage_of_node`` and ``device_stage`` rows for boundaries (points 1..126) and
+        device cuts (1..N-1), one plan per row."""
+        bounds, dcuts = np.atleast_2d(bounds), np.atleast_2d(dcuts)
+        seg = np.arange(1, self.C.size)  # segment i ends at point i
+        son = (seg[None, :, None] > bounds[:, None, :]).sum(axis=2)
+        dst = (np.arange(self.devices)[None, :, None] >= dcuts[:, None, :]).sum(axis=2)
+        return son, dst
+
+    def values(self, bounds: np.ndarray, dcuts: np.ndarray) -> np.ndarray:
+        """V(P | C, A, W) for each row: the iteration time in units of the common maximum."""
+        son, dst = self.assignment(bounds, dcuts)
+        res = self.evaluator.evaluate(son, dst)
+        return np.where(res.feasible, res.iteration_s, np.inf)
+
+
+def topology(cluster: Cluster) -> np.ndarray:
+    """Bandwidth between devices over the fastest link (1 on the diagonal)."""
+    bw = cluster.bandwidth.copy()
+    off = ~np.eye(len(cluster), dtype=bool)
+    top = float(bw[off].max()) if len(cluster) > 1 else 1.0
+    out = np.where(off, bw / top, 1.0)
+    return out
+
+
+def from_graph(graph: Graph, cluster: Cluster, microbatches: int, stages: int) -> Instance:
+    """A real model as an abstract instance (§4.5.1): C in seconds per microbatch (forward +
+    backward, over the devices' mean speed), A and W in seconds over the fastest link."""
+    lin = linearize(graph)
+    off = ~np.eye(len(cluster), dtype=bool)
+    fastest = float(cluster.bandwidth[off].max()) if len(cluster) > 1 else 1.0
+    speed = float(cluster.speed.mean())
+    order = lin.order
+    compute = (graph.fwd[order] + graph.bwd[order]) / speed
+    c, a, w, pos, top = coarsen(compute, lin.cut_bytes / fastest, graph.params[order] / fastest)
+    return Instance(c, a, w, topology(cluster), microbatches, stages, pos, top, graph.name)
+
+
+def real_plan(graph: Graph, cluster: Cluster, inst: Instance, bounds: list[int], dcuts: list[int],
+              microbatches: int, schedule: str = "1f1b", optimizer: str = "adam") -> Plan:
+    """The plan of the real model that boundaries and device cuts of its instance describe."""
+    order = [graph.ids[int(u)] for u in linearize(graph).order]
+    cuts = [0, *[int(inst.positions[b]) for b in bounds], len(order)]
+    devs = [0, *dcuts, len(cluster)]
+    stages = [Stage(order[a:b], cluster.names[d:e]) for a, b, d, e in zip(cuts, cuts[1:], devs, devs[1:])]
+    return Plan(graph, cluster, stages, microbatches, schedule=schedule, optimizer=optimizer, replicas="split")
