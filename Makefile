@@ -41,6 +41,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/drlpp/table1.py --budget 120
 	$(BIN)/python benchmarks/drlpp/evaluate.py
 	$(BIN)/python benchmarks/drlpp/env_speed.py
+	$(BIN)/python benchmarks/automap/table7.py --budget 300
+	$(BIN)/python benchmarks/automap/infer.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis

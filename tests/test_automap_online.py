@@ -168,7 +168,7 @@ def test_online_dqn_reaches_the_optimum_of_the_pruned_problem() -> None:
     p = CutProblem(g, c, 3, 8, radius=3)
     opt = optimum(p)
     assert opt.plans >= 40
-    run = train_online(p, Budget(seconds=60), Config(seed=0, eps_decay_steps=1500))
+    run = train_online(p, Budget(seconds=60), Config(hidden=(128, 128), seed=0, eps_decay_steps=1500))
     assert run.iteration_s == pytest.approx(opt.iteration_s, rel=1e-9)
     assert run.converged_s is not None
     assert p.value(run.greedy)[0] == pytest.approx(opt.iteration_s, rel=1e-9)
@@ -183,3 +183,23 @@ def test_env_observation_and_episode() -> None:
     _, r, done, _, info = env.step(a)
     assert done and info["cuts"] == [3]
     assert r == pytest.approx(p.reward(*p.value([3])))
+
+
+def test_cli_plan_prints_cut_positions_and_layers(capsys) -> None:
+    from pipeplan.cli import main
+
+    assert main(["plan", "--model", "zoo:bert-48", "--cluster", "automap-c", "--planner", "automap",
+                 "-O", "budget=4", "--microbatches", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "automap cuts: after #" in out and "(layer" in out and "-> device " in out
+
+
+def test_cli_plan_bad_automap_options(capsys) -> None:
+    from pipeplan.cli import main
+
+    assert main(["plan", "--model", "zoo:bert-48", "--cluster", "automap-a", "--planner", "automap",
+                 "-O", "stages=17", "-O", "budget=1"]) == 2
+    assert main(["plan", "--model", "zoo:bert-48", "--cluster", "automap-a", "--planner", "automap",
+                 "--schedule", "async-1f1b", "-O", "budget=1"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 2

@@ -101,7 +101,7 @@ def cmd_plan(args) -> int:
     return 0
 
 
-LEARNING_PLANNERS = ("drl-pp",)
+LEARNING_PLANNERS = ("drl-pp", "automap-infer")
 
 
 def cmd_train(args) -> int:
@@ -126,8 +126,14 @@ def cmd_train(args) -> int:
         raise PipeplanError("train: -O and --global-batch are options of plan and compare, not of train")
     seconds = parse_duration(args.budget, "--budget") if args.budget else None
     budget = Budget(seconds=seconds if seconds or args.evaluations else 300.0, evaluations=args.evaluations)
-    graph, cluster = _load_inputs(args)
     command = shlex.join(["pipeplan", "train", *(args.argv or [])])
+    if args.agent == "automap-infer":
+        return _train_automap_infer(args, outs, budget, command)
+    if args.data is not None:
+        raise PipeplanError("train: --data is an option of automap-infer, which trains on generated problems")
+    if not args.model or not args.cluster:
+        raise PipeplanError(f"train {args.agent}: --model and --cluster are required")
+    graph, cluster = _load_inputs(args)
     with training_progress(f"training {args.agent}") as progress:
         trained = train_agent(graph, cluster, _options(args), budget, args.seed, args.init, progress, command)
     title = f"{args.agent} on {graph.name} / {cluster.name} (seed {args.seed})"
@@ -149,6 +155,37 @@ def cmd_train(args) -> int:
               f"-O checkpoint={shlex.quote(args.out)}")
     return 0
 
+
+
+def _train_automap_infer(args, outs: Outputs, budget, command: str) -> int:
+    """``train automap-infer``: once, on generated problems (no model or cluster)."""
+    import shlex
+
+    from .learn.harness import save_bytes
+    from .planners.automap.infer import train
+
+    if args.model or args.cluster:
+        raise PipeplanError("train automap-infer: it trains on generated problems; --model and --cluster are "
+                            "not used (plan any model with --planner automap-infer)")
+    with training_progress("training automap-infer") as progress:
+        trained = train(budget, args.seed, args.data or "mix", args.init, progress, command)
+    title = f"automap-infer on {args.data or 'mix'} problems (seed {args.seed})"
+    outs.set("--out", lambda p: Path(p).write_bytes(save_bytes(trained.checkpoint)))
+    outs.set("curve CSV", lambda p: Path(p).write_text(trained.curve.csv_text()))
+    outs.set("curve PNG", lambda p: trained.curve.figure(title).savefig(p, format="png"))
+    outs.write_all()
+    last = trained.curve.points[-1] if trained.curve.points else None
+    summary = {"episodes": trained.episodes, "seconds": trained.checkpoint["trained_on"]["seconds"],
+               "greedy_reward": last.baseline if last else None, "checkpoint": args.out}
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    print(f"trained {trained.episodes:,} episodes in {summary['seconds']:.1f} s"
+          + (f"; greedy reward on held-out problems {last.baseline:.3f} (ideal/L)" if last else ""))
+    if args.out:
+        print(f"checkpoint written to {args.out}; plan with it: pipeplan plan --model MODEL --cluster CLUSTER "
+              f"--planner automap-infer -O checkpoint={shlex.quote(args.out)}")
+    return 0
 
 def _timeline_outputs(args) -> Outputs:
     """--trace and --gantt, checked before any work."""
@@ -512,10 +549,10 @@ def _planner_epilog() -> str:
     return "\n".join(lines)
 
 
-def _model_cluster(sp) -> None:
+def _model_cluster(sp, required: bool = True) -> None:
     """The inputs plan, compare and train share."""
-    sp.add_argument("--model", required=True, help="graph.txt / folder, graph .json, or zoo:NAME[?k=v&..]")
-    sp.add_argument("--cluster", required=True, help="preset name, hier:..., or a YAML/JSON file")
+    sp.add_argument("--model", required=required, help="graph.txt / folder, graph .json, or zoo:NAME[?k=v&..]")
+    sp.add_argument("--cluster", required=required, help="preset name, hier:..., or a YAML/JSON file")
     sp.add_argument("--microbatches", type=_positive_int, default=None,
                     help="microbatches per iteration (default 32, or chosen with --global-batch)")
     sp.add_argument("--global-batch", type=_positive_int, default=None, metavar="N",
@@ -530,9 +567,13 @@ def _model_cluster(sp) -> None:
 
 
 def _add_train_parser(sub) -> None:
-    sp = sub.add_parser("train", help="train a learning planner (drl-pp) on a model and cluster; save a checkpoint")
+    sp = sub.add_parser("train", help="train a learning planner (drl-pp on a model and cluster; automap-infer on "
+                                      "generated problems); save a checkpoint")
     sp.add_argument("agent", metavar="NAME", help=f"the learning planner: {', '.join(LEARNING_PLANNERS)}")
-    _model_cluster(sp)
+    _model_cluster(sp, required=False)
+    sp.add_argument("--data", choices=["mix", "generated", "cnn"], default=None,
+                    help="automap-infer's training problems: generated and zoo models (mix, the default), "
+                         "generated only, or the zoo's CNNs (the paper's CNN fine-tuning)")
     sp.add_argument("--schedule", default=None, help=f"{', '.join(_schedule_names())} (default 1f1b)")
     sp.add_argument("--budget", default=None, help="wall-clock budget, e.g. 90s, 3m, 1h (default 5m unless "
                                                    "--evaluations is given)")

@@ -115,7 +115,7 @@ class Agent:
         self.online = DuelingQ(obs_dim, actions, cfg.hidden)
         self.target = DuelingQ(obs_dim, actions, cfg.hidden)
         self.target.load_state_dict(self.online.state_dict())
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr)
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, foreach=True)
         self.replay = PrioritizedReplay(cfg.replay_size, obs_dim, actions, self.rng)
         self.steps = self.updates = 0
 
@@ -146,12 +146,13 @@ class Agent:
         obs, nxt = torch.from_numpy(buf.obs[idx]), torch.from_numpy(buf.next_obs[idx])
         act, rew = torch.from_numpy(buf.action[idx]), torch.from_numpy(buf.reward[idx])
         done, nmask = torch.from_numpy(buf.done[idx]), torch.from_numpy(buf.next_mask[idx])
+        both = self.online(torch.cat([obs, nxt]))  # one pass of the online net over s and s'
+        q = both[:len(idx)].gather(1, act[:, None]).squeeze(1)
         with torch.no_grad():  # double DQN: the online net picks, the target net values
             nmask = nmask | (done[:, None] > 0)  # a terminal row has no next action: any is fine
-            pick = masked(self.online(nxt), nmask).argmax(dim=1, keepdim=True)
+            pick = masked(both[len(idx):].detach(), nmask).argmax(dim=1, keepdim=True)
             future = self.target(nxt).gather(1, pick).squeeze(1) * (1.0 - done)
             target = rew + cfg.gamma * future
-        q = self.online(obs).gather(1, act[:, None]).squeeze(1)
         td = target - q
         loss = (torch.from_numpy(w) * nn.functional.smooth_l1_loss(q, target, reduction="none")).mean()
         self.optimizer.zero_grad()

@@ -1,8 +1,13 @@
-"""``automap``: Auto-MAP's pipeline search (auto-map.txt §3.4, §4.4), a DQN that cuts the
-model into K stages one pivot at a time, trained online on the model it plans
-(``online.py`` over ``problem.py``; the DQN is ``learn/dqn.py``). Training is planning time;
-the search stops when the greedy policy's plan has stopped changing or the budget is spent,
-and the plan is the best one seen. torch is imported only when the planner runs.
+"""Auto-MAP's pipeline planners (auto-map.txt; the DQN is ``learn/dqn.py``):
+
+- ``automap`` (§3.4, §4.4): a DQN that cuts the model into K stages one pivot at a time,
+  trained online on the model it plans (``online.py`` over ``problem.py``). Training is
+  planning time; the search stops when the greedy policy's plan has stopped changing or the
+  budget is spent, and the plan is the best one seen.
+- ``automap-infer`` (§3.5, §4.5): a DQN trained once on generated array-partition problems
+  (``arrays.py``, ``infer.py``), shipped with pipeplan, that plans any model zero-shot.
+
+torch is imported only when a planner runs.
 """
 
 from __future__ import annotations
@@ -11,10 +16,10 @@ from dataclasses import dataclass, field
 
 from ...cluster import Cluster
 from ...errors import PipeplanError
-from ...graph import Graph
+from ...graph import Graph, linearize
 from ...plan import Plan
 from ..base import PlanOptions, planner_options, register
-from .problem import RADIUS, CutProblem, server_boundaries
+from .problem import RADIUS, CutProblem, layer_of, server_boundaries
 
 DEFAULT_BUDGET_S = 300.0  # the issue's target: each Table 7 case converges within 5 minutes
 
@@ -55,17 +60,51 @@ def _budget_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
           options=AutomapOptions, estimate=_budget_s, in_best=False)
 def plan_automap(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """Train the DQN on this model and cluster; the best plan it met."""
-    from ...learn.dqn import Config
     from ...learn.harness import Budget
-    from .online import train_online
+    from .online import online_config, train_online
 
     opts = planner_options(AutomapOptions, options, "automap")
     problem = problem_for(graph, cluster, options, opts.stages, opts.radius)
-    run = train_online(problem, Budget(seconds=opts.budget), Config(seed=opts.seed))
+    run = train_online(problem, Budget(seconds=opts.budget), online_config(opts.seed))
     if not run.cuts:
         raise PipeplanError(f"automap: no plan found for {graph.name!r} within {opts.budget:g} s")
     plan = problem.plan(run.cuts)
     plan.extra = {"automap": {**problem.describe(run.cuts), "fits": run.fits, "episodes": run.episodes,
                               "evaluations": run.evaluations, "converged_s": run.converged_s,
                               "complete": run.converged_s is not None}}
+    return plan
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    checkpoint: str | None = field(default=None, metadata={
+        "help": "a checkpoint from `pipeplan train automap-infer` (default: the one shipped with pipeplan)"})
+    stages: int | None = field(default=None, metadata={"min": 2, "help": (
+        "K, the number of stages (default: one per server, at least 2)")})
+
+
+@register("automap-infer", "Auto-MAP (online inference): a DQN trained once on generated array-partition "
+          "problems picks stage boundaries and device cuts for any model zero-shot", "1f1b",
+          options=InferOptions, in_best=False)
+def plan_automap_infer(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
+    """Coarsen the model to 128 points (§4.5.1), let the trained agent pick K-1 boundaries
+    and device cuts greedily, and map them back to the model."""
+    from .arrays import from_graph, real_plan
+    from .infer import InferEnv, greedy, load_agent
+
+    opts = planner_options(InferOptions, options, "automap-infer")
+    if options.schedule not in (None, "1f1b", "gpipe"):
+        raise PipeplanError(f"automap-infer: schedule {options.schedule!r} is not a synchronous pipeline "
+                            "(use 1f1b or gpipe)")
+    inst = from_graph(graph, cluster, options.microbatches, opts.stages or default_stages(cluster))
+    found = greedy(load_agent(opts.checkpoint), InferEnv(), inst)
+    plan = real_plan(graph, cluster, inst, found.bounds, found.dcuts, options.microbatches,
+                     options.schedule or "1f1b", options.optimizer)
+    cuts = [int(inst.positions[b]) for b in found.bounds]
+    order = linearize(graph).order
+    after = [graph.ids[int(order[c - 1])] for c in cuts]
+    plan.extra = {"automap-infer": {"cuts": cuts, "nodes": len(graph), "after": after,
+                                    "layers": [layer_of(a) for a in after], "device_cuts": found.dcuts,
+                                    "boundaries": found.bounds, "granularity": 128,
+                                    "checkpoint": opts.checkpoint or "shipped", "inference_s": found.seconds}}
     return plan

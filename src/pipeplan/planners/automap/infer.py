@@ -163,3 +163,152 @@ class Inferred:
     value: float
     seconds: float
     extra: dict = field(default_factory=dict)
+
+
+# -- training models from the zoo (the rest of the zoo and PipeDream's profiles stay unseen) ------
+TRAIN_MODELS = {  # zoo name -> options drawn per instance
+    "bert-large": {"layers": (6, 36)}, "transformer": {"layers": (2, 12)}, "xlnet-large": {"layers": (6, 36)},
+    "gnmt-4": {"layers": (2, 8)}, "vgg16": {}, "resnet50": {}, "alexnet": {}, "googlenet": {},
+}
+OP_LEVEL = ("bert-large", "transformer")
+CNN_MODELS = ("vgg16", "resnet50", "alexnet", "googlenet")
+
+
+def zoo_instance(rng: np.random.Generator, names: tuple[str, ...] | None = None) -> Instance:
+    """A training model from the zoo (random depth, microbatch, granularity) on a random
+    hierarchical V100 cluster, through the same steps as any real model."""
+    from ...cluster import hierarchical
+    from ...graph.zoo import build
+    from .arrays import from_graph
+
+    name = str(rng.choice(names or tuple(TRAIN_MODELS)))
+    opts = {k: str(int(rng.integers(lo, hi + 1))) for k, (lo, hi) in TRAIN_MODELS[name].items()}
+    opts["microbatch"] = str(int(rng.choice([4, 8, 16, 32])))
+    if name in OP_LEVEL and rng.random() < 0.5:
+        opts["granularity"] = "op"
+    graph = build(name, opts)
+    topo, servers = random_topology(rng)
+    gpus = topo.shape[0] // servers
+    intra = 400e9
+    cluster = hierarchical("train", servers, gpus, intra, intra * float(topo[0, -1]) if servers > 1 else intra,
+                           kind="V100")
+    stages = servers if servers > 1 else int(rng.integers(2, 5))
+    return from_graph(graph, cluster, int(rng.choice([4, 8, 16, 32])), min(stages, len(cluster)))
+
+
+def sampler(rng: np.random.Generator, data: str) -> Callable[[], Instance]:
+    """Training instances: ``mix`` (generated from the three distributions, and a quarter
+    from the zoo's training models), ``generated`` or ``cnn`` (the CNN training models, the
+    paper's fine-tuning distribution for CNNs, §5.2.4)."""
+    if data not in ("mix", "generated", "cnn"):
+        raise PipeplanError(f"automap-infer: unknown training data {data!r} (known: mix, generated, cnn)")
+
+    def draw() -> Instance:
+        if data == "cnn":
+            return zoo_instance(rng, CNN_MODELS)
+        if data == "mix" and rng.random() < 0.25:
+            return zoo_instance(rng)
+        return generated(rng)
+    return draw
+
+
+# -- the agent: training once, planning zero-shot ------------------------------------------------
+AGENT = "automap-infer"
+CHECK_EVERY = 500   # episodes between learning-curve points
+VALIDATION = 16     # generated instances the greedy policy is scored on at each point
+
+
+def config(seed: int = 0) -> "Config":
+    """§5.1's pipeline hyper-parameters; the network is ours (two hidden layers of 256), and
+    the agent learns every 4 steps (CleanRL's train_frequency) to afford many episodes."""
+    from ...learn.dqn import Config
+
+    return Config(hidden=(256, 256), train_every=4, seed=seed)
+
+
+def greedy(agent, env: InferEnv, inst: Instance) -> Inferred:
+    """The agent's plan for ``inst``: every step the valid action of largest Q (§3.5.3)."""
+    import time
+
+    t0 = time.perf_counter()
+    env.use(inst)
+    obs, info = env.reset()
+    done = False
+    while not done:
+        obs, _, done, _, info = env.step(agent.greedy(obs, info["action_mask"]))
+    return Inferred(info["bounds"], info["dcuts"], info["value"], time.perf_counter() - t0)
+
+
+@dataclass
+class Trained:
+    agent: Any
+    curve: Any
+    checkpoint: dict
+    episodes: int
+
+
+def train(budget, seed: int = 0, data: str = "mix", init: str | None = None, progress=None,
+          command: str = "") -> Trained:
+    """Train on instances drawn from ``data`` until ``budget`` (episodes count as
+    evaluations); from the checkpoint ``init`` (fine-tuning: epsilon starts at its floor)."""
+    import torch
+
+    from ...learn.dqn import Agent, run_episode
+    from ...learn.harness import Curve, Point, checkpoint, seed_everything
+
+    torch.set_num_threads(1)
+    seed_everything(seed)
+    rng = np.random.default_rng(seed)
+    agent = Agent(InferEnv.OBS, POINTS, config(seed))
+    if init:
+        load_weights(agent, init)
+        agent.steps = agent.cfg.eps_decay_steps
+    env, probe = InferEnv(sampler(rng, data)), InferEnv()
+    val_rng = np.random.default_rng(10_000 + seed)
+    validation = [generated(val_rng) for _ in range(VALIDATION)]
+    curve = Curve("mean reward (ideal/L, last 500 episodes)", "greedy reward on 16 held-out instances", "episode")
+    episodes, returns = 0, []
+    while budget.left(episodes):
+        ret, _, _ = run_episode(env, agent)
+        episodes += 1
+        returns.append(ret)
+        if episodes % CHECK_EVERY == 0:
+            val = np.mean([_ratio(probe, greedy(agent, probe, v)) for v in validation])
+            curve.add(Point(episodes, budget.elapsed, episodes, float(np.mean(returns[-CHECK_EVERY:])), float(val),
+                            float("nan")))
+            if progress is not None:
+                progress(curve.points[-1], budget.fraction(episodes))
+    state = {k: v.detach().half() for k, v in agent.online.state_dict().items()}  # fp16: a small file
+    trained_on = {"data": data, "episodes": episodes, "seconds": budget.elapsed, "seed": seed, "from": init,
+                  "command": command}
+    return Trained(agent, curve, checkpoint(AGENT, agent.cfg, state, trained_on), episodes)
+
+
+def _ratio(env: InferEnv, plan: Inferred) -> float:
+    """The reward of a plan: its instance's ideal iteration over its value."""
+    return env.ideal() / plan.value if np.isfinite(plan.value) and plan.value > 0 else 0.0
+
+
+def load_weights(agent, path: str | Path) -> dict:
+    from ...learn.harness import load_checkpoint
+
+    data = load_checkpoint(str(path), AGENT)
+    agent.online.load_state_dict({k: v.float() for k, v in data["state"].items()})
+    agent.target.load_state_dict(agent.online.state_dict())
+    return data
+
+
+def load_agent(path: str | Path | None = None):
+    """The agent of a checkpoint (default: the one shipped with pipeplan)."""
+    import torch
+
+    from ...learn.dqn import Agent
+
+    torch.set_num_threads(1)
+    path = Path(path) if path else SHIPPED
+    if not path.is_file():
+        raise PipeplanError(f"automap-infer: checkpoint {str(path)!r}: no such file"
+                            + (" (rebuild it: see docs/automap.md)" if path == SHIPPED else ""))
+    agent = Agent(InferEnv.OBS, POINTS, config())
+    load_weights(agent, path)
+    return agent

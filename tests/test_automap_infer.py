@@ -1,0 +1,159 @@
+"""Auto-MAP's online inference (planners/automap/arrays, coarse_optimum, infer, bounds): the
+data processing on a worked example, the abstract value against the real simulator, the
+lower bound against the simulator, the exact optimum against brute force, the environment's
+masks, and the shipped checkpoint planning models it never saw."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from pipeplan.cluster import hierarchical, load_cluster
+from pipeplan.graph import Graph, load_graph
+from pipeplan.planners import PlanOptions, run_planner
+from pipeplan.planners.automap.arrays import POINTS, Instance, coarsen, from_graph, real_plan, topology
+from pipeplan.planners.automap.coarse_optimum import lower_bounds, optimum
+from pipeplan.planners.automap.enumerate import plans
+from pipeplan.planners.automap.infer import SHIPPED, InferEnv, generated
+from pipeplan.planners.automap.problem import CutProblem
+from pipeplan.sim import simulate
+
+from conftest import profile_path
+
+
+def test_coarsen_worked_example() -> None:
+    # 4 instructions, 3 points: positions round(i * 4 / 2) = 0, 2, 4
+    c, a, w, pos, top = coarsen(np.array([1.0, 2.0, 3.0, 4.0]), np.array([0.0, 5.0, 12.0, 6.0, 0.0]),
+                                np.array([0.0, 4.0, 0.0, 2.0]), points=3)
+    assert pos.tolist() == [0, 2, 4]
+    # prefix sums C' = 0, 1, 3, 6, 10 and W' = 0, 0, 4, 4, 6 at the points; A as it is
+    assert top == 12.0                        # max(C'' = 0, 3, 10; A'' = 0, 12, 0; W'' = 0, 4, 6)
+    assert c.tolist() == pytest.approx([0, 3 / 12, 10 / 12])
+    assert a.tolist() == pytest.approx([0, 1, 0])
+    assert w.tolist() == pytest.approx([0, 4 / 12, 6 / 12])
+
+
+def test_coarse_value_is_the_real_simulation_scaled() -> None:
+    """On a chain, boundaries at points cut the real model at their positions: the coarse
+    value times the common maximum is the real iteration time (memory and latency aside)."""
+    g = load_graph("zoo:bert-large?layers=8")
+    c = hierarchical("2x4", 2, 4, 400e9, 3e9, kind="V100")
+    inst = from_graph(g, c, 8, 2)
+    bounds, dcuts = [60], [4]
+    real = simulate(real_plan(g, c, inst, bounds, dcuts, 8)).iteration_s
+    assert inst.values(np.array([bounds]), np.array([dcuts]))[0] * inst.scale == pytest.approx(real, rel=1e-9)
+    assert topology(c)[0, 5] == pytest.approx(3e9 / 400e9)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_lower_bound_never_exceeds_the_simulation(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    inst = generated(rng)
+    pts = np.arange(1, POINTS - 1)
+    for _ in range(40):
+        b = np.sort(rng.choice(pts, inst.stages - 1, replace=False))
+        d = np.sort(rng.choice(np.arange(1, inst.devices), inst.stages - 1, replace=False))
+        lb = lower_bounds(inst, b[None, :], d)[0]
+        assert lb <= inst.values(b[None, :], d[None, :])[0] * (1 + 1e-9)
+
+
+def test_lower_bound_of_the_pruned_problem_never_exceeds_the_simulation() -> None:
+    g = load_graph("zoo:t5-base?granularity=op&layers=4")
+    c = load_cluster("automap-b")
+    p = CutProblem(g, c, 3, 8)
+    rows = np.concatenate(list(plans(p)))
+    rows = rows[np.random.default_rng(0).choice(len(rows), min(500, len(rows)), replace=False)]
+    it, _ = p.values(rows)
+    assert np.all(p.lower_bounds(rows) <= it * (1 + 1e-9))
+
+
+def small_instance(stages: int = 3) -> Instance:
+    rng = np.random.default_rng(7)
+    compute, act, params = rng.random(12), np.concatenate(([0], rng.random(11), [0])), rng.random(12)
+    cc, aa, ww, pos, top = coarsen(compute, act * 0.2, params * 0.3, points=13)
+    topo = np.where(np.repeat(np.arange(2), 2)[:, None] == np.repeat(np.arange(2), 2)[None, :], 1.0, 0.1)
+    return Instance(cc, aa, ww, topo, 4, stages, pos, top)
+
+
+def test_coarse_optimum_equals_brute_force() -> None:
+    inst = small_instance()
+    best = np.inf
+    for b in itertools.combinations(range(1, 12), 2):
+        for d in itertools.combinations(range(1, 4), 2):
+            best = min(best, float(inst.values(np.array([b]), np.array([d]))[0]))
+    assert optimum(inst).value == pytest.approx(best, rel=1e-12)
+
+
+def test_env_alternates_boundaries_and_device_cuts_under_masks() -> None:
+    env = InferEnv()
+    inst = generated(np.random.default_rng(3))
+    env.use(inst)
+    obs, info = env.reset()
+    assert obs.shape == (InferEnv.OBS,) and obs.min() >= 0 and obs.max() <= 1
+    k = inst.stages
+    assert info["action_mask"][0] == 0 and info["action_mask"][1] and not info["action_mask"][POINTS - 1]
+    obs, _, done, _, info = env.step(40)
+    assert not done and info["action_mask"].sum() == inst.devices - 1 - (k - 2)
+    assert not info["action_mask"][inst.devices - (k - 1) + 1:].any()
+    obs, _, done, _, info = env.step(1)
+    if k > 2:
+        assert not info["action_mask"][:41].any()
+
+
+def test_env_masks_points_sharing_a_real_position() -> None:
+    """A model of 6 nodes has 7 cut positions for 128 points: boundaries must land on
+    distinct positions strictly inside the model, leaving room for the later ones."""
+    g = Graph.chain("six", fwd=[1.0] * 6, bwd=[2.0] * 6, params=[1.0] * 6, act=[1.0] * 6)
+    inst = from_graph(g, hierarchical("1x4", 1, 4, 1e9, 1e9, speed=1.0), 4, 3)
+    env = InferEnv()
+    env.use(inst)
+    _, info = env.reset()
+    allowed = set(inst.positions[info["action_mask"]].tolist())
+    assert allowed == {1, 2, 3, 4}                     # position 5 would leave no room for the second cut
+    first = int(np.flatnonzero(inst.positions == 4)[0])
+    _, _, _, _, info = env.step(first)
+    _, _, _, _, info = env.step(1)
+    assert set(inst.positions[info["action_mask"]].tolist()) == {5}
+
+
+def test_shipped_checkpoint_plans_models_it_never_saw(tmp_path) -> None:
+    assert SHIPPED.is_file(), "the shipped automap-infer checkpoint is missing (docs/automap.md rebuilds it)"
+    assert SHIPPED.stat().st_size < 4 * 2**20
+    for spec, cluster in (("zoo:t5-11b?layers=4", "automap-c"), ("zoo:bert-48?granularity=op", "automap-b")):
+        g, c = load_graph(spec), load_cluster(cluster)
+        plan, result = run_planner("automap-infer", g, c, PlanOptions(microbatches=16))
+        info = plan.extra["automap-infer"]
+        assert len(plan.stages) == (4 if cluster == "automap-c" else 3)
+        assert len(info["cuts"]) == len(info["layers"]) == len(info["device_cuts"]) == len(plan.stages) - 1
+        assert np.isfinite(result.iteration_s)
+
+
+def test_shipped_checkpoint_plans_a_pipedream_profile() -> None:
+    g, c = load_graph(str(profile_path("vgg16"))), load_cluster("automap-a")
+    plan, result = run_planner("automap-infer", g, c, PlanOptions(microbatches=16))
+    assert len(plan.stages) == 2 and np.isfinite(result.iteration_s)
+
+
+def test_cli_train_and_plan_bad_inputs(tmp_path, capsys) -> None:
+    from pipeplan.cli import main
+
+    assert main(["train", "automap-infer", "--model", "zoo:bert-48", "--evaluations", "5"]) == 2
+    assert main(["train", "drl-pp", "--data", "cnn", "--model", "zoo:bert-48", "--cluster", "automap-a"]) == 2
+    assert main(["plan", "--model", "zoo:bert-48", "--cluster", "automap-a", "--planner", "automap-infer",
+                 "-O", f"checkpoint={tmp_path / 'none.pt'}"]) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and "Traceback" not in err
+
+
+def test_cli_trains_automap_infer_briefly(tmp_path, capsys) -> None:
+    from pipeplan.cli import main
+
+    out = tmp_path / "ai.pt"
+    assert main(["train", "automap-infer", "--evaluations", "600", "--seed", "1", "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["episodes"] == 600 and out.is_file() and (tmp_path / "ai.csv").is_file()
+    assert main(["plan", "--model", "zoo:t5-base", "--cluster", "automap-a", "--planner", "automap-infer",
+                 "-O", f"checkpoint={out}", "--json"]) == 0
