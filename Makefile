@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/drlpp/evaluate.py
 	$(BIN)/python benchmarks/drlpp/env_speed.py
 	$(BIN)/python benchmarks/automap/table7.py --budget 300
+	$(BIN)/python benchmarks/automap/enumeration.py
 	$(BIN)/python benchmarks/automap/infer.py
 
 clean:

@@ -24,8 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from pipeplan.cluster import load_cluster
 from pipeplan.graph import load_graph
 from pipeplan.learn.harness import Budget

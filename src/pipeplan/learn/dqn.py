@@ -42,6 +42,7 @@ class Config:
     train_every: int = 1                   # environment steps per update (ours; CleanRL's train_frequency)
     grad_clip: float = 10.0                # ours: Huber loss + clipped gradients
     priority_eps: float = 1e-3             # keeps every transition sampleable (Schaul et al.)
+    point_features: int = 0                # > 0: observations are per-action feature rows (PointwiseQ)
     seed: int = 0
 
 
@@ -63,6 +64,38 @@ class DuelingQ(nn.Module):
         z = self.trunk(obs)
         a = self.advantage(z)
         return self.value(z) + a - a.mean(dim=-1, keepdim=True)
+
+
+class PointwiseQ(nn.Module):
+    """A dueling Q-network for observations laid out per action: ``actions`` rows of
+    ``features`` numbers, then globals. One MLP scores every action's row (with the globals);
+    V(s) reads the rows' mean hidden state. Ours: it lets one small network rank actions of
+    any instance by what each would do, rather than by its index."""
+
+    def __init__(self, obs_dim: int, actions: int, hidden: tuple[int, ...], features: int) -> None:
+        super().__init__()
+        self.actions, self.features = actions, features
+        layers: list[nn.Module] = []
+        width = features + obs_dim - actions * features
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        self.trunk = nn.Sequential(*layers)
+        self.advantage = nn.Linear(width, 1)
+        self.value = nn.Linear(width, 1)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        rows = obs[:, :self.actions * self.features].reshape(len(obs), self.actions, self.features)
+        glob = obs[:, self.actions * self.features:]
+        z = self.trunk(torch.cat([rows, glob[:, None, :].expand(-1, self.actions, -1)], dim=2))
+        a = self.advantage(z).squeeze(2)
+        return self.value(z.mean(dim=1)) + a - a.mean(dim=-1, keepdim=True)
+
+
+def q_network(obs_dim: int, actions: int, cfg: "Config") -> nn.Module:
+    if cfg.point_features:
+        return PointwiseQ(obs_dim, actions, cfg.hidden, cfg.point_features)
+    return DuelingQ(obs_dim, actions, cfg.hidden)
 
 
 class PrioritizedReplay:
@@ -112,8 +145,8 @@ class Agent:
         self.cfg = cfg
         torch.manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
-        self.online = DuelingQ(obs_dim, actions, cfg.hidden)
-        self.target = DuelingQ(obs_dim, actions, cfg.hidden)
+        self.online = q_network(obs_dim, actions, cfg)
+        self.target = q_network(obs_dim, actions, cfg)
         self.target.load_state_dict(self.online.state_dict())
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=cfg.lr, foreach=True)
         self.replay = PrioritizedReplay(cfg.replay_size, obs_dim, actions, self.rng)

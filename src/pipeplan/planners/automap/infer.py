@@ -7,9 +7,11 @@ each through the same prefix-sum / coarsen / normalize steps as a real model; ea
 is played ``EPISODES_PER_INSTANCE`` = 50 times (§3.5.3). Clusters are drawn too (1-4
 servers of 4 or 8 GPUs, links between servers 2-100x slower), and so are K and M.
 
-State (§4.5.2): C*, A*, W*, the topology matrix (padded to 32 x 32), the partition so far
-(boundary marks over the 128 points, device-cut marks over the devices); ours besides: C*
-over its total (where the compute fractions lie), the step, and K, N, M as scalars.
+State (§4.5.2): C*, A*, W*, the topology matrix and the partition so far, arranged per
+action (``InferEnv``): each of the 128 actions gets a row of features computed from those
+inputs, and one small network scores every row (``learn.dqn.PointwiseQ``). The paper's
+flat layout (the arrays, the padded 32 x 32 matrix and the marks side by side into an MLP)
+learned no input-dependent plan in 100,000 episodes here (docs/automap.md).
 Actions (§4.5.2): partition boundaries and device cuts share one action space of 128: the
 steps alternate, boundary j then device cut j. Reward: 1/L at the last step (L in units of
 the instance's ideal iteration, as online).
@@ -17,7 +19,7 @@ the instance's ideal iteration, as online).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -67,11 +69,31 @@ def generated(rng: np.random.Generator, dist: str | None = None) -> Instance:
 
 
 # -- environment ---------------------------------------------------------------------------------
+FEATURES = 8       # per action (point or device), see InferEnv.rows
+GLOBALS = 5
+
+
+def _clip(x: np.ndarray) -> np.ndarray:
+    return np.clip(x, 0.0, 4.0) / 4.0
+
+
 class InferEnv(gym.Env):
-    """One episode = K-1 boundaries and K-1 device cuts of one instance, alternating."""
+    """One episode = K-1 boundaries and K-1 device cuts of one instance, alternating.
+
+    The observation holds what §4.5.2 lists (C*, A*, W*, the topology, the partition so far)
+    arranged per action: a row of ``FEATURES`` numbers for each of the 128 actions, computed
+    from those inputs, then ``GLOBALS`` numbers. Boundary at point i (stage j closes there):
+    the stage's compute share and the mean share left to each later stage (both x K), the
+    activation crossing i over the stage's compute, the stage's and the rest's parameter
+    shares. Device cut at d (stage j gets devices [d_prev, d)): its device share over its
+    compute share, the same for the rest, its all-reduce time over the ideal iteration, how
+    much slower its slowest inner link is than the fastest, whether d is on a server
+    boundary, its per-device compute over the ideal. Last column: the action is valid.
+    Globals: boundary or device step, the step, K/8, N/32, log2(M)/6.
+    """
 
     metadata: dict[str, Any] = {"render_modes": []}
-    OBS = 5 * POINTS + MAX_DEVICES * MAX_DEVICES + MAX_DEVICES + 2 * (MAX_STAGES - 1) + 3
+    OBS = POINTS * FEATURES + GLOBALS
 
     def __init__(self, sample: Callable[[], Instance] | None = None) -> None:
         self.sample = sample
@@ -85,16 +107,8 @@ class InferEnv(gym.Env):
         if inst.stages > MAX_STAGES:
             raise PipeplanError(f"automap-infer: {inst.stages} stages; the agent plans up to {MAX_STAGES}")
         self.inst, self.played, self.cache = inst, 0, {}
-        self._static = self._static_part(inst)
-
-    @staticmethod
-    def _static_part(inst: Instance) -> np.ndarray:
-        topo = np.zeros((MAX_DEVICES, MAX_DEVICES))
-        n = inst.devices
-        topo[:n, :n] = inst.topology
-        frac = inst.C / inst.C[-1] if inst.C[-1] > 0 else inst.C
-        scalars = [inst.stages / MAX_STAGES, n / MAX_DEVICES, np.log2(inst.microbatches) / 6.0]
-        return np.concatenate([inst.C, inst.A, inst.W, frac, topo.ravel(), scalars])
+        self.frac = inst.C / inst.C[-1] if inst.C[-1] > 0 else np.linspace(0, 1, POINTS)
+        self.wfrac = inst.W / inst.W[-1] if inst.W[-1] > 0 else np.zeros(POINTS)
 
     def mask(self) -> np.ndarray:
         inst, k = self.inst, len(self.bounds) + len(self.dcuts)
@@ -114,18 +128,50 @@ class InferEnv(gym.Env):
             ok = (d > last) & (d <= inst.devices - (inst.stages - 1 - j))
         return ok
 
+    def ideal(self) -> float:
+        return self.inst.microbatches * self.inst.C[-1] / self.inst.devices
+
+    def rows(self, valid: np.ndarray) -> np.ndarray:
+        """The per-action features of the current step (see the class docstring)."""
+        inst, k, j = self.inst, self.inst.stages, len(self.dcuts)
+        f = np.zeros((POINTS, FEATURES))
+        if len(self.bounds) == len(self.dcuts):  # boundary j
+            p = self.bounds[-1] if self.bounds else 0
+            share = self.frac - self.frac[p]
+            f[:, 0] = _clip(share * k)
+            f[:, 1] = _clip((1 - self.frac) * k / max(1, k - 1 - j))
+            f[:, 2] = _clip(inst.A / np.maximum(inst.C - inst.C[p], 1e-12))
+            f[:, 3] = self.wfrac - self.wfrac[p]
+            f[:, 4] = 1 - self.wfrac
+        else:  # device cut j, for the stage closed at bounds[j]
+            f[:, :6] = self._device_rows(j)
+        f[:, 7] = valid
+        return f * valid[:, None]
+
+    def _device_rows(self, j: int) -> np.ndarray:
+        inst, n_dev = self.inst, self.inst.devices
+        start = self.bounds[j - 1] if j else 0
+        d_prev = self.dcuts[-1] if self.dcuts else 0
+        share, rest = self.frac[self.bounds[j]] - self.frac[start], 1 - self.frac[self.bounds[j]]
+        w_stage = inst.W[self.bounds[j]] - inst.W[start]
+        out = np.zeros((POINTS, 6))
+        for d in range(d_prev + 1, n_dev):
+            n = d - d_prev
+            inner = float(inst.topology[d_prev:d, d_prev:d].min())
+            ar = 2 * (n - 1) / n * w_stage / inner if n > 1 else 0.0
+            out[d] = [_clip((n / n_dev) / max(share, 1e-12)), _clip(((n_dev - d) / n_dev) / max(rest, 1e-12)),
+                      _clip(ar / self.ideal()), 1 - inner, float(inst.topology[d - 1, d] < 1),
+                      _clip(inst.microbatches * (share * inst.C[-1]) / n / self.ideal())]
+        return out
+
     def _obs(self) -> tuple[np.ndarray, dict]:
-        marks = np.zeros(POINTS)
-        marks[self.bounds] = 1.0
-        dmarks = np.zeros(MAX_DEVICES)
-        dmarks[self.dcuts] = 1.0
-        step = np.zeros(2 * (MAX_STAGES - 1))
+        inst = self.inst
         k = len(self.bounds) + len(self.dcuts)
-        if k < 2 * (self.inst.stages - 1):
-            step[k] = 1.0
-        obs = np.concatenate([self._static[:4 * POINTS], marks, self._static[4 * POINTS:4 * POINTS + MAX_DEVICES ** 2],
-                              dmarks, step, self._static[-3:]]).astype(np.float32)
-        return obs, {"action_mask": self.mask(), "bounds": list(self.bounds), "dcuts": list(self.dcuts)}
+        valid = self.mask()
+        glob = [float(len(self.bounds) == len(self.dcuts)), k / (2 * (MAX_STAGES - 1)), inst.stages / MAX_STAGES,
+                inst.devices / MAX_DEVICES, np.log2(inst.microbatches) / 6.0]
+        obs = np.concatenate([self.rows(valid).ravel(), glob]).astype(np.float32)
+        return obs, {"action_mask": valid, "bounds": list(self.bounds), "dcuts": list(self.dcuts)}
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
@@ -141,9 +187,6 @@ class InferEnv(gym.Env):
             self.cache[key] = float(self.inst.values(np.asarray([bounds]), np.asarray([dcuts]))[0])
         return self.cache[key]
 
-    def ideal(self) -> float:
-        return self.inst.microbatches * self.inst.C[-1] / self.inst.devices
-
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
         (self.bounds if len(self.bounds) == len(self.dcuts) else self.dcuts).append(int(action))
         done = len(self.dcuts) == self.inst.stages - 1
@@ -158,11 +201,12 @@ class InferEnv(gym.Env):
 
 @dataclass
 class Inferred:
+    """A plan of an instance: boundaries (points), device cuts, its value, time to plan."""
+
     bounds: list[int]
     dcuts: list[int]
     value: float
     seconds: float
-    extra: dict = field(default_factory=dict)
 
 
 # -- training models from the zoo (the rest of the zoo and PipeDream's profiles stay unseen) ------
@@ -219,11 +263,12 @@ VALIDATION = 16     # generated instances the greedy policy is scored on at each
 
 
 def config(seed: int = 0) -> "Config":
-    """§5.1's pipeline hyper-parameters; the network is ours (two hidden layers of 256), and
-    the agent learns every 4 steps (CleanRL's train_frequency) to afford many episodes."""
+    """§5.1's pipeline hyper-parameters; the network is ours (``PointwiseQ``: two hidden
+    layers of 64 applied to every action's row), and the agent learns every 4 steps
+    (CleanRL's train_frequency) to afford many episodes."""
     from ...learn.dqn import Config
 
-    return Config(hidden=(256, 256), train_every=4, seed=seed)
+    return Config(hidden=(64, 64), train_every=4, point_features=FEATURES, seed=seed)
 
 
 def greedy(agent, env: InferEnv, inst: Instance) -> Inferred:
