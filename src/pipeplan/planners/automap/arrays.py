@@ -102,21 +102,23 @@ class Instance:
         return np.where(res.feasible, res.iteration_s, np.inf)
 
 
+def fastest_link(cluster: Cluster) -> float:
+    """The largest bandwidth between two devices (1 for a single device)."""
+    off = ~np.eye(len(cluster), dtype=bool)
+    return float(cluster.bandwidth[off].max()) if len(cluster) > 1 else 1.0
+
+
 def topology(cluster: Cluster) -> np.ndarray:
     """Bandwidth between devices over the fastest link (1 on the diagonal)."""
-    bw = cluster.bandwidth.copy()
     off = ~np.eye(len(cluster), dtype=bool)
-    top = float(bw[off].max()) if len(cluster) > 1 else 1.0
-    out = np.where(off, bw / top, 1.0)
-    return out
+    return np.where(off, cluster.bandwidth / fastest_link(cluster), 1.0)
 
 
 def from_graph(graph: Graph, cluster: Cluster, microbatches: int, stages: int) -> Instance:
     """A real model as an abstract instance (§4.5.1): C in seconds per microbatch (forward +
     backward, over the devices' mean speed), A and W in seconds over the fastest link."""
     lin = linearize(graph)
-    off = ~np.eye(len(cluster), dtype=bool)
-    fastest = float(cluster.bandwidth[off].max()) if len(cluster) > 1 else 1.0
+    fastest = fastest_link(cluster)
     speed = float(cluster.speed.mean())
     order = lin.order
     compute = (graph.fwd[order] + graph.bwd[order]) / speed

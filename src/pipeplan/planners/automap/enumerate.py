@@ -46,9 +46,9 @@ def plans(problem: CutProblem, chunk: int = 4096) -> Iterator[np.ndarray]:
         if j == problem.stages - 1:
             yield prefix
             return
-        for start in range(0, len(prefix), max(1, chunk // max(1, problem.windows[j].size))):
-            yield from walk(_extend(problem, prefix[start:start + max(1, chunk // max(1, problem.windows[j].size))],
-                                    j), j + 1)
+        step = max(1, chunk // max(1, problem.windows[j].size))  # rows of prefix per extension
+        for start in range(0, len(prefix), step):
+            yield from walk(_extend(problem, prefix[start:start + step], j), j + 1)
     yield from walk(problem.windows[0][:, None], 1)
 
 
