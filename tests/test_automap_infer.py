@@ -17,7 +17,7 @@ from pipeplan.planners import PlanOptions, run_planner
 from pipeplan.planners.automap.arrays import POINTS, Instance, coarsen, from_graph, real_plan, topology
 from pipeplan.planners.automap.coarse_optimum import lower_bounds, optimum
 from pipeplan.planners.automap.enumerate import plans
-from pipeplan.planners.automap.infer import SHIPPED, InferEnv, generated
+from pipeplan.planners.automap.infer import SHIPPED, InferEnv, beam, generated, load_agent
 from pipeplan.planners.automap.problem import CutProblem
 from pipeplan.sim import simulate
 
@@ -87,6 +87,25 @@ def test_coarse_optimum_equals_brute_force() -> None:
     assert optimum(inst).value == pytest.approx(best, rel=1e-12)
 
 
+def test_shaping_bound_is_optimistic_and_shaped_returns_telescope() -> None:
+    """On random plays of generated instances: the bound of every partial plan is at least
+    the final ideal/L, and the discounted shaped return is the discounted final reward minus
+    Φ(start) = gamma^(T-1) (the bound of the empty plan is 1)."""
+    rng, gamma = np.random.default_rng(1), 0.6
+    for _ in range(30):
+        env = InferEnv(gamma=gamma)
+        env.use(generated(rng))
+        for _ in range(3):
+            obs, info = env.reset()
+            bounds, done, ret, disc = [], False, 0.0, 1.0
+            while not done:
+                bounds.append(env.bound())
+                obs, r, done, _, info = env.step(int(rng.choice(np.flatnonzero(info["action_mask"]))))
+                ret, disc = ret + disc * r, disc * gamma
+            assert min(bounds) >= info["ratio"] * (1 - 1e-9) and bounds[0] == pytest.approx(1.0)
+            assert ret == pytest.approx(disc / gamma * (info["ratio"] - 1.0), abs=1e-12)
+
+
 def test_env_alternates_boundaries_and_device_cuts_under_masks() -> None:
     env = InferEnv()
     inst = generated(np.random.default_rng(3))
@@ -119,6 +138,29 @@ def test_env_masks_points_sharing_a_real_position() -> None:
     assert set(inst.positions[info["action_mask"]].tolist()) == {5}
 
 
+def test_beam_of_one_is_the_greedy_policy_and_a_wide_beam_finds_the_optimum() -> None:
+    """Width 1: at every step the valid action of largest Q (the paper's greedy plan,
+    replayed here step by step). A beam wider than the number of distinct partial plans
+    keeps them all, so it returns the exact optimum of the instance."""
+    import torch
+
+    agent = load_agent()
+    g = Graph.chain("six", fwd=[1.0, 3.0, 2.0, 1.0, 4.0, 1.0], bwd=[2.0, 6.0, 4.0, 2.0, 8.0, 2.0],
+                    params=[1.0] * 6, act=[3.0, 1.0, 2.0, 5.0, 1.0, 1.0])
+    inst = from_graph(g, hierarchical("2x2", 2, 2, 1e9, 1e8, speed=1.0), 4, 3)
+    env = InferEnv()
+    env.use(inst)
+    obs, info = env.reset()
+    done = False
+    while not done:
+        with torch.no_grad():
+            q = agent.online(torch.as_tensor(obs)[None])[0].numpy()
+        obs, _, done, _, info = env.step(int(np.argmax(np.where(info["action_mask"], q, -np.inf))))
+    found = beam(agent, InferEnv(), inst, 1)
+    assert (found.bounds, found.dcuts) == (info["bounds"], info["dcuts"])
+    assert beam(agent, InferEnv(), inst, 1000).value == pytest.approx(optimum(inst).value, rel=1e-12)
+
+
 def test_shipped_checkpoint_plans_models_it_never_saw(tmp_path) -> None:
     assert SHIPPED.is_file(), "the shipped automap-infer checkpoint is missing (docs/automap.md rebuilds it)"
     assert SHIPPED.stat().st_size < 4 * 2**20
@@ -146,6 +188,10 @@ def test_cli_train_and_plan_bad_inputs(tmp_path, capsys) -> None:
                  "-O", f"checkpoint={tmp_path / 'none.pt'}"]) == 2
     err = capsys.readouterr().err
     assert "no such file" in err and "Traceback" not in err
+    assert main(["plan", "--model", "zoo:bert-48", "--cluster", "automap-a", "--planner", "automap-infer",
+                 "-O", "beam=0"]) == 2
+    err = capsys.readouterr().err
+    assert "beam" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.slow

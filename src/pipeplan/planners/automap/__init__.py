@@ -81,6 +81,9 @@ class InferOptions:
         "help": "a checkpoint from `pipeplan train automap-infer` (default: the one shipped with pipeplan)"})
     stages: int | None = field(default=None, metadata={"min": 2, "help": (
         "K, the number of stages (default: one per server, at least 2)")})
+    beam: int = field(default=16, metadata={"min": 1, "help": (
+        "partial plans kept per step, ranked by the agent; the complete ones are scored with the value "
+        "function and the best kept (1: the paper's greedy plan)")})
 
 
 @register("automap-infer", "Auto-MAP (online inference): a DQN trained once on generated array-partition "
@@ -88,16 +91,17 @@ class InferOptions:
           options=InferOptions, in_best=False)
 def plan_automap_infer(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """Coarsen the model to 128 points (§4.5.1), let the trained agent pick K-1 boundaries
-    and device cuts greedily, and map them back to the model."""
+    and device cuts (greedily, or keeping a beam of its best partial plans), and map them
+    back to the model."""
     from .arrays import from_graph, real_plan
-    from .infer import InferEnv, greedy, load_agent
+    from .infer import InferEnv, beam, load_agent
 
     opts = planner_options(InferOptions, options, "automap-infer")
     if options.schedule not in (None, "1f1b", "gpipe"):
         raise PipeplanError(f"automap-infer: schedule {options.schedule!r} is not a synchronous pipeline "
                             "(use 1f1b or gpipe)")
     inst = from_graph(graph, cluster, options.microbatches, opts.stages or default_stages(cluster))
-    found = greedy(load_agent(opts.checkpoint), InferEnv(), inst)
+    found = beam(load_agent(opts.checkpoint), InferEnv(), inst, opts.beam)
     plan = real_plan(graph, cluster, inst, found.bounds, found.dcuts, options.microbatches,
                      options.schedule or "1f1b", options.optimizer)
     cuts = [int(inst.positions[b]) for b in found.bounds]
@@ -105,6 +109,6 @@ def plan_automap_infer(graph: Graph, cluster: Cluster, options: PlanOptions) -> 
     after = [graph.ids[int(order[c - 1])] for c in cuts]
     plan.extra = {"automap-infer": {"cuts": cuts, "nodes": len(graph), "after": after,
                                     "layers": [layer_of(a) for a in after], "device_cuts": found.dcuts,
-                                    "boundaries": found.bounds, "granularity": 128,
+                                    "boundaries": found.bounds, "granularity": 128, "beam": opts.beam,
                                     "checkpoint": opts.checkpoint or "shipped", "inference_s": found.seconds}}
     return plan

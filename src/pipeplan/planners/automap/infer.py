@@ -14,7 +14,9 @@ flat layout (the arrays, the padded 32 x 32 matrix and the marks side by side in
 learned no input-dependent plan in 100,000 episodes here (docs/automap.md).
 Actions (§4.5.2): partition boundaries and device cuts share one action space of 128: the
 steps alternate, boundary j then device cut j. Reward: 1/L at the last step (L in units of
-the instance's ideal iteration, as online).
+the instance's ideal iteration, as online), shaped by an optimistic bound of the partial plan
+(``InferEnv.potential``). Planning: the greedy policy (§3.5.3) or, beyond the paper, a beam of
+the agent's best partial plans whose complete plans V scores (``beam``).
 """
 
 from __future__ import annotations
@@ -95,13 +97,14 @@ class InferEnv(gym.Env):
     metadata: dict[str, Any] = {"render_modes": []}
     OBS = POINTS * FEATURES + GLOBALS
 
-    def __init__(self, sample: Callable[[], Instance] | None = None) -> None:
+    def __init__(self, sample: Callable[[], Instance] | None = None, gamma: float | None = None) -> None:
         self.sample = sample
         self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(self.OBS,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(POINTS)
         self.inst: Instance | None = None
         self.played = 0
         self.cache: dict[tuple, float] = {}
+        self.gamma = gamma  # the agent's discount: rewards are shaped with it (None: not shaped)
 
     def use(self, inst: Instance) -> None:
         if inst.stages > MAX_STAGES:
@@ -181,21 +184,53 @@ class InferEnv(gym.Env):
         self.bounds, self.dcuts = [], []
         return self._obs()
 
+    def load(self, bounds: list[int], dcuts: list[int]) -> tuple[np.ndarray, dict]:
+        """Put the episode in the state of a partial plan (beam search); its observation."""
+        self.bounds, self.dcuts = list(bounds), list(dcuts)
+        return self._obs()
+
     def value(self, bounds: list[int], dcuts: list[int]) -> float:
         key = (*bounds, -1, *dcuts)
         if key not in self.cache:
             self.cache[key] = float(self.inst.values(np.asarray([bounds]), np.asarray([dcuts]))[0])
         return self.cache[key]
 
+    def bound(self) -> float:
+        """An optimistic bound on what the partial plan can still reach, as ideal/L: each
+        closed stage's compute over its devices plus its all-reduce, the open stage's compute
+        over the most devices it can get, the rest over the devices left (M microbatches)."""
+        inst, m, n_dev = self.inst, self.inst.microbatches, self.inst.devices
+        c, w, k = inst.C, inst.W, inst.stages
+        edges, devs = [0, *self.bounds], [0, *self.dcuts]
+        worst = self.ideal()
+        for s in range(len(self.dcuts)):
+            a, b = devs[s], devs[s + 1]
+            ar = 2 * (b - a - 1) / (b - a) / inst.topology[a:b, a:b].min() if b - a > 1 else 0.0
+            worst = max(worst, m * (c[edges[s + 1]] - c[edges[s]]) / (b - a) + (w[edges[s + 1]] - w[edges[s]]) * ar)
+        open_stage = len(self.bounds) > len(self.dcuts)
+        if open_stage:
+            room = n_dev - devs[-1] - (k - 1 - len(self.dcuts))
+            worst = max(worst, m * (c[edges[-1]] - c[edges[-2]]) / room)
+        worst = max(worst, m * (c[-1] - c[edges[-1]]) / (n_dev - devs[-1] - open_stage))
+        return self.ideal() / worst
+
+    def potential(self) -> float:
+        """Φ for reward shaping (Ng et al. 1999; ours, docs/automap.md): the bound scaled by
+        the discount the final reward will have, so shaped Q-values stay near zero."""
+        left = 2 * (self.inst.stages - 1) - len(self.bounds) - len(self.dcuts)
+        return self.gamma ** (left - 1) * self.bound() if left > 0 else 0.0
+
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        before = self.potential() if self.gamma else 0.0
         (self.bounds if len(self.bounds) == len(self.dcuts) else self.dcuts).append(int(action))
         done = len(self.dcuts) == self.inst.stages - 1
         obs, info = self._obs()
-        reward = 0.0
+        reward = self.gamma * self.potential() - before if self.gamma else 0.0
         if done:
             length = self.value(self.bounds, self.dcuts)
-            reward = self.ideal() / length if np.isfinite(length) and length > 0 else -1.0
-            info["value"] = length
+            ratio = self.ideal() / length if np.isfinite(length) and length > 0 else -1.0
+            reward += ratio
+            info.update(value=length, ratio=ratio)
         return obs, reward, done, False, info
 
 
@@ -263,25 +298,71 @@ VALIDATION = 16     # generated instances the greedy policy is scored on at each
 
 
 def config(seed: int = 0) -> "Config":
-    """§5.1's pipeline hyper-parameters; the network is ours (``PointwiseQ``: two hidden
-    layers of 64 applied to every action's row), and the agent learns every 4 steps
-    (CleanRL's train_frequency) to afford many episodes."""
+    """§5.1's pipeline hyper-parameters but gamma 1 (ours: with 0.6 the first of 2(K-1) steps
+    sees 0.6^(2K-3) of the one final reward, and agents learned to cut every model near its
+    end; docs/automap.md); the network is ours (``PointwiseQ``: two hidden layers of 64 applied
+    to every action's row), and the agent learns every 4 steps (CleanRL's train_frequency) to
+    afford many episodes."""
     from ...learn.dqn import Config
 
-    return Config(hidden=(64, 64), train_every=4, point_features=FEATURES, seed=seed)
+    return Config(hidden=(64, 64), train_every=4, point_features=FEATURES, seed=seed, gamma=1.0)
 
 
 def greedy(agent, env: InferEnv, inst: Instance) -> Inferred:
     """The agent's plan for ``inst``: every step the valid action of largest Q (§3.5.3)."""
+    return beam(agent, env, inst, 1)
+
+
+def beam(agent, env: InferEnv, inst: Instance, width: int) -> Inferred:
+    """Beyond the paper: the agent's best actions kept as a beam of ``width`` partial plans,
+    ranked by the agent's estimate of their final reward (Q plus the shaping potential Φ of
+    the state, which the shaped Q leaves out); V scores the complete plans and the best is
+    returned. ``width`` 1 is §3.5.3's greedy plan."""
     import time
+
+    import torch
+
+    from ...learn.dqn import masked
 
     t0 = time.perf_counter()
     env.use(inst)
-    obs, info = env.reset()
-    done = False
-    while not done:
-        obs, _, done, _, info = env.step(agent.greedy(obs, info["action_mask"]))
-    return Inferred(info["bounds"], info["dcuts"], info["value"], time.perf_counter() - t0)
+    env.gamma = agent.cfg.gamma
+    states: list[tuple[list[int], list[int]]] = [([], [])]
+    for _ in range(2 * (inst.stages - 1)):
+        seen, potential = [], []
+        for b, d in states:
+            seen.append(env.load(b, d))
+            potential.append(env.potential())
+        obs = torch.as_tensor(np.stack([o for o, _ in seen]))
+        with torch.no_grad():
+            q = masked(agent.online(obs), torch.as_tensor(np.stack([i["action_mask"] for _, i in seen]))).numpy()
+        score = q + np.array(potential)[:, None]
+        states = _best(states, score, inst.positions, width)
+    values = inst.values(np.array([b for b, _ in states]), np.array([d for _, d in states]))
+    i = int(np.argmin(values))
+    return Inferred(states[i][0], states[i][1], float(values[i]), time.perf_counter() - t0)
+
+
+def _best(states: list[tuple[list[int], list[int]]], score: np.ndarray, positions: np.ndarray,
+          width: int) -> list[tuple[list[int], list[int]]]:
+    """The ``width`` best extensions of ``states`` by ``score`` (states x actions, -inf where
+    invalid), each plan once: boundaries at points of the same real position are one plan."""
+    out, seen = [], set()
+    for flat in np.argsort(-score, axis=None, kind="stable"):
+        i, a = divmod(int(flat), score.shape[1])
+        if len(out) == width or not np.isfinite(score[i, a]):
+            break
+        new = _extend(states[i], a)
+        key = (tuple(positions[new[0]].tolist()), tuple(new[1]))
+        if key not in seen:
+            seen.add(key)
+            out.append(new)
+    return out
+
+
+def _extend(state: tuple[list[int], list[int]], action: int) -> tuple[list[int], list[int]]:
+    bounds, dcuts = state
+    return (bounds + [action], dcuts) if len(bounds) == len(dcuts) else (bounds, dcuts + [action])
 
 
 @dataclass
@@ -308,15 +389,15 @@ def train(budget, seed: int = 0, data: str = "mix", init: str | None = None, pro
     if init:
         load_weights(agent, init)
         agent.steps = agent.cfg.eps_decay_steps
-    env, probe = InferEnv(sampler(rng, data)), InferEnv()
+    env, probe = InferEnv(sampler(rng, data), agent.cfg.gamma), InferEnv()
     val_rng = np.random.default_rng(10_000 + seed)
     validation = [generated(val_rng) for _ in range(VALIDATION)]
     curve = Curve("mean reward (ideal/L, last 500 episodes)", "greedy reward on 16 held-out instances", "episode")
     episodes, returns = 0, []
     while budget.left(episodes):
-        ret, _, _ = run_episode(env, agent)
+        _, _, info = run_episode(env, agent)
         episodes += 1
-        returns.append(ret)
+        returns.append(info["ratio"])
         if episodes % CHECK_EVERY == 0:
             val = np.mean([_ratio(probe, greedy(agent, probe, v)) for v in validation])
             curve.add(Point(episodes, budget.elapsed, episodes, float(np.mean(returns[-CHECK_EVERY:])), float(val),
