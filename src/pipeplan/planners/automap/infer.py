@@ -214,18 +214,18 @@ class InferEnv(gym.Env):
         worst = max(worst, m * (c[-1] - c[edges[-1]]) / (n_dev - devs[-1] - open_stage))
         return self.ideal() / worst
 
-    def potential(self) -> float:
+    def potential(self, gamma: float) -> float:
         """Φ for reward shaping (Ng et al. 1999; ours, docs/automap.md): the bound scaled by
         the discount the final reward will have, so shaped Q-values stay near zero."""
         left = 2 * (self.inst.stages - 1) - len(self.bounds) - len(self.dcuts)
-        return self.gamma ** (left - 1) * self.bound() if left > 0 else 0.0
+        return gamma ** (left - 1) * self.bound() if left > 0 else 0.0
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
-        before = self.potential() if self.gamma else 0.0
+        before = self.potential(self.gamma) if self.gamma else 0.0
         (self.bounds if len(self.bounds) == len(self.dcuts) else self.dcuts).append(int(action))
         done = len(self.dcuts) == self.inst.stages - 1
         obs, info = self._obs()
-        reward = self.gamma * self.potential() - before if self.gamma else 0.0
+        reward = self.gamma * self.potential(self.gamma) - before if self.gamma else 0.0
         if done:
             length = self.value(self.bounds, self.dcuts)
             ratio = self.ideal() / length if np.isfinite(length) and length > 0 else -1.0
@@ -326,13 +326,12 @@ def beam(agent, env: InferEnv, inst: Instance, width: int) -> Inferred:
 
     t0 = time.perf_counter()
     env.use(inst)
-    env.gamma = agent.cfg.gamma
     states: list[tuple[list[int], list[int]]] = [([], [])]
     for _ in range(2 * (inst.stages - 1)):
         seen, potential = [], []
         for b, d in states:
             seen.append(env.load(b, d))
-            potential.append(env.potential())
+            potential.append(env.potential(agent.cfg.gamma))
         obs = torch.as_tensor(np.stack([o for o, _ in seen]))
         with torch.no_grad():
             q = masked(agent.online(obs), torch.as_tensor(np.stack([i["action_mask"] for _, i in seen]))).numpy()
