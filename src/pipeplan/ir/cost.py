@@ -1,0 +1,214 @@
+"""What a sharding plan costs on a cluster: pipeplan's addition to Auto-MAP's OPP (docs/opp.md).
+
+Auto-MAP rewards a plan for the number of dimensions it partitions (§4.2), which its own
+VGG-19 result shows is not what makes training fast (§5.2.1). This model prices a plan the
+way the runtime runs it, on the first N devices of the cluster (one line, as Auto-MAP):
+
+- **compute** of each op: a roofline on the reference device (the zoo's V100: FLOPs over the
+  peak at the op kind's efficiency, or bytes moved over the memory bandwidth, whichever is
+  longer), forward plus backward (twice the forward), over the device's speed; divided by N
+  when the op's placement tuple cuts any of its tensors;
+- **forward all-reduces**: a partial sum read whole (``P`` read as ``R``), once per tensor;
+- **backward all-reduces**: a tensor read replicated by an op that cuts its work gets a
+  partial gradient, all-reduced once per tensor; for a replicated parameter this is the
+  gradient synchronization of data parallelism, for an activation Megatron's
+  all-reduce of the input gradient;
+- **memory** per device: parameters x (weights, gradients, optimizer state), cut by N where
+  partitioned, plus the activations kept for backward (the computed floating-point tensors
+  that need a gradient, views excluded), cut by N where partitioned.
+
+All-reduces are SPP's ring (``costmodel.allreduce_time``) over the N devices; nothing
+overlaps. The time of an op's tuple is fixed by the tuple alone, so the whole cost is linear
+in one-hot choices and the same model is the objective of the integer program (``milp``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..costmodel import allreduce_time, state_bytes
+from ..graph.zoo import EFFICIENCY, REFERENCE_MEM_GBPS, REFERENCE_TFLOPS
+from .program import PARAM, OpInfo, TensorProgram
+from .propagate import Domains, OpTable, Propagator, bit, codes
+from .rules import P, R
+
+_PEAK = REFERENCE_TFLOPS * 1e12
+_MEM_BW = REFERENCE_MEM_GBPS * 1e9 * EFFICIENCY["memory"]
+NO_COMPUTE = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze",
+              "slice", "select", "alias", "detach", "split", "split_with_sizes", "unbind", "lift_fresh_copy"}
+IDENTITY = {"clone", "_to_copy", "alias", "detach", "lift_fresh_copy"}
+BACKWARD_FACTOR = 2.0
+SOFTMAX = {"_softmax", "_log_softmax"}
+
+
+def _flops(op: OpInfo, prog: TensorProgram) -> tuple[float, str]:
+    """FLOPs of one forward call and the roofline kind."""
+    shp = [prog.tensors[t].shape for t in op.inputs]
+    out = prog.tensors[op.outputs[0]].shape
+    numel = float(np.prod(out)) if out else 1.0
+    if op.target in ("mm", "bmm"):
+        return 2.0 * numel * shp[0][-1], "matmul"
+    if op.target == "addmm":
+        return 2.0 * numel * shp[1][-1] + numel, "matmul"
+    if op.target == "convolution":
+        w = shp[1]
+        return 2.0 * numel * float(np.prod(w[1:])), "conv"
+    return 0.0, "memory"
+
+
+def op_seconds(op: OpInfo, prog: TensorProgram, speed: float = 1.0) -> float:
+    """Forward + backward time of the whole op on one device of ``speed``."""
+    if op.target in NO_COMPUTE:
+        return 0.0
+    flops, kind = _flops(op, prog)
+    moved = sum(prog.tensors[t].numel * prog.tensors[t].itemsize for t in (*op.inputs, *op.outputs))
+    t = max(flops / (_PEAK * EFFICIENCY[kind]) if flops else 0.0, moved / _MEM_BW)
+    return t * (1.0 + BACKWARD_FACTOR) / speed
+
+
+def roots(prog: TensorProgram) -> np.ndarray:
+    """Each tensor's source through views and copies: a partial sum, or a partial gradient,
+    is all-reduced once for a tensor and all its views."""
+    root = np.arange(len(prog.tensors))
+    for op in prog.ops:
+        if (op.target in NO_COMPUTE or op.target in IDENTITY) and len(op.inputs) == 1:
+            root[list(op.outputs)] = root[op.inputs[0]]
+    return root
+
+
+def needs_grad(prog: TensorProgram) -> np.ndarray:
+    """Which tensors get a gradient: parameters and the floating values computed from them."""
+    out = np.array([t.kind == PARAM for t in prog.tensors])
+    for op in prog.ops:
+        if any(out[t] for t in op.inputs):
+            for t in op.outputs:
+                out[t] = prog.tensors[t].dtype.startswith(("float", "bfloat"))
+    return out
+
+
+@dataclass(frozen=True)
+class TupleCost:
+    """Per op: each tuple's compute seconds, the tensors it all-reduces forward (partials read
+    whole) and those whose gradient it leaves partial (read replicated by a cut op)."""
+
+    compute: tuple[float, ...]
+    extra_comm: tuple[float, ...]  # softmax along a cut dimension: its row statistics all-reduced
+    forward_ar: tuple[tuple[int, ...], ...]
+    backward_ar: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """The predicted step: seconds and their parts, and the peak memory of a device."""
+
+    step_s: float
+    compute_s: float
+    comm_s: float
+    allreduces: int
+    memory_bytes: float
+    fits: bool
+
+
+class CostModel:
+    """Prices placement tuples and whole plans of one program on N devices of a cluster."""
+
+    def __init__(self, prop: Propagator, cluster: Cluster, optimizer: str = "adam") -> None:
+        self.prop, self.prog, self.n = prop, prop.prog, prop.devices
+        if len(cluster) < self.n:
+            raise ValueError(f"the cluster has {len(cluster)} devices, the plan needs {self.n}")
+        self.group = list(range(self.n))
+        speed = min(cluster.devices[i].speed for i in self.group)
+        self.memory = min(cluster.devices[i].memory for i in self.group)
+        self.grad = needs_grad(self.prog)
+        self.root = roots(self.prog)
+        nbytes = np.array([t.numel * t.itemsize for t in self.prog.tensors], dtype=float)
+        self.cluster = cluster
+        self.ar = np.array([allreduce_time(cluster, self.group, b) for b in nbytes])
+        self.param_mem = np.array([state_bytes(b, optimizer) if t.kind == PARAM else 0.0
+                                   for t, b in zip(self.prog.tensors, nbytes)])
+        kept = np.zeros(len(self.prog.tensors), dtype=bool)
+        for op in self.prog.ops:
+            if op.target not in NO_COMPUTE:
+                kept[list(op.outputs)] = True
+        self.act_mem = np.where(kept & self.grad & np.array([t.kind != PARAM for t in self.prog.tensors]), nbytes, 0.0)
+        self.tuples = [self._tuple_cost(op, table, speed) for op, table in zip(self.prog.ops, prop.tables)]
+
+    def _tuple_cost(self, op: OpInfo, table: OpTable, speed: float) -> TupleCost:
+        whole = op_seconds(op, self.prog, speed)
+        n_in = len(op.inputs)
+        compute, extra, fwd, bwd = [], [], [], []
+        root = self.root
+        for masks, flags in zip(table.tuples, table.allreduce):
+            cut = any(m.bit_count() == 1 and m >= bit(2) for m in masks)          # some tensor split
+            partial = any(m == bit(P) for m in masks[n_in:])                        # a partial result
+            compute.append(whole / self.n if cut else whole)
+            extra.append(self._softmax_comm(op, masks))
+            fwd.append(tuple(int(root[op.inputs[i]]) for i in range(n_in) if flags >> i & 1))
+            bwd.append(tuple(int(root[op.inputs[i]]) for i in range(n_in) if (cut or partial) and masks[i] == bit(R)
+                             and not flags >> i & 1 and self.grad[op.inputs[i]]))
+        return TupleCost(tuple(compute), tuple(extra), tuple(fwd), tuple(bwd))
+
+    def _softmax_comm(self, op: OpInfo, masks: tuple[int, ...]) -> float:
+        """Softmax along its cut dimension all-reduces each row's max and sum (forward) and one
+        row sum (backward)."""
+        if op.target not in SOFTMAX:
+            return 0.0
+        x = self.prog.tensors[op.inputs[0]]
+        dim = op.arg(1) % x.rank
+        if masks[0] != bit(2 + dim):
+            return 0.0
+        rows = x.numel // x.shape[dim] * x.itemsize
+        return 3 * allreduce_time(self.cluster, self.group, rows)
+
+    def memory_of(self, placement: dict[int, int]) -> float:
+        """Peak bytes on a device when tensor t has placement code ``placement[t]``."""
+        total = 0.0
+        for t, code in placement.items():
+            share = 1.0 / self.n if code >= 2 else 1.0
+            total += (self.param_mem[t] + self.act_mem[t]) * share
+        return total
+
+    def evaluate(self, dom: Domains) -> PlanCost:
+        """The cost of a plan whose domains propagation has narrowed. Ops are visited in
+        program order; each runs its cheapest tuple still allowed (its compute plus the
+        all-reduces it adds: a tensor is all-reduced once however many ops need it), and where
+        it had a choice the choice is propagated before the next op, so that every tensor
+        holds one placement. Greedy where choices remain (where to all-reduce a partial sum);
+        ``milp`` optimizes them exactly."""
+        dom = list(dom)
+        compute, extra, fwd, bwd = 0.0, 0.0, set(), set()
+        for o, table in enumerate(self.prop.tables):
+            cur = [dom[t] for t in table.slots]
+            tc, n_in = self.tuples[o], len(self.prog.ops[o].inputs)
+            alive = [k for k, tp in enumerate(table.tuples) if all(m & c for m, c in zip(tp, cur))]
+            if not alive:
+                return PlanCost(np.inf, np.inf, np.inf, 0, np.inf, False)
+            price = [tc.compute[k] + tc.extra_comm[k] + sum(self.ar[t] for t in tc.forward_ar[k] if t not in fwd)
+                     + sum(self.ar[t] for t in tc.backward_ar[k] if t not in bwd)
+                     + sum(self.ar[t] for t, m in zip(table.slots[n_in:], table.tuples[k][n_in:]) if m == bit(P))
+                     for k in alive]  # look ahead: a partial result will be all-reduced
+            k = alive[int(np.argmin(price))]
+            compute += tc.compute[k]
+            extra += tc.extra_comm[k]
+            fwd.update(tc.forward_ar[k])
+            bwd.update(tc.backward_ar[k])
+            if len(alive) > 1:
+                changes = {t: m for t, m in zip(table.slots, table.tuples[k]) if dom[t] & m != dom[t]}
+                if changes:
+                    dom, conflict = self.prop.narrow(dom, changes)
+                    if conflict is not None:
+                        return PlanCost(np.inf, np.inf, np.inf, 0, np.inf, False)
+        self.last = (fwd, bwd)
+        comm = float(sum(self.ar[t] for t in fwd) + sum(self.ar[t] for t in bwd)) + extra
+        mem = self.memory_of({t: self._code(dom[t]) for t in range(len(dom))})
+        return PlanCost(compute + comm, compute, comm, len(fwd) + len(bwd), mem, bool(mem <= self.memory))
+
+    @staticmethod
+    def _code(mask: int) -> int:
+        """The placement a (possibly undecided) domain is priced at: its cut if it has one."""
+        cs = codes(mask)
+        cut = [c for c in cs if c >= 2]
+        return cut[0] if len(cut) == 1 and len(cs) == 1 else (P if cs == [P] else R)

@@ -1,0 +1,87 @@
+"""Auto-MAP's decision vector and linkage groups (auto-map.txt §3.2.2, §4.2, Figures 6, 8, 10).
+
+The decision vector lists every dimension of every trainable variable (or, for auto data
+parallelism, of every input tensor): 1 partitioned, 0 replicated, -1 undecided. It is read
+off the propagation domains: dimension d of a variable is 1 when the variable's domain is
+{S(d)}, 0 when S(d) is no longer in it, -1 otherwise. A variable is cut along one dimension
+at most (the devices form one line), so partitioning one dimension replicates the others.
+
+A linkage group is what one decision alone forces on the other variables: each (dimension,
+decision) is propagated from the undecided start and the dimensions it decides are kept
+(§4.2: "we only extract those deterministic ones"). The decisions are then taken in the order
+of their linkage groups' sizes, largest first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .program import TensorInfo
+from .propagate import Domains, Propagator, bit
+from .rules import S
+
+
+@dataclass(frozen=True)
+class Position:
+    """One dimension of one variable in the decision vector."""
+
+    tensor: int
+    dim: int
+    source: str
+
+
+def positions(tensors: list[TensorInfo]) -> list[Position]:
+    """Every dimension of every tensor, in order (the decision vector's layout)."""
+    return [Position(t.id, d, t.source or t.name) for t in tensors for d in range(t.rank)]
+
+
+def vector(dom: Domains, pos: list[Position]) -> np.ndarray:
+    """The decision vector: 1 partitioned, 0 replicated, -1 undecided."""
+    out = np.full(len(pos), -1, dtype=np.int8)
+    for i, p in enumerate(pos):
+        m, b = dom[p.tensor], bit(S(p.dim))
+        out[i] = 1 if m == b else 0 if not m & b else -1
+    return out
+
+
+def decide(prop: Propagator, dom: Domains, p: Position, partition: bool) -> tuple[Domains, int | None]:
+    """Partition (domain = {S(d)}) or replicate (S(d) removed) dimension ``p``, then propagate."""
+    b = bit(S(p.dim))
+    return prop.narrow(dom, {p.tensor: b if partition else ~b})
+
+
+@dataclass(frozen=True)
+class Linkage:
+    """What each decision forces: ``forced[(i, partition)]`` maps other positions to 0/1;
+    ``None`` when the decision alone is a conflict."""
+
+    forced: dict[tuple[int, bool], dict[int, int] | None]
+
+    def size(self, i: int, partition: bool) -> int:
+        f = self.forced.get((i, partition))
+        return len(f) if f else 0
+
+
+def linkage_groups(prop: Propagator, start: Domains, pos: list[Position]) -> Linkage:
+    """Propagate each undecided position's two decisions alone from ``start`` (Figure 10)."""
+    before = vector(start, pos)
+    forced: dict[tuple[int, bool], dict[int, int] | None] = {}
+    for i in np.flatnonzero(before < 0):
+        for partition in (True, False):
+            dom, conflict = decide(prop, start, pos[i], partition)
+            if conflict is not None:
+                forced[(int(i), partition)] = None
+                continue
+            after = vector(dom, pos)
+            changed = np.flatnonzero((after >= 0) & (before < 0))
+            forced[(int(i), partition)] = {int(j): int(after[j]) for j in changed if j != i}
+    return Linkage(forced)
+
+
+def decision_order(linkage: Linkage, undecided: np.ndarray) -> list[int]:
+    """Undecided positions by the size of their linkage groups, largest first (§4.2); ties in
+    program order."""
+    key = lambda i: (-max(linkage.size(i, True), linkage.size(i, False)), i)  # noqa: E731
+    return sorted((int(i) for i in undecided), key=key)

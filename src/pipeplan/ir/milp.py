@@ -1,0 +1,122 @@
+"""The exact yardstick: the same sharding choice as an integer program (HiGHS via
+``scipy.optimize.milp``; pipeplan's addition to Auto-MAP §3.2, docs/opp.md).
+
+One binary per op and placement tuple its rule allows (``y``), one per tensor and placement
+(``x``); each op runs exactly one tuple, each tensor holds exactly one placement, and an op's
+tuple puts on each of its tensors the placement that tensor holds (``sum_k y[o,k] [tuple k
+puts c on slot s] = x[t,c]``). All-reduces are binaries per tensor (through its views) forced
+to 1 by any tuple that needs them, so a tensor is all-reduced once however many ops need it.
+
+Objectives: ``cost`` (the predicted step time of ``cost.CostModel``, with the devices' memory
+as a constraint) or ``paper`` (Auto-MAP's reward summed over the plan: +0.4 per partitioned
+dimension of a trainable variable, +0.1 per replicated one, maximized). The program is exact
+for the rule book: any plan it returns propagates without conflict.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from .cost import CostModel
+from .program import PARAM
+from .propagate import Domains, bit, codes
+
+PARTITION_REWARD, REPLICATE_REWARD = 0.4, 0.1
+
+
+@dataclass(frozen=True)
+class MilpResult:
+    """The optimum: each tensor's placement code, the objective, HiGHS's status and time."""
+
+    placement: dict[int, int]
+    objective: float
+    optimal: bool
+    seconds: float
+    variables: int
+    constraints: int
+    message: str
+
+
+class _Builder:
+    """Sparse rows of the program, one variable block at a time."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+
+    def row(self, entries: list[tuple[int, float]], lo: float, hi: float) -> None:
+        r = len(self.lb)
+        for c, v in entries:
+            self.rows.append(r)
+            self.cols.append(c)
+            self.vals.append(v)
+        self.lb.append(lo)
+        self.ub.append(hi)
+
+
+def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: float = 300.0,
+          memory: bool = True) -> MilpResult | None:
+    """The best plan among those ``dom`` allows; None when the program has no solution."""
+    prop, prog = model.prop, model.prog
+    xs = {(t, c): i for i, (t, c) in enumerate((t, c) for t in range(len(dom)) for c in codes(dom[t]))}
+    n = len(xs)
+    cost: list[float] = [0.0] * n
+    b = _Builder()
+    for t in range(len(dom)):
+        b.row([(xs[(t, c)], 1.0) for c in codes(dom[t])], 1, 1)
+    ar_var: dict[tuple[str, int], int] = {}
+    for o, table in enumerate(prop.tables):
+        cur = [dom[t] for t in table.slots]
+        alive = [k for k, tp in enumerate(table.tuples) if all(m & c for m, c in zip(tp, cur))]
+        ys = list(range(n, n + len(alive)))
+        n += len(alive)
+        tc = model.tuples[o]
+        cost += [tc.compute[k] + tc.extra_comm[k] for k in alive]
+        b.row([(y, 1.0) for y in ys], 1, 1)
+        for s, t in enumerate(table.slots):
+            if all(table.tuples[k][s].bit_count() > 1 for k in alive):
+                continue  # the op reads only this tensor's shape
+            for c in codes(dom[t]):
+                entries = [(y, 1.0) for y, k in zip(ys, alive) if table.tuples[k][s] == bit(c)]
+                b.row(entries + [(xs[(t, c)], -1.0)], 0, 0)
+        for y, k in zip(ys, alive):
+            for kind, tensors in (("f", tc.forward_ar[k]), ("b", tc.backward_ar[k])):
+                for r in tensors:
+                    if (kind, r) not in ar_var:
+                        ar_var[(kind, r)] = n
+                        cost.append(float(model.ar[r]))
+                        n += 1
+                    b.row([(ar_var[(kind, r)], 1.0), (y, -1.0)], 0, np.inf)
+    c = np.zeros(n)
+    if objective == "cost":
+        c[:len(cost)] = cost
+    elif objective == "paper":
+        for (t, code), i in xs.items():
+            tensor = prog.tensors[t]
+            if tensor.kind == PARAM:
+                cut = 1 if code >= 2 else 0
+                c[i] = -(PARTITION_REWARD * cut + REPLICATE_REWARD * (tensor.rank - cut))
+    else:
+        raise ValueError(f"unknown objective {objective!r} (cost or paper)")
+    if memory and objective == "cost" and np.isfinite(model.memory):
+        entries = [(i, (model.param_mem[t] + model.act_mem[t]) / (model.n if code >= 2 else 1))
+                   for (t, code), i in xs.items() if model.param_mem[t] + model.act_mem[t] > 0]
+        b.row(entries, -np.inf, float(model.memory))
+    A = coo_matrix((b.vals, (b.rows, b.cols)), shape=(len(b.lb), n)).tocsr()
+    t0 = time.perf_counter()
+    res = milp(c, integrality=np.ones(n), bounds=(0, 1), constraints=LinearConstraint(A, b.lb, b.ub),
+               options={"time_limit": time_limit, "disp": False})
+    seconds = time.perf_counter() - t0
+    if res.x is None:
+        return None
+    placement = {t: code for (t, code), i in xs.items() if res.x[i] > 0.5}
+    value = float(res.fun) if objective == "cost" else -float(res.fun)
+    return MilpResult(placement, value, res.status == 0, seconds, n, len(b.lb), res.message)

@@ -1,0 +1,176 @@
+"""Sharding propagation over the tensor IR (auto-map.txt §3.2.1, §4.2).
+
+Every tensor holds a *domain*: the set of placements (``rules``: R, P, S(d)) still possible
+for it, a bit mask. A decision narrows a domain (a variable partitioned along d: {S(d)};
+dimension d replicated: S(d) removed); propagation then keeps, for every op, only the
+placement tuples of its rule that every domain allows, and narrows each of its tensors'
+domains to what those tuples allow, until nothing changes (arc consistency). It ends as the
+paper says in one of three ways: (1) not enough information (domains with several
+placements remain), (2) a conflict (an op with no tuple left, or a tensor with no
+placement), (3) everything decided (every domain a single placement).
+
+A replicated input read by an op from a tensor that is a partial sum is the one data
+movement allowed (an all-reduce): the rule's tuple with ``R`` at that input also appears
+with ``P`` there, marked as an all-reduce.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from itertools import product
+
+from .program import BUFFER, INPUT, PARAM, TensorInfo, TensorProgram
+from .rules import ANY, COMPONENTS, STRIDE, P, R, S, name, strategies
+
+Domains = list[int]
+
+
+def bit(code: int) -> int:
+    return 1 << code
+
+
+def codes(mask: int) -> list[int]:
+    """The placement codes in a domain mask."""
+    return [c for c in range(mask.bit_length()) if mask >> c & 1]
+
+
+@dataclass(frozen=True)
+class OpTable:
+    """One op's admissible tuples as bit masks over its slots (inputs, then outputs)."""
+
+    slots: tuple[int, ...]
+    tuples: tuple[tuple[int, ...], ...]
+    allreduce: tuple[int, ...]  # per tuple: bit i set = input i is a partial read whole
+    known: bool
+
+
+def _expand(strategy: tuple[int, ...], n_inputs: int, floating: list[bool], any_mask: int) -> list[tuple]:
+    """The tuple as bit masks, and its variants reading partial inputs whole (all-reduce)."""
+    options = []
+    for i, code in enumerate(strategy):
+        if code == ANY:
+            options.append([(any_mask, 0)])
+        elif code == R and i < n_inputs and floating[i]:
+            options.append([(bit(R), 0), (bit(P), 1 << i)])
+        else:
+            options.append([(bit(code), 0)])
+    return [(tuple(m for m, _ in combo), sum(f for _, f in combo)) for combo in product(*options)]
+
+
+class Propagator:
+    """The rule tables of a program on ``devices`` devices, and propagation over domains."""
+
+    def __init__(self, prog: TensorProgram, devices: int, inputs_splittable: bool = False) -> None:
+        self.prog, self.devices = prog, devices
+        self.inputs_splittable = inputs_splittable
+        self.ops_of: list[list[int]] = [[] for _ in prog.tensors]
+        self.tables: list[OpTable] = [self._table(op) for op in prog.ops]
+        for o, table in enumerate(self.tables):
+            for t in dict.fromkeys(table.slots):
+                self.ops_of[t].append(o)
+        self.unknown = sorted({op.target for op, tb in zip(prog.ops, self.tables) if not tb.known})
+
+    def _table(self, op) -> OpTable:
+        strategies_, known = strategies(op, self.prog)
+        slots = op.inputs + op.outputs
+        floating = [self.prog.tensors[t].dtype != "bool" for t in op.inputs]  # may be partial sums
+        any_mask = (1 << (2 + STRIDE * COMPONENTS)) - 1
+        seen: dict[tuple, int] = {}
+        for s in strategies_:
+            for masks, flags in _expand(s, len(op.inputs), floating, any_mask):
+                if self._consistent(slots, masks) and masks not in seen:
+                    seen[masks] = flags
+        return OpTable(slots, tuple(seen), tuple(seen.values()), known)
+
+    @staticmethod
+    def _consistent(slots: tuple[int, ...], masks: tuple[int, ...]) -> bool:
+        """A tensor in two slots of one op must hold one placement in both."""
+        first: dict[int, int] = {}
+        for t, m in zip(slots, masks):
+            if t in first and not first[t] & m:
+                return False
+            first[t] = first.get(t, m) & m
+        return True
+
+    def initial_domain(self, t: TensorInfo) -> int:
+        """Every placement a tensor of its kind and shape may take: cut only along dimensions of
+        at least ``devices``; partial sums only for computed values (not booleans)."""
+        mask = bit(R)
+        splittable = t.kind in (PARAM, BUFFER, "value") or (t.kind == INPUT and self.inputs_splittable)
+        components = COMPONENTS if t.kind == "value" else 1  # only computed values are strided
+        if splittable:
+            for d, size in enumerate(t.shape):
+                if size >= self.devices:
+                    mask |= sum(bit(S(d, k)) for k in range(components))
+        if t.kind == "value" and t.dtype != "bool":  # a partial count is a partial sum too
+            mask |= bit(P)
+        return mask
+
+    def start(self) -> tuple[Domains, int | None]:
+        """The domains before any decision, propagated (a conflict here: the model cannot run
+        even replicated, which means a rule is wrong)."""
+        dom = [self.initial_domain(t) for t in self.prog.tensors]
+        conflict = self.propagate(dom, range(len(self.prog.tensors)))
+        return dom, conflict
+
+    def narrow(self, dom: Domains, changes: dict[int, int]) -> tuple[Domains, int | None]:
+        """A copy of ``dom`` with each tensor's domain ANDed with its mask, propagated;
+        returns it and the op (or -1 - tensor) of a conflict, None when there is none."""
+        dom = list(dom)
+        touched = []
+        for t, mask in changes.items():
+            new = dom[t] & mask
+            if new == 0:
+                return dom, -1 - t
+            if new != dom[t]:
+                dom[t] = new
+                touched.append(t)
+        return dom, self.propagate(dom, touched)
+
+    def propagate(self, dom: Domains, touched) -> int | None:
+        """Arc consistency from the tensors in ``touched``, in place."""
+        queue: deque[int] = deque()
+        queued: set[int] = set()
+        for t in touched:
+            for o in self.ops_of[t]:
+                if o not in queued:
+                    queued.add(o)
+                    queue.append(o)
+        while queue:
+            o = queue.popleft()
+            queued.discard(o)
+            table = self.tables[o]
+            cur = [dom[t] for t in table.slots]
+            alive = [tp for tp in table.tuples if all(m & c for m, c in zip(tp, cur))]
+            if not alive:
+                return o
+            for s, t in enumerate(table.slots):
+                allowed = 0
+                for tp in alive:
+                    allowed |= tp[s]
+                new = dom[t] & allowed
+                if new != dom[t]:
+                    if new == 0:
+                        return o
+                    dom[t] = new
+                    for u in self.ops_of[t]:
+                        if u != o and u not in queued:
+                            queued.add(u)
+                            queue.append(u)
+        return None
+
+    def describe_conflict(self, where: int) -> str:
+        """One line naming the op (or tensor) where propagation found no placement."""
+        if where < 0:
+            t = self.prog.tensors[-1 - where]
+            return f"tensor {t.source or t.name} has no placement left"
+        op = self.prog.ops[where]
+        names = [self.prog.tensors[t].source or self.prog.tensors[t].name for t in op.inputs]
+        return f"{op.target}({', '.join(names)}) in {op.module or 'the model'} has no rule for its inputs' placements"
+
+
+def placement_name(mask: int) -> str:
+    """``R``, ``P``, ``S(1)``, or a set ``{R,S(0)}`` for an undecided domain."""
+    names = [name(c) for c in codes(mask)]
+    return names[0] if len(names) == 1 else "{" + ",".join(names) + "}"
