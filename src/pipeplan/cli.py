@@ -649,6 +649,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_train_parser(sub)
 
+    from .cli_shard import add_parser as add_shard_parser
+
+    add_shard_parser(sub, _positive_int)
+
     sp = sub.add_parser("planners", help="list the planners, their default schedules and options")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_planners)

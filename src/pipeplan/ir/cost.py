@@ -9,6 +9,9 @@ way the runtime runs it, on the first N devices of the cluster (one line, as Aut
   longer), forward plus backward (twice the forward), over the device's speed; divided by N
   when the op's placement tuple cuts any of its tensors;
 - **forward all-reduces**: a partial sum read whole (``P`` read as ``R``), once per tensor;
+- **all-gathers** (only where the propagator allows them, ``gathers=True``): a cut tensor read
+  whole, once per tensor, and in the backward a reduce-scatter of its gradient; a cut
+  parameter read whole (FSDP) is gathered again for the backward;
 - **backward all-reduces**: a tensor read replicated by an op that cuts its work gets a
   partial gradient, all-reduced once per tensor; for a replicated parameter this is the
   gradient synchronization of data parallelism, for an activation Megatron's
@@ -42,6 +45,7 @@ NO_COMPUTE = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "e
 IDENTITY = {"clone", "_to_copy", "alias", "detach", "lift_fresh_copy"}
 BACKWARD_FACTOR = 2.0
 SOFTMAX = {"_softmax", "_log_softmax"}
+BIAS = {"addmm": 0, "convolution": 2}  # the bias added once to a partial product: its gradient is whole
 
 
 def _flops(op: OpInfo, prog: TensorProgram) -> tuple[float, str]:
@@ -98,6 +102,11 @@ class TupleCost:
     extra_comm: tuple[float, ...]  # softmax along a cut dimension: its row statistics all-reduced
     forward_ar: tuple[tuple[int, ...], ...]
     backward_ar: tuple[tuple[int, ...], ...]
+    gather: tuple[tuple[int, ...], ...]  # cut tensors read whole: all-gather (reduce-scatter back)
+
+    def comm_sets(self, k: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """Tuple k's collectives by kind: each is paid once per tensor (its root)."""
+        return (("f", self.forward_ar[k]), ("b", self.backward_ar[k]), ("g", self.gather[k]))
 
 
 @dataclass(frozen=True)
@@ -107,7 +116,7 @@ class PlanCost:
     step_s: float
     compute_s: float
     comm_s: float
-    allreduces: int
+    collectives: int
     memory_bytes: float
     fits: bool
 
@@ -127,6 +136,11 @@ class CostModel:
         nbytes = np.array([t.numel * t.itemsize for t in self.prog.tensors], dtype=float)
         self.cluster = cluster
         self.ar = np.array([allreduce_time(cluster, self.group, b) for b in nbytes])
+        # ring all-gather = half a ring all-reduce; its backward, a reduce-scatter of the gradient;
+        # a parameter is gathered again for the backward (FSDP's way: it is not kept whole)
+        is_param = np.array([t.kind == PARAM for t in self.prog.tensors])
+        self.ag = self.ar / 2 * (1.0 + self.grad + is_param)
+        self.price = {"f": self.ar, "b": self.ar, "g": self.ag}
         self.param_mem = np.array([state_bytes(b, optimizer) if t.kind == PARAM else 0.0
                                    for t, b in zip(self.prog.tensors, nbytes)])
         kept = np.zeros(len(self.prog.tensors), dtype=bool)
@@ -139,17 +153,20 @@ class CostModel:
     def _tuple_cost(self, op: OpInfo, table: OpTable, speed: float) -> TupleCost:
         whole = op_seconds(op, self.prog, speed)
         n_in = len(op.inputs)
-        compute, extra, fwd, bwd = [], [], [], []
+        compute, extra, fwd, bwd, gat = [], [], [], [], []
         root = self.root
-        for masks, flags in zip(table.tuples, table.allreduce):
+        for masks, flags, gflags in zip(table.tuples, table.allreduce, table.allgather):
             cut = any(m.bit_count() == 1 and m >= bit(2) for m in masks)          # some tensor split
             partial = any(m == bit(P) for m in masks[n_in:])                        # a partial result
             compute.append(whole / self.n if cut else whole)
             extra.append(self._softmax_comm(op, masks))
             fwd.append(tuple(int(root[op.inputs[i]]) for i in range(n_in) if flags >> i & 1))
+            gat.append(tuple(int(root[op.inputs[i]]) for i in range(n_in) if gflags >> i & 1))
+            bias = BIAS.get(op.target) if partial else None
             bwd.append(tuple(int(root[op.inputs[i]]) for i in range(n_in) if (cut or partial) and masks[i] == bit(R)
-                             and not flags >> i & 1 and self.grad[op.inputs[i]]))
-        return TupleCost(tuple(compute), tuple(extra), tuple(fwd), tuple(bwd))
+                             and not flags >> i & 1 and not gflags >> i & 1 and self.grad[op.inputs[i]]
+                             and i != bias))
+        return TupleCost(tuple(compute), tuple(extra), tuple(fwd), tuple(bwd), tuple(gat))
 
     def _softmax_comm(self, op: OpInfo, masks: tuple[int, ...]) -> float:
         """Softmax along its cut dimension all-reduces each row's max and sum (forward) and one
@@ -179,32 +196,33 @@ class CostModel:
         holds one placement. Greedy where choices remain (where to all-reduce a partial sum);
         ``milp`` optimizes them exactly."""
         dom = list(dom)
-        compute, extra, fwd, bwd = 0.0, 0.0, set(), set()
+        compute, extra = 0.0, 0.0
+        paid: dict[str, set[int]] = {"f": set(), "b": set(), "g": set()}
         for o, table in enumerate(self.prop.tables):
             cur = [dom[t] for t in table.slots]
             tc, n_in = self.tuples[o], len(self.prog.ops[o].inputs)
             alive = [k for k, tp in enumerate(table.tuples) if all(m & c for m, c in zip(tp, cur))]
             if not alive:
                 return PlanCost(np.inf, np.inf, np.inf, 0, np.inf, False)
-            price = [tc.compute[k] + tc.extra_comm[k] + sum(self.ar[t] for t in tc.forward_ar[k] if t not in fwd)
-                     + sum(self.ar[t] for t in tc.backward_ar[k] if t not in bwd)
+            price = [tc.compute[k] + tc.extra_comm[k]
+                     + sum(self.price[kind][t] for kind, ts in tc.comm_sets(k) for t in ts if t not in paid[kind])
                      + sum(self.ar[t] for t, m in zip(table.slots[n_in:], table.tuples[k][n_in:]) if m == bit(P))
                      for k in alive]  # look ahead: a partial result will be all-reduced
             k = alive[int(np.argmin(price))]
             compute += tc.compute[k]
             extra += tc.extra_comm[k]
-            fwd.update(tc.forward_ar[k])
-            bwd.update(tc.backward_ar[k])
+            for kind, ts in tc.comm_sets(k):
+                paid[kind].update(ts)
             if len(alive) > 1:
                 changes = {t: m for t, m in zip(table.slots, table.tuples[k]) if dom[t] & m != dom[t]}
                 if changes:
                     dom, conflict = self.prop.narrow(dom, changes)
                     if conflict is not None:
                         return PlanCost(np.inf, np.inf, np.inf, 0, np.inf, False)
-        self.last = (fwd, bwd)
-        comm = float(sum(self.ar[t] for t in fwd) + sum(self.ar[t] for t in bwd)) + extra
+        comm = float(sum(self.price[kind][t] for kind, ts in paid.items() for t in ts)) + extra
         mem = self.memory_of({t: self._code(dom[t]) for t in range(len(dom))})
-        return PlanCost(compute + comm, compute, comm, len(fwd) + len(bwd), mem, bool(mem <= self.memory))
+        count = sum(len(ts) for ts in paid.values())
+        return PlanCost(compute + comm, compute, comm, count, mem, bool(mem <= self.memory))
 
     @staticmethod
     def _code(mask: int) -> int:

@@ -88,11 +88,11 @@ def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: f
                 entries = [(y, 1.0) for y, k in zip(ys, alive) if table.tuples[k][s] == bit(c)]
                 b.row(entries + [(xs[(t, c)], -1.0)], 0, 0)
         for y, k in zip(ys, alive):
-            for kind, tensors in (("f", tc.forward_ar[k]), ("b", tc.backward_ar[k])):
+            for kind, tensors in tc.comm_sets(k):
                 for r in tensors:
                     if (kind, r) not in ar_var:
                         ar_var[(kind, r)] = n
-                        cost.append(float(model.ar[r]))
+                        cost.append(float(model.price[kind][r]))
                         n += 1
                     b.row([(ar_var[(kind, r)], 1.0), (y, -1.0)], 0, np.inf)
     c = np.zeros(n)
@@ -111,12 +111,13 @@ def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: f
                    for (t, code), i in xs.items() if model.param_mem[t] + model.act_mem[t] > 0]
         b.row(entries, -np.inf, float(model.memory))
     A = coo_matrix((b.vals, (b.rows, b.cols)), shape=(len(b.lb), n)).tocsr()
+    scale = 1.0 / max(float(np.abs(c).sum()), 1e-300)  # objective of order 1: HiGHS's gaps are absolute too
     t0 = time.perf_counter()
-    res = milp(c, integrality=np.ones(n), bounds=(0, 1), constraints=LinearConstraint(A, b.lb, b.ub),
-               options={"time_limit": time_limit, "disp": False})
+    res = milp(c * scale, integrality=np.ones(n), bounds=(0, 1), constraints=LinearConstraint(A, b.lb, b.ub),
+               options={"time_limit": time_limit, "disp": False, "mip_rel_gap": 1e-9})
     seconds = time.perf_counter() - t0
     if res.x is None:
         return None
     placement = {t: code for (t, code), i in xs.items() if res.x[i] > 0.5}
-    value = float(res.fun) if objective == "cost" else -float(res.fun)
+    value = float(res.fun) / scale * (1 if objective == "cost" else -1)
     return MilpResult(placement, value, res.status == 0, seconds, n, len(b.lb), res.message)

@@ -24,6 +24,10 @@ from .program import BUFFER, INPUT, PARAM, TensorInfo, TensorProgram
 from .rules import ANY, COMPONENTS, STRIDE, P, R, S, name, strategies
 
 Domains = list[int]
+#: Ops that may read a cut input whole (all-gather) under the cost model's rules: those that
+#: do the work a gather pays for (contractions, lookups, normalizations, the loss); plain cuts only.
+GATHERING = {"mm", "addmm", "bmm", "convolution", "embedding", "gather", "_softmax", "_log_softmax",
+             "native_layer_norm", "nll_loss_forward"}
 
 
 def bit(code: int) -> int:
@@ -41,29 +45,35 @@ class OpTable:
 
     slots: tuple[int, ...]
     tuples: tuple[tuple[int, ...], ...]
-    allreduce: tuple[int, ...]  # per tuple: bit i set = input i is a partial read whole
+    allreduce: tuple[int, ...]  # per tuple: bit i set = input i is a partial read whole (all-reduce)
+    allgather: tuple[int, ...]  # per tuple: bit i set = input i is a cut read whole (all-gather)
     known: bool
 
 
-def _expand(strategy: tuple[int, ...], n_inputs: int, floating: list[bool], any_mask: int) -> list[tuple]:
-    """The tuple as bit masks, and its variants reading partial inputs whole (all-reduce)."""
+def _expand(strategy: tuple[int, ...], n_inputs: int, partial: list[bool], cuts: list[list[int]],
+            any_mask: int) -> list[tuple]:
+    """The tuple as bit masks, and its variants reading whole an input the rule wants whole
+    from a partial sum (all-reduce) or, where ``cuts`` lists them, from a cut (all-gather)."""
     options = []
     for i, code in enumerate(strategy):
         if code == ANY:
-            options.append([(any_mask, 0)])
-        elif code == R and i < n_inputs and floating[i]:
-            options.append([(bit(R), 0), (bit(P), 1 << i)])
+            options.append([(any_mask, 0, 0)])
+        elif code == R and i < n_inputs:
+            opts = [(bit(R), 0, 0)] + ([(bit(P), 1 << i, 0)] if partial[i] else [])
+            options.append(opts + [(bit(c), 0, 1 << i) for c in cuts[i]])
         else:
-            options.append([(bit(code), 0)])
-    return [(tuple(m for m, _ in combo), sum(f for _, f in combo)) for combo in product(*options)]
+            options.append([(bit(code), 0, 0)])
+    return [(tuple(m for m, _, _ in combo), sum(a for _, a, _ in combo), sum(g for _, _, g in combo))
+            for combo in product(*options)]
 
 
 class Propagator:
     """The rule tables of a program on ``devices`` devices, and propagation over domains."""
 
-    def __init__(self, prog: TensorProgram, devices: int, inputs_splittable: bool = False) -> None:
+    def __init__(self, prog: TensorProgram, devices: int, inputs_splittable: bool = False,
+                 gathers: bool = False) -> None:
         self.prog, self.devices = prog, devices
-        self.inputs_splittable = inputs_splittable
+        self.inputs_splittable, self.gathers = inputs_splittable, gathers
         self.ops_of: list[list[int]] = [[] for _ in prog.tensors]
         self.tables: list[OpTable] = [self._table(op) for op in prog.ops]
         for o, table in enumerate(self.tables):
@@ -74,14 +84,18 @@ class Propagator:
     def _table(self, op) -> OpTable:
         strategies_, known = strategies(op, self.prog)
         slots = op.inputs + op.outputs
-        floating = [self.prog.tensors[t].dtype != "bool" for t in op.inputs]  # may be partial sums
+        partial = [self.prog.tensors[t].dtype != "bool" for t in op.inputs]
+        gathers = self.gathers and op.target in GATHERING
+        cuts = [[c for c in codes(self.initial_domain(self.prog.tensors[t])) if 2 <= c < 2 + STRIDE] if gathers
+                else [] for t in op.inputs]
         any_mask = (1 << (2 + STRIDE * COMPONENTS)) - 1
-        seen: dict[tuple, int] = {}
+        seen: dict[tuple, tuple[int, int]] = {}
         for s in strategies_:
-            for masks, flags in _expand(s, len(op.inputs), floating, any_mask):
+            for masks, ar, ag in _expand(s, len(op.inputs), partial, cuts, any_mask):
                 if self._consistent(slots, masks) and masks not in seen:
-                    seen[masks] = flags
-        return OpTable(slots, tuple(seen), tuple(seen.values()), known)
+                    seen[masks] = (ar, ag)
+        flags = list(seen.values())
+        return OpTable(slots, tuple(seen), tuple(f[0] for f in flags), tuple(f[1] for f in flags), known)
 
     @staticmethod
     def _consistent(slots: tuple[int, ...], masks: tuple[int, ...]) -> bool:

@@ -72,16 +72,22 @@ class ShardProblem:
     cost: CostModel | None
     baseline: PlanCost | None
     adp: bool
+    costed: bool = False
 
     @classmethod
-    def build(cls, prog: TensorProgram, devices: int, cluster: Cluster | None, adp: bool = False) -> "ShardProblem":
-        prop = Propagator(prog, devices, inputs_splittable=adp)
+    def build(cls, prog: TensorProgram, devices: int, cluster: Cluster | None, adp: bool = False,
+              costed: bool = False) -> "ShardProblem":
+        """``costed`` (ours, ``--hybrid``): a cut tensor may be gathered where a contraction,
+        lookup, normalization or the loss needs it whole, and the inputs are decided with the
+        parameters (data parallelism where it pays, One Weird Trick's gather before the
+        classifier); otherwise the paper's rules: no gathers, OPP keeps the inputs whole."""
+        prop = Propagator(prog, devices, inputs_splittable=adp or costed, gathers=costed)
         start, conflict = prop.start()
         if conflict is not None:
             raise RuntimeError(f"the model cannot run even replicated: {prop.describe_conflict(conflict)}")
         if adp:  # data parallelism: every trainable variable replicated
             start, conflict = prop.narrow(start, {t.id: bit(R) for t in prog.params})
-        tensors = prog.of_kind(INPUT) if adp else prog.params
+        tensors = prog.of_kind(INPUT) if adp else (prog.of_kind(INPUT) + prog.params if costed else prog.params)
         pos = positions(tensors)
         linkage = linkage_groups(prop, start, pos)
         order = decision_order(linkage, np.flatnonzero(vector(start, pos) < 0))
@@ -90,7 +96,7 @@ class ShardProblem:
         if cost is not None:
             replicated = {t.id: bit(R) for t in tensors}
             baseline = cost.evaluate(prop.narrow(start, replicated)[0])
-        return cls(prop, start, pos, order, linkage, cost, baseline, adp)
+        return cls(prop, start, pos, order, linkage, cost, baseline, adp, costed)
 
     def score(self, dom: Domains) -> float:
         """Auto-MAP's reward of a whole plan: +0.4 a partitioned, +0.1 a replicated dimension."""

@@ -1,0 +1,138 @@
+"""``pipeplan shard``: Auto-MAP's operator partitioning or auto data parallelism of a PyTorch
+model, by the paper's DQN (``sharding``), by the integer program (``ir.milp``), or both; the
+plan as JSON (each parameter's and input's partitioned dimension), its predicted step and,
+on request, a real run with DTensor (``runtime.tensor_parallel``).
+
+The devices are the first N of the cluster (default ``automap-c``: Auto-MAP's Table 2, 8 V100
+a server over NVLink, 25 Gbps between servers), cut along one line as the paper does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ...cluster import Cluster, load_cluster
+from ...errors import PipeplanError
+from ...ir.cost import PlanCost
+from ...ir.milp import solve
+from ...ir.program import INPUT, export_module
+from ...ir.propagate import Domains, bit, codes
+from ...ir.rules import dim_of
+from ...learn.harness import Budget, Progress
+from .sharding import Config, ShardProblem, search
+
+METHODS = ("dqn", "milp", "both")
+REWARDS = ("paper", "cost")
+
+
+@dataclass
+class ShardRequest:
+    """What to shard, on what, and how to search."""
+
+    spec: str
+    devices: int
+    cluster: "str | Cluster" = "automap-c"  # a spec, or a Cluster (a calibrated one)
+    adp: bool = False
+    hybrid: bool = False
+    method: str = "dqn"
+    reward: str = "cost"
+    budget_s: float = 120.0
+    seed: int = 0
+    batch: int = 8
+    seq: int = 32
+
+    def check(self) -> None:
+        if self.devices < 2:
+            raise PipeplanError(f"--devices must be >= 2, got {self.devices}")
+        if self.method not in METHODS:
+            raise PipeplanError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.reward not in REWARDS:
+            raise PipeplanError(f"--reward must be one of {', '.join(REWARDS)}, got {self.reward!r}")
+        if self.adp and self.hybrid:
+            raise PipeplanError("--adp and --hybrid exclude each other (--hybrid decides inputs and parameters)")
+        if self.hybrid and self.reward != "cost":
+            raise PipeplanError("--hybrid needs --reward cost (the paper's reward does not price the gathers)")
+        if not self.budget_s > 0:
+            raise PipeplanError(f"--budget must be > 0 seconds, got {self.budget_s}")
+
+
+def _cut_dim(mask: int) -> int | None:
+    """The partitioned dimension of a decided domain, None when replicated (or undecided)."""
+    cuts = [c for c in codes(mask) if c >= 2]
+    return dim_of(cuts[0])[0] if len(cuts) == 1 and len(codes(mask)) == 1 else None
+
+
+def _entries(problem: ShardProblem, dom: Domains, kind: str, aliases: dict[str, str]) -> list[dict]:
+    tensors = problem.prop.prog.of_kind(kind)
+    return [{"name": aliases.get(t.source, t.source), "shape": list(t.shape), "partition_dim": _cut_dim(dom[t.id])}
+            for t in tensors]
+
+
+def _cost_dict(c: PlanCost | None) -> dict | None:
+    if c is None:
+        return None
+    return {"step_s": c.step_s, "compute_s": c.compute_s, "comm_s": c.comm_s, "collectives": c.collectives,
+            "memory_bytes": c.memory_bytes, "fits": c.fits}
+
+
+def build_problem(req: ShardRequest):
+    """(the model, its sharding problem, seconds spent building them)."""
+    from ...runtime.shard_models import load_shard_model
+
+    t0 = time.perf_counter()
+    model = load_shard_model(req.spec, batch=req.batch, seq=req.seq, meta=True, seed=req.seed)
+    prog = export_module(model.module, model.inputs, req.spec, model.input_names)
+    cluster = load_cluster(req.cluster) if isinstance(req.cluster, str) else req.cluster
+    if len(cluster) < req.devices:
+        raise PipeplanError(f"--devices {req.devices}: cluster {cluster.name!r} has only {len(cluster)} devices")
+    problem = ShardProblem.build(prog, req.devices, cluster, adp=req.adp, costed=req.hybrid)
+    return model, problem, time.perf_counter() - t0
+
+
+def _milp(problem: ShardProblem, req: ShardRequest) -> tuple[Domains, dict]:
+    objective = "paper" if req.reward == "paper" else "cost"
+    res = solve(problem.cost, problem.start, objective, time_limit=max(10.0, req.budget_s))
+    if res is None:
+        raise PipeplanError(f"model {req.spec!r}: the integer program found no plan within {req.budget_s:g} s")
+    tensors = {problem.positions[i].tensor for i in range(len(problem.positions))}
+    dom, conflict = problem.prop.narrow(problem.start, {t: bit(res.placement[t]) for t in tensors})
+    if conflict is not None:  # the program and propagation read the same rules: never
+        raise RuntimeError(f"MILP plan conflicts: {problem.prop.describe_conflict(conflict)}")
+    info = {"objective": res.objective, "optimal": res.optimal, "seconds": res.seconds, "variables": res.variables,
+            "constraints": res.constraints}
+    return dom, info
+
+
+def shard(req: ShardRequest, progress: Progress | None = None) -> dict:
+    """Search a plan as ``req`` says; the JSON-ready result."""
+    req.check()
+    model, problem, build_s = build_problem(req)
+    aliases = model.aliases()
+    cluster_name = req.cluster if isinstance(req.cluster, str) else req.cluster.name
+    out: dict = {"model": req.spec, "devices": req.devices, "cluster": cluster_name, "mode": "adp" if req.adp else "hybrid" if req.hybrid else "opp",
+                 "method": req.method, "reward": req.reward, "build_s": build_s,
+                 "positions": len(problem.positions), "undecided_at_start": len(problem.order),
+                 "replicated": _cost_dict(problem.baseline)}
+    chosen: Domains | None = None
+    if req.method in ("dqn", "both"):
+        t0 = time.perf_counter()
+        res = search(problem, Budget(seconds=req.budget_s), Config(reward=req.reward, adp=req.adp, seed=req.seed),
+                     progress)
+        chosen = res.domains
+        out["dqn"] = {"search_s": time.perf_counter() - t0, "found_s": res.found_s, "stage1_s": res.stage1_s,
+                      "episodes": res.episodes, "conflicts": res.conflicts, "paper_score": res.score,
+                      "predicted": _cost_dict(problem.cost.evaluate(res.domains))}
+        out["search_s"] = out["dqn"]["search_s"]
+    if req.method in ("milp", "both"):
+        dom, info = _milp(problem, req)
+        info["paper_score"] = problem.score(dom)
+        info["predicted"] = _cost_dict(problem.cost.evaluate(dom))
+        out["milp"] = info
+        if chosen is None:
+            chosen, out["search_s"] = dom, info["seconds"]
+    out["parameters"] = _entries(problem, chosen, "param", aliases)
+    out["inputs"] = _entries(problem, chosen, INPUT, aliases)
+    out["predicted"] = _cost_dict(problem.cost.evaluate(chosen))
+    out["paper_score"] = problem.score(chosen)
+    return out

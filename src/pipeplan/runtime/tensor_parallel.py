@@ -1,0 +1,403 @@
+"""Run an Auto-MAP sharding plan for real with DTensor: operator partitioning (paper §3.2,
+§4.2: each trainable variable replicated or partitioned along one dimension over all N
+devices of a 1-D mesh, Tables 3-4) and auto data parallelism (§3.3, §4.3: the input tensors
+split along their batch dimension, Table 6).
+
+``run_sharded`` spawns ``workers`` processes (gloo on CPU, rendezvous on a free port of
+127.0.0.1, as ``executor.py``); each builds the same seeded model (``shard_models.py``),
+turns every parameter into a DTensor on ``DeviceMesh("cpu", range(N))`` with ``[Shard(d)]``
+or ``[Replicate()]`` (parameters tied to one another stay one parameter) and every input
+into a DTensor ``[Shard(d)]`` or ``[Replicate()]``, then trains ``steps`` plain-SGD steps on
+the same batch, timing each. DTensor's sharding propagation inserts the collectives. Plain
+tensors a model makes inside its forward (position ids, masks) are taken as replicated
+(``implicit_replication``). With ``check`` the same model is trained in this process
+without DTensor and the losses and final parameters are compared (``check_against_reference``).
+
+What DTensor (torch 2.13, CPU, gloo) cannot do as is, met on the built-in models:
+- the backward of CPU's fused attention (``aten._scaled_dot_product_flash_attention_for_cpu_backward``)
+  has no sharding strategy, and a head-sharded SDPA output fails a ``view`` in T5: the
+  HF models are built with the eager attention (``shard_models.py``);
+- a vocabulary-sharded embedding's output (``_MaskPartial``) can be reduced only once, and its
+  gradient cannot come back as a partial sum: ``_replicate_output`` all-reduces it at once;
+- a view that splits a sharded dimension unevenly (T5-tiny's 2 heads over 4 workers) is
+  refused: the run fails with one line naming the operation and the model's source line;
+- gloo has no all-to-all: DTensor falls back to all-gather + chunk (a logged warning).
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import PipeplanError
+from .executor import _die_with_parent, _end_all, _free_port
+from .shard_models import ShardModel, load_shard_model
+
+#: the largest max|a - b| / max|b| over parameters for which the check says "ok"
+TOLERANCE = 1e-5
+#: a parameter's scale in the comparison is at least this times the model's largest value
+FLOOR = 1e-6
+
+
+@dataclass
+class ShardConfig:
+    """What every worker needs to rebuild and train the model (picklable)."""
+
+    spec: str
+    placements: dict[str, int | None]
+    input_dims: dict[str, int | None]
+    steps: int = 3
+    lr: float = 1e-2
+    seed: int = 0
+    batch: int = 8
+    seq: int = 32
+    threads: int = 1
+    check: bool = True
+    parent: int | None = None  # the process whose end ends the workers
+
+
+def _check_dim(what: str, d: int | None, ndim: int, shape: tuple[int, ...]) -> None:
+    if d is None:
+        return
+    if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < ndim:
+        raise PipeplanError(f"{what} of shape {list(shape)} cannot be split along dimension {d!r} "
+                            f"(0..{ndim - 1}, or None to replicate)")
+
+
+def validate_placements(model: ShardModel, placements: dict[str, int | None],
+                        input_dims: dict[str, int | None] | None
+                        ) -> tuple[dict[str, int | None], dict[str, int | None]]:
+    """Every parameter's and every input's dimension to split (None: replicated), a name
+    missing from ``placements``/``input_dims`` replicated; an unknown name or a dimension
+    out of range is a ``PipeplanError``."""
+    params = dict(model.module.named_parameters())
+    unknown = [n for n in placements if n not in params]
+    if unknown:
+        near = ", ".join(list(params)[:4])
+        raise PipeplanError(f"placements: {model.name!r} has no parameter {unknown[0]!r} (its parameters: "
+                            f"{near}, ... {len(params)} in all)")
+    for n, d in placements.items():
+        _check_dim(f"parameter {n!r}", d, params[n].dim(), tuple(params[n].shape))
+    shapes = dict(zip(model.input_names, model.inputs))
+    input_dims = dict(input_dims or {})
+    bad = [n for n in input_dims if n not in shapes]
+    if bad:
+        raise PipeplanError(f"input_dims: {model.name!r} has no input {bad[0]!r} (its inputs: "
+                            f"{', '.join(model.input_names)})")
+    for n, d in input_dims.items():
+        _check_dim(f"input {n!r}", d, shapes[n].dim(), tuple(shapes[n].shape))
+    return ({n: placements.get(n) for n in params},
+            {n: input_dims.get(n) for n in model.input_names})
+
+
+def _placement(d: int | None) -> list:
+    from torch.distributed.tensor import Replicate, Shard
+
+    return [Replicate()] if d is None else [Shard(d)]
+
+
+def distribute_parameters(module: nn.Module, mesh, placements: dict[str, int | None]) -> None:
+    """Replace every parameter of ``module`` by a DTensor parameter placed as ``placements``
+    says (by ``named_parameters`` name); a parameter registered under several names (tied
+    embeddings) is replaced by one and the same new parameter everywhere."""
+    from torch.distributed.tensor import distribute_tensor
+
+    new: dict[int, nn.Parameter] = {}
+    for name, p in module.named_parameters():
+        dt = distribute_tensor(p.detach(), mesh, _placement(placements.get(name)))
+        new[id(p)] = nn.Parameter(dt, requires_grad=p.requires_grad)
+    for sub in module.modules():
+        for key, p in list(sub._parameters.items()):
+            if p is not None and id(p) in new:
+                sub._parameters[key] = new[id(p)]
+        if isinstance(sub, nn.Embedding) and _is_shard(sub.weight, 0):
+            sub.register_forward_hook(_replicate_output)
+
+
+def _is_shard(p: torch.Tensor, dim: int) -> bool:
+    from torch.distributed.tensor import DTensor, Shard
+
+    return isinstance(p, DTensor) and p.placements[0] == Shard(dim)
+
+
+def _replicate_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    """A vocabulary-partitioned embedding's output is a masked partial sum that DTensor can
+    reduce only once (its mask is freed at the first reduction); a consumer reading it twice
+    (T5's RMS norm) fails, so it is all-reduced right away, as torch's ``RowwiseParallel``
+    does (the all-reduce the partitioning implies anyway). Its gradient is made replicated
+    too (``from_local``'s backward all-reduces a partial one): DTensor cannot turn a partial
+    gradient into the masked partial placement the embedding's backward expects."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    rep = out.redistribute(placements=[Replicate()])
+    return DTensor.from_local(rep.to_local(grad_placements=[Replicate()]), rep.device_mesh, [Replicate()],
+                              run_check=False)
+
+
+def distribute_inputs(model: ShardModel, mesh, input_dims: dict[str, int | None]) -> tuple:
+    from torch.distributed.tensor import distribute_tensor
+
+    return tuple(distribute_tensor(x, mesh, _placement(input_dims.get(n)))
+                 for n, x in zip(model.input_names, model.inputs))
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def train(module: nn.Module, inputs: tuple, steps: int, lr: float,
+          distributed: bool) -> tuple[list[float], list[float]]:
+    """``steps`` plain-SGD steps on ``inputs``: (loss of each step, seconds of each step).
+    ``distributed``: DTensor training, each step between barriers, plain tensors made in the
+    forward taken as replicated."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    opt = torch.optim.SGD(module.parameters(), lr=lr)
+    losses, times = [], []
+    for _ in range(steps):
+        if distributed:
+            dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        if distributed:
+            with implicit_replication():
+                loss = module(*inputs)
+                loss = loss.redistribute(placements=[Replicate()])  # a Partial loss is summed first
+                loss.backward()
+                opt.step()
+        else:
+            loss = module(*inputs)
+            loss.backward()
+            opt.step()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(_full(loss.detach())))
+    if distributed:
+        dist.barrier()
+    return losses, times
+
+
+def _worker(rank: int, world: int, port: int, cfg: dict, results) -> None:
+    from torch.distributed.tensor import DeviceMesh
+
+    if cfg["parent"] is not None:
+        _die_with_parent(cfg["parent"])
+    try:
+        torch.set_num_threads(cfg["threads"])
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        mesh = DeviceMesh("cpu", list(range(world)))
+        model = load_shard_model(cfg["spec"], batch=cfg["batch"], seq=cfg["seq"], seed=cfg["seed"])
+        distribute_parameters(model.module, mesh, cfg["placements"])
+        inputs = distribute_inputs(model, mesh, cfg["input_dims"])
+        losses, times = train(model.module, inputs, cfg["steps"], cfg["lr"], distributed=True)
+        params, spread = None, 0.0
+        if cfg["check"]:
+            full = {n: _full(p.detach()) for n, p in model.module.named_parameters()}
+            params = {n: t.numpy().copy() for n, t in full.items()} if rank == 0 else None
+            spread = replica_spread(model.module)
+        results.put(("done", rank, {"losses": losses, "times": times, "params": params, "spread": spread}))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as e:  # report to the parent, which ends the run
+        text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        results.put(("error", rank, f"{type(e).__name__}: {text[:400]}{_where(e)}"))
+        raise SystemExit(1)
+
+
+def replica_spread(module: nn.Module) -> float:
+    """max over replicated parameters of max|this rank's copy - rank 0's copy|, relative to
+    the largest value of any parameter: replicas that drifted apart (0.0 when none did)."""
+    from torch.distributed.tensor import DTensor
+
+    worst, scale = 0.0, 0.0
+    for p in module.parameters():
+        local = p.detach().to_local() if isinstance(p, DTensor) else p.detach()
+        if local.numel():
+            scale = max(scale, float(local.abs().max()))
+        if isinstance(p, DTensor) and p.placements[0].is_replicate() and local.numel():
+            ref = local.clone()
+            dist.broadcast(ref, src=0)
+            worst = max(worst, float((local - ref).abs().max()))
+    return worst / (scale + 1e-12)
+
+
+def _where(e: BaseException) -> str:
+    """`` (at FILE:LINE)`` of the innermost frame outside torch: the model code whose
+    operation failed."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f"{os.sep}torch{os.sep}" not in f.filename]
+    return f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+
+
+def _collect(procs: list, results, world: int, timeout_s: float) -> dict[int, dict]:
+    """The workers' reports; the first error (a rank's own, else a dead rank's exit code) or
+    the timeout is a ``PipeplanError``."""
+    done: dict[int, dict] = {}
+    deadline = time.time() + timeout_s
+    while len(done) < world:
+        try:
+            msg = results.get(timeout=0.05)
+        except queue_mod.Empty:
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done]
+            if dead:
+                time.sleep(0.5)  # its own message may still be on the way
+                if results.empty():
+                    raise PipeplanError(f"run_sharded failed: rank {dead[0]} died with exit code "
+                                        f"{procs[dead[0]].exitcode}") from None
+            if time.time() > deadline:
+                raise PipeplanError(f"run_sharded failed: not finished within {timeout_s:g} s") from None
+            continue
+        if msg[0] == "error":
+            raise PipeplanError(f"run_sharded failed: rank {msg[1]} raised {msg[2]}")
+        done[msg[1]] = msg[2]
+    for p in procs:
+        p.join(10)
+    return done
+
+
+def _spawn(cfg: ShardConfig, workers: int, timeout_s: float) -> dict[int, dict]:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, workers, port, asdict(cfg), results), daemon=True)
+             for r in range(workers)]
+    try:
+        for p in procs:
+            p.start()
+        return _collect(procs, results, workers, timeout_s)
+    finally:
+        _end_all(procs)
+
+
+def reference_run(cfg: ShardConfig, dtype: torch.dtype = torch.float32
+                  ) -> tuple[list[float], dict[str, np.ndarray], list[float]]:
+    """The same training in this process without DTensor: (losses, final parameters, step
+    seconds), with ``cfg.threads`` threads; ``dtype``: the parameters' and float inputs' type."""
+    model = load_shard_model(cfg.spec, batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
+    model.module.to(dtype)
+    inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in model.inputs)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        losses, times = train(model.module, inputs, cfg.steps, cfg.lr, distributed=False)
+    finally:
+        torch.set_num_threads(threads)
+    return losses, {n: p.detach().numpy() for n, p in model.module.named_parameters()}, times
+
+
+def rel_diffs(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> dict[str, float]:
+    """Per parameter max|a - b| / (max|b| + 1e-12), max|b| floored at ``FLOOR`` times the
+    largest value of any parameter: a parameter whose values are all ~0 (BERT's attention
+    key biases: their gradient is zero in exact arithmetic) differs only by rounding that its
+    own scale would magnify."""
+    floor = FLOOR * max((float(np.abs(b).max()) for b in want.values() if b.size), default=0.0)
+    out = {}
+    for n, b in want.items():
+        a = got[n]
+        if a.shape != b.shape:
+            out[n] = float("inf")
+        elif b.size:
+            out[n] = float(np.abs(a - b).max() / (max(float(np.abs(b).max()), floor) + 1e-12))
+        else:
+            out[n] = 0.0
+    return out
+
+
+def max_rel_diff(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> tuple[float, str]:
+    """The largest of ``rel_diffs`` and the parameter where it is."""
+    diffs = rel_diffs(got, want)
+    where = max(diffs, key=diffs.__getitem__, default="")
+    return diffs.get(where, 0.0), where
+
+
+def _loss_diffs(got: list[float], want: list[float]) -> list[float]:
+    return [abs(a - b) / (abs(b) + 1e-12) for a, b in zip(got, want)]
+
+
+def check_against_reference(cfg: ShardConfig, losses: list[float], params: dict[str, np.ndarray]) -> dict:
+    """Compare the sharded run with single-process training (float32). Past ``TOLERANCE``, the
+    difference may be float32 rounding that training amplifies (t5-base at lr 1e-2: the
+    single-process float32 run itself is 1e-3 away from float64 in its attention weights),
+    so both are compared with a float64 run: the sharded run passes (verdict "ok", basis
+    "float64") when no parameter or loss of it is further from float64 than twice the
+    float32 run's distance plus ``TOLERANCE``."""
+    ref_losses, ref_params, ref_times = reference_run(cfg)
+    diff, where = max_rel_diff(params, ref_params)
+    loss_diff = max(_loss_diffs(losses, ref_losses))
+    out = {"max_rel_diff": diff, "reference_losses": ref_losses,
+           "reference_s": statistics.median(ref_times[1:] or ref_times)}
+    check = {"verdict": "ok", "basis": "float32", "tolerance": TOLERANCE, "worst_parameter": where,
+             "max_loss_rel_diff": loss_diff}
+    if diff >= TOLERANCE or loss_diff >= TOLERANCE:
+        losses64, params64, _ = reference_run(cfg, torch.float64)
+        err, err32 = rel_diffs(params, params64), rel_diffs(ref_params, params64)
+        ratios = {n: err[n] / (2 * err32[n] + TOLERANCE) for n in err}
+        ratios.update({f"loss {i}": a / (2 * b + TOLERANCE) for i, (a, b) in
+                       enumerate(zip(_loss_diffs(losses, losses64), _loss_diffs(ref_losses, losses64)))})
+        worst = max(ratios, key=ratios.__getitem__)
+        check.update(verdict="ok" if ratios[worst] <= 1 else "mismatch", basis="float64",
+                     float64={"sharded_max_rel_diff": max(err.values()), "float32_max_rel_diff": max(err32.values()),
+                              "worst": worst, "worst_ratio": ratios[worst]})
+    out["check"] = check
+    return out
+
+
+def uneven_splits(model: ShardModel, placements: dict[str, int | None], input_dims: dict[str, int | None],
+                  workers: int) -> list[str]:
+    """``name[d]=size`` of every split dimension whose size ``workers`` does not divide (DTensor
+    shards it unevenly; some operations, e.g. a view that splits it, then refuse to run)."""
+    params = dict(model.module.named_parameters())
+    sizes = [(n, d, params[n].shape[d]) for n, d in placements.items() if d is not None]
+    sizes += [(n, d, x.shape[d]) for n, x in zip(model.input_names, model.inputs)
+              if (d := input_dims.get(n)) is not None]
+    return [f"{n}[{d}]={size}" for n, d, size in sizes if size % workers]
+
+
+def run_sharded(spec: str, placements: dict[str, int | None], input_dims: dict[str, int | None] | None,
+                workers: int, steps: int = 3, check: bool = True, lr: float = 1e-2, seed: int = 0,
+                batch: int = 8, seq: int = 32, threads: int = 1, timeout_s: float = 600.0) -> dict:
+    """Train ``spec`` (``shard_models.load_shard_model``) sharded as ``placements`` (parameter
+    name -> dimension split over the ``workers`` devices, None or absent: replicated) with
+    inputs split as ``input_dims`` (input name -> dimension); return the median step time
+    (the first step excluded), the losses and, with ``check``, the largest relative
+    difference from single-process training."""
+    if workers < 1 or steps < 1:
+        raise PipeplanError(f"run_sharded: workers and steps must be >= 1, got {workers} and {steps}")
+    shapes = load_shard_model(spec, batch=batch, seq=seq, meta=":" not in spec, seed=seed)
+    full_p, full_in = validate_placements(shapes, placements, input_dims)
+    cfg = ShardConfig(spec, full_p, full_in, steps, lr, seed, batch, seq, threads, check, os.getpid())
+    uneven = uneven_splits(shapes, full_p, full_in, workers)
+    try:
+        done = _spawn(cfg, workers, timeout_s)
+    except PipeplanError as e:
+        if not uneven:
+            raise
+        raise PipeplanError(f"{e}; split unevenly over {workers} workers: {', '.join(uneven[:3])}"
+                            f"{' ...' if len(uneven) > 3 else ''}") from None
+    times = [max(done[r]["times"][i] for r in done) for i in range(steps)]  # a step ends when every rank did
+    out = {"measured_s": statistics.median(times[1:] or times), "per_step_s": times,
+           "losses": done[0]["losses"], "workers": workers, "max_rel_diff": None,
+           "check": {"verdict": "not checked", "tolerance": TOLERANCE},
+           "partitioned": sorted(n for n, d in full_p.items() if d is not None),
+           "split_inputs": sorted(n for n, d in full_in.items() if d is not None),
+           "uneven": uneven}
+    if check:
+        out.update(check_against_reference(cfg, out["losses"], done[0]["params"]))
+        spread = max(d["spread"] for d in done.values())
+        out["check"]["replica_spread"] = spread
+        if spread >= TOLERANCE:
+            out["check"]["verdict"] = "mismatch"
+    return out

@@ -1,0 +1,270 @@
+"""The tensor IR, its derivation rules and propagation (Auto-MAP §3.2, §4.2): each rule on a
+worked example computed by hand, conflicts, strided cuts, linkage groups of a two-layer MLP
+by hand, the cost model against a closed form, the MILP against brute force."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from pipeplan.cluster import load_cluster
+from pipeplan.costmodel import allreduce_time
+from pipeplan.ir.cost import CostModel, op_seconds
+from pipeplan.ir.decisions import decision_order, linkage_groups, positions, vector
+from pipeplan.ir.milp import solve
+from pipeplan.ir.program import export_module
+from pipeplan.ir.propagate import Propagator, bit, codes, placement_name
+from pipeplan.ir.rules import P, R, S
+
+warnings.simplefilter("ignore")
+
+
+def program(module: nn.Module, *inputs: torch.Tensor, names: tuple[str, ...] | None = None):
+    torch.manual_seed(0)
+    return export_module(module, inputs, type(module).__name__, names)
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x))).pow(2).mean()
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    prog = program(MLP(), torch.randn(4, 8), names=("x",))
+    prop = Propagator(prog, 2)
+    start, conflict = prop.start()
+    assert conflict is None
+    return prog, prop, start
+
+
+def placements(prog, dom, *names):
+    return [placement_name(dom[prog.by_source(n).id]) for n in names]
+
+
+def test_program_marks_parameters_inputs_and_shapes(mlp):
+    prog, _, _ = mlp
+    assert [(t.source, t.shape) for t in prog.params] == [("fc1.weight", (16, 8)), ("fc1.bias", (16,)),
+                                                         ("fc2.weight", (4, 16)), ("fc2.bias", (4,))]
+    assert [(t.source, t.shape) for t in prog.inputs] == [("x", (4, 8))]
+    assert [op.target for op in prog.ops] == ["permute", "addmm", "relu", "permute", "addmm", "pow", "mean"]
+
+
+def test_column_then_row_parallel_linear_is_megatron(mlp):
+    """fc1 cut by output features: its bias with it, fc2 by input features (partial sums),
+    fc2's bias replicated (added once)."""
+    prog, prop, start = mlp
+    dom, conflict = prop.narrow(start, {prog.by_source("fc1.weight").id: bit(S(0))})
+    assert conflict is None
+    assert placements(prog, dom, "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias") == ["S(0)", "S(0)", "S(1)", "R"]
+    out = prog.ops[4].outputs[0]  # fc2's addmm
+    assert dom[out] == bit(P)
+
+
+def test_cutting_a_contraction_of_a_replicated_input_is_pruned_at_the_start(mlp):
+    """fc1.weight cut by input features needs x cut likewise; x is replicated (no gather)."""
+    prog, prop, start = mlp
+    assert not start[prog.by_source("fc1.weight").id] & bit(S(1))
+    _, conflict = prop.narrow(start, {prog.by_source("fc1.weight").id: bit(S(1))})
+    assert conflict is not None
+
+
+def test_linkage_groups_of_a_two_layer_mlp_by_hand(mlp):
+    prog, prop, start = mlp
+    pos = positions(prog.params)
+    assert [(p.source, p.dim) for p in pos] == [("fc1.weight", 0), ("fc1.weight", 1), ("fc1.bias", 0),
+                                               ("fc2.weight", 0), ("fc2.weight", 1), ("fc2.bias", 0)]
+    assert vector(start, pos).tolist() == [-1, 0, -1, -1, -1, -1]
+    link = linkage_groups(prop, start, pos)
+    # fc1 column-parallel forces fc1.bias cut, fc2 row-parallel (so not by rows), fc2.bias whole
+    assert link.forced[(0, True)] == {2: 1, 3: 0, 4: 1, 5: 0}
+    # fc1 replicated: its bias too, and fc2 cannot be row-parallel (its input is whole)
+    assert link.forced[(0, False)] == {2: 0, 4: 0}
+    # fc2 by output features needs its input whole: fc1 replicated; fc2.bias cut with it
+    assert link.forced[(3, True)] == {0: 0, 2: 0, 4: 0, 5: 1}
+    assert link.forced[(5, False)] == {3: 0}
+    assert decision_order(link, [0, 2, 3, 4, 5]) == [0, 2, 3, 4, 5]
+
+
+class Scale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w
+
+
+def test_elementwise_broadcast_follows_aligned_dimensions():
+    prog = program(Scale(), torch.randn(4, 8))
+    split = Propagator(prog, 2, inputs_splittable=True)
+    start, _ = split.start()
+    dom, conflict = split.narrow(start, {prog.by_source("w").id: bit(S(0))})
+    assert conflict is None
+    assert dom[prog.inputs[0].id] == bit(S(1)) and dom[prog.ops[0].outputs[0]] == bit(S(1))
+    whole, _ = Propagator(prog, 2).start()  # x replicated: w cannot be cut (no slicing of x)
+    assert whole[prog.by_source("w").id] == bit(R)
+
+
+class Convs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c2(torch.relu(self.c1(x))).mean()
+
+
+def test_convolutions_by_output_then_input_channels():
+    prog = program(Convs(), torch.randn(2, 3, 8, 8))
+    prop = Propagator(prog, 2)
+    start, _ = prop.start()
+    dom, conflict = prop.narrow(start, {prog.by_source("c1.weight").id: bit(S(0))})
+    assert conflict is None
+    assert placements(prog, dom, "c1.bias", "c2.weight", "c2.bias") == ["S(0)", "S(1)", "R"]
+    conv2 = [op for op in prog.ops if op.target == "convolution"][1]
+    assert dom[conv2.outputs[0]] == bit(P)
+
+
+class Embed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.emb(ids), dim=-1).sum()
+
+
+def test_embedding_by_rows_is_partial_and_by_columns_cuts_the_output():
+    prog = program(Embed(), torch.randint(0, 16, (2, 4)))
+    prop = Propagator(prog, 2)
+    start, _ = prop.start()
+    emb = [op for op in prog.ops if op.target == "embedding"][0]
+    rows, _ = prop.narrow(start, {prog.by_source("emb.weight").id: bit(S(0))})
+    assert rows[emb.outputs[0]] == bit(P)
+    cols, conflict = prop.narrow(start, {prog.by_source("emb.weight").id: bit(S(1))})
+    assert conflict is None and cols[emb.outputs[0]] == bit(S(2))  # softmax along the cut: allowed
+
+
+class Norm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x).sum()
+
+
+def test_layer_norm_scale_cannot_be_cut_over_a_replicated_input():
+    prog = program(Norm(), torch.randn(4, 8))
+    prop = Propagator(prog, 2)
+    start, _ = prop.start()
+    assert start[prog.by_source("norm.weight").id] == bit(R)
+
+
+class Reduce(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.amax(dim=1) + x.sum(dim=1)
+
+
+def test_max_over_a_cut_dimension_conflicts_and_sum_gives_a_partial():
+    prog = program(Reduce(), torch.randn(4, 6))
+    prop = Propagator(prog, 2, inputs_splittable=True)
+    start, _ = prop.start()
+    x = prog.inputs[0].id
+    assert codes(start[x]) == [R, S(0)]  # cutting dimension 1 conflicts at amax
+    amax, total = [op for op in prog.ops if op.target in ("amax", "sum")]
+    assert (bit(S(1)), bit(S(0))) not in prop.tables[amax.id].tuples
+    assert (bit(S(1)), bit(P)) in prop.tables[total.id].tuples
+    assert (bit(S(0)), bit(S(0))) in prop.tables[amax.id].tuples
+
+
+class Heads(nn.Module):
+    """[b, h, s, d] -> [b*h, s, d] -> bmm -> [b, h, s, s]: T5's attention layout."""
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        b, h, s, d = q.shape
+        flat = q.reshape(b * h, s, d)
+        scores = torch.bmm(flat, flat.transpose(1, 2))
+        return scores.reshape(b, h, s, s).softmax(-1).sum()
+
+
+def test_a_cut_of_an_inner_merged_dimension_comes_back_to_it():
+    prog = program(Heads(), torch.randn(2, 4, 3, 5))
+    prop = Propagator(prog, 2, inputs_splittable=True)
+    start, _ = prop.start()
+    q = prog.inputs[0].id
+    heads, conflict = prop.narrow(start, {q: bit(S(1))})
+    assert conflict is None
+    back = [op for op in prog.ops if op.target == "view"][-1]
+    assert placement_name(heads[back.outputs[0]]) == "S(1)"      # heads, not batch
+    assert placement_name(heads[back.inputs[0]]) == "S(0/1)"     # merged b*h, cut by its inner part
+    batch, _ = prop.narrow(start, {q: bit(S(0))})
+    assert placement_name(batch[back.outputs[0]]) == "S(0)"
+
+
+def test_cost_of_megatron_mlp_is_its_closed_form(mlp):
+    """Compute: every op cut in two but the loss's mean over the partial; communication: one
+    all-reduce of fc2's partial output (x is an input: no gradient to all-reduce)."""
+    prog, prop, start = mlp
+    cluster = load_cluster("v100x4")
+    model = CostModel(prop, cluster)
+    dom, _ = prop.narrow(start, {prog.by_source("fc1.weight").id: bit(S(0))})
+    got = model.evaluate(dom)
+    whole = [op_seconds(op, prog) / cluster.devices[0].speed for op in prog.ops]
+    # permute, addmm, relu, permute, addmm cut; pow and mean run on the all-reduced output
+    expect_compute = sum(whole[:5]) / 2 + whole[5] + whole[6]
+    fc2_out = prog.ops[4].outputs[0]
+    expect_comm = allreduce_time(cluster, [0, 1], prog.tensors[fc2_out].numel * 4)
+    assert got.compute_s == pytest.approx(expect_compute)
+    assert got.comm_s == pytest.approx(expect_comm)
+    assert got.collectives == 1
+
+
+class Deep(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 256),
+                                    nn.ReLU(), nn.Linear(256, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x).pow(2).mean()
+
+
+def _brute_force(prog, prop, start, model):
+    """Every assignment of a placement to every parameter: (best cost, best paper score)."""
+    params = prog.params
+    best_cost, best_score = float("inf"), -1.0
+    for combo in itertools.product(*[codes(start[t.id]) for t in params]):
+        dom, conflict = prop.narrow(start, {t.id: bit(c) for t, c in zip(params, combo)})
+        if conflict is not None:
+            continue
+        c = model.evaluate(dom)
+        if c.fits:
+            best_cost = min(best_cost, c.step_s)
+        score = sum(0.4 + 0.1 * (t.rank - 1) if c_ >= 2 else 0.1 * t.rank for t, c_ in zip(params, combo))
+        best_score = max(best_score, score)
+    return best_cost, best_score
+
+
+@pytest.mark.parametrize("cluster", ["v100x4", "hier:servers=2,gpus=2,intra=10Gbps,inter=1Gbps"])
+def test_milp_matches_brute_force(cluster):
+    prog = program(Deep(), torch.randn(512, 64))
+    prop = Propagator(prog, 4)
+    start, _ = prop.start()
+    model = CostModel(prop, load_cluster(cluster))
+    best_cost, best_score = _brute_force(prog, prop, start, model)
+    cost = solve(model, start, "cost")
+    paper = solve(model, start, "paper")
+    assert cost.optimal and cost.objective == pytest.approx(best_cost, rel=1e-9)
+    assert paper.optimal and paper.objective == pytest.approx(best_score)
+    dom, conflict = prop.narrow(start, {t.id: bit(cost.placement[t.id]) for t in prog.params})
+    assert conflict is None and model.evaluate(dom).step_s == pytest.approx(cost.objective)

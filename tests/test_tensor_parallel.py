@@ -1,0 +1,140 @@
+"""Sharding plans run for real with DTensor (runtime/tensor_parallel.py): operator
+partitioning and auto data parallelism on 2 gloo processes, checked against one process."""
+
+import pytest
+import torch
+from torch import nn
+
+from pipeplan.errors import PipeplanError
+from pipeplan.runtime.shard_models import build
+from pipeplan.runtime import tensor_parallel
+from pipeplan.runtime.tensor_parallel import (ShardConfig, check_against_reference, max_rel_diff, reference_run,
+                                              run_sharded, validate_placements)
+
+#: Megatron's MLP: the first linear split by rows (its output features), the second by
+#: columns (its input features); the all-reduce sits after the second
+MEGATRON_MLP = {"0.weight": 0, "0.bias": 0, "2.weight": 1}
+
+#: the paper's Table 4 in PyTorch's (out, in) weights: Keras' kernel dimension 1 is dimension 0 here
+VGG_TABLE4 = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1, "fc2.bias": 0,
+              "predictions.weight": 0, "predictions.bias": 0}
+
+
+def mlp() -> tuple[nn.Module, torch.Tensor]:
+    """A two-layer MLP (``test_tensor_parallel:mlp`` in the workers)."""
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)), torch.randn(8, 16)
+
+
+def t5_table3(name: str = "t5-tiny") -> dict[str, int]:
+    """The paper's Table 3 (attention q, k, v by heads, o by its input; MLP wi by rows, wo by
+    columns; the embedding by vocabulary; norms replicated), in PyTorch's weight layout."""
+    out = {}
+    for n, _ in build(name, meta=True).module.named_parameters():
+        if n.endswith(("q.weight", "k.weight", "v.weight", "wi.weight")) or n == "shared.weight":
+            out[n] = 0
+        elif n.endswith(("o.weight", "wo.weight")):
+            out[n] = 1
+    return out
+
+
+def assert_ok(result: dict, workers: int = 2) -> None:
+    assert result["check"]["verdict"] == "ok", result["check"]
+    assert result["max_rel_diff"] < 1e-5 and result["workers"] == workers
+    assert result["losses"] == pytest.approx(result["reference_losses"], rel=1e-5)
+    assert result["measured_s"] > 0 and len(result["per_step_s"]) == len(result["losses"])
+
+
+def test_megatron_mlp_on_two_workers():
+    result = run_sharded("test_tensor_parallel:mlp", MEGATRON_MLP, None, workers=2, steps=3)
+    assert_ok(result)
+    assert result["partitioned"] == ["0.bias", "0.weight", "2.weight"]
+    assert result["losses"][-1] < result["losses"][0]  # it trains
+
+
+def test_vgg19_fc_partitioned_convs_replicated():
+    result = run_sharded("vgg19-tiny", VGG_TABLE4, None, workers=2, steps=3)
+    assert_ok(result)
+    assert not any("conv" in n for n in result["partitioned"])
+
+
+def test_batch_split_inputs():
+    result = run_sharded("vgg19-tiny", {}, {"features": 0, "labels": 0}, workers=2, steps=3)
+    assert_ok(result)
+    assert result["split_inputs"] == ["features", "labels"] and result["partitioned"] == []
+
+
+@pytest.mark.slow
+def test_t5_with_table3_partitioning():
+    result = run_sharded("t5-tiny", t5_table3(), None, workers=2, steps=2, seq=16)
+    assert_ok(result)
+    assert "shared.weight" in result["partitioned"]  # tied to lm_head: one parameter, sharded once
+
+
+@pytest.mark.slow
+def test_bert_batch_split_and_sharded_embedding():
+    result = run_sharded("bert-tiny", {"bert.embeddings.word_embeddings.weight": 0},
+                         {"input_ids": 0, "labels": 0}, workers=2, steps=2, seq=16)
+    assert_ok(result)
+
+
+@pytest.mark.slow
+def test_replicas_that_drift_apart_are_a_mismatch():
+    """runtime_models:rank_skewed adds each rank's number inside the model: its output layer,
+    sharded, learns from different activations on each rank."""
+    result = run_sharded("runtime_models:rank_skewed", {"4.weight": 0}, None, workers=2, steps=2)
+    assert result["check"]["verdict"] == "mismatch"
+    assert result["max_rel_diff"] > 1e-5 or result["check"]["replica_spread"] > 1e-5
+
+
+def test_without_check():
+    result = run_sharded("test_tensor_parallel:mlp", MEGATRON_MLP, None, workers=2, steps=2, check=False)
+    assert result["check"]["verdict"] == "not checked" and result["max_rel_diff"] is None
+
+
+@pytest.mark.parametrize("placements, inputs, words", [
+    ({"fc9.weight": 0}, None, "has no parameter 'fc9.weight'"),
+    ({"fc1.weight": 2}, None, "cannot be split along dimension 2"),
+    ({"fc1.bias": -1}, None, "cannot be split along dimension -1"),
+    ({}, {"images": 0}, "has no input 'images'"),
+    ({}, {"labels": 1}, "input 'labels' of shape \\[8\\] cannot be split along dimension 1"),
+])
+def test_bad_placements_are_one_line_errors(placements, inputs, words):
+    with pytest.raises(PipeplanError, match=words) as e:
+        run_sharded("vgg19-tiny", placements, inputs, workers=2)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_counts_and_models():
+    with pytest.raises(PipeplanError, match="workers and steps"):
+        run_sharded("vgg19-tiny", {}, None, workers=0)
+    with pytest.raises(PipeplanError, match="unknown shard model"):
+        run_sharded("vgg20", {}, None, workers=2)
+
+
+def test_validate_fills_in_replicated():
+    model = build("vgg19-tiny", meta=True)
+    params, inputs = validate_placements(model, {"fc1.weight": 0}, {"features": 0})
+    assert params["fc1.weight"] == 0 and params["fc1.bias"] is None and len(params) == 38
+    assert inputs == {"features": 0, "labels": None}
+
+
+def test_max_rel_diff():
+    a = {"w": torch.tensor([1.0, 2.0]).numpy(), "b": torch.tensor([1e-14]).numpy()}
+    b = {"w": torch.tensor([1.0, 2.002]).numpy(), "b": torch.tensor([2e-14]).numpy()}
+    diff, where = max_rel_diff(a, b)
+    assert where == "w" and diff == pytest.approx(0.002 / 2.002, rel=1e-4)  # "b" ~ 0: floored, not 50%
+
+
+def test_the_check_tells_rounding_from_a_real_difference(monkeypatch):
+    """In one process: float64 training rounded to float32 is "ok" (on the float64 basis once
+    the float32 comparison is made too strict to pass); a 1e-4 change of a weight is not."""
+    cfg = ShardConfig("test_tensor_parallel:mlp", {}, {}, steps=3)
+    losses64, params64, _ = reference_run(cfg, torch.float64)
+    rounded = {n: p.astype("float32") for n, p in params64.items()}
+    assert check_against_reference(cfg, losses64, rounded)["check"]["basis"] == "float32"
+    monkeypatch.setattr(tensor_parallel, "TOLERANCE", 1e-12)
+    check = check_against_reference(cfg, losses64, rounded)["check"]
+    assert (check["verdict"], check["basis"]) == ("ok", "float64")
+    bad = dict(rounded, **{"0.weight": rounded["0.weight"] * (1 + 1e-4)})
+    check = check_against_reference(cfg, losses64, bad)["check"]
+    assert (check["verdict"], check["float64"]["worst"]) == ("mismatch", "0.weight")
