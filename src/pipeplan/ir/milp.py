@@ -73,6 +73,7 @@ def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: f
     for t in range(len(dom)):
         b.row([(xs[(t, c)], 1.0) for c in codes(dom[t])], 1, 1)
     ar_var: dict[tuple[str, int], int] = {}
+    floor = 0.0  # the cheapest tuple of every op, no communication: a lower bound of the cost
     for o, table in enumerate(prop.tables):
         cur = [dom[t] for t in table.slots]
         alive = [k for k, tp in enumerate(table.tuples) if all(m & c for m, c in zip(tp, cur))]
@@ -80,6 +81,7 @@ def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: f
         n += len(alive)
         tc = model.tuples[o]
         cost += [tc.compute[k] + tc.extra_comm[k] for k in alive]
+        floor += min(cost[-len(alive):]) if alive else 0.0
         b.row([(y, 1.0) for y in ys], 1, 1)
         for s, t in enumerate(table.slots):
             if all(table.tuples[k][s].bit_count() > 1 for k in alive):
@@ -111,7 +113,8 @@ def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: f
                    for (t, code), i in xs.items() if model.param_mem[t] + model.act_mem[t] > 0]
         b.row(entries, -np.inf, float(model.memory))
     A = coo_matrix((b.vals, (b.rows, b.cols)), shape=(len(b.lb), n)).tocsr()
-    scale = 1.0 / max(float(np.abs(c).sum()), 1e-300)  # objective of order 1: HiGHS's gaps are absolute too
+    # an objective of at least 1: HiGHS also stops on an absolute gap (1e-6)
+    scale = 1.0 / max(floor if objective == "cost" else 1.0, 1e-300)
     t0 = time.perf_counter()
     res = milp(c * scale, integrality=np.ones(n), bounds=(0, 1), constraints=LinearConstraint(A, b.lb, b.ub),
                options={"time_limit": time_limit, "disp": False, "mip_rel_gap": 1e-9})

@@ -89,8 +89,12 @@ class ShardProblem:
             start, conflict = prop.narrow(start, {t.id: bit(R) for t in prog.params})
         tensors = prog.of_kind(INPUT) if adp else (prog.of_kind(INPUT) + prog.params if costed else prog.params)
         pos = positions(tensors)
-        linkage = linkage_groups(prop, start, pos)
-        order = decision_order(linkage, np.flatnonzero(vector(start, pos) < 0))
+        undecided = np.flatnonzero(vector(start, pos) < 0)
+        if adp:  # §4.3: "the only difference is that we do not have any linkage groups"
+            linkage, order = Linkage({}), [int(i) for i in undecided]
+        else:
+            linkage = linkage_groups(prop, start, pos)
+            order = decision_order(linkage, undecided)
         cost = CostModel(prop, cluster) if cluster is not None else None
         baseline = None
         if cost is not None:
