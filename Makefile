@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/automap/table7.py --budget 300
 	$(BIN)/python benchmarks/automap/enumeration.py
 	$(BIN)/python benchmarks/automap/infer.py
+	$(BIN)/python benchmarks/automap/shard.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis
