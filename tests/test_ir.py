@@ -14,7 +14,7 @@ from torch import nn
 from pipeplan.cluster import load_cluster
 from pipeplan.costmodel import allreduce_time
 from pipeplan.ir.cost import CostModel, op_seconds
-from pipeplan.ir.decisions import decision_order, linkage_groups, positions, vector
+from pipeplan.ir.decisions import decision_order, linkage_groups, placement_rewards, positions, score, vector
 from pipeplan.ir.milp import solve
 from pipeplan.ir.program import export_module
 from pipeplan.ir.propagate import Propagator, bit, codes, placement_name
@@ -80,7 +80,7 @@ def test_cutting_a_contraction_of_a_replicated_input_is_pruned_at_the_start(mlp)
 def test_linkage_groups_of_a_two_layer_mlp_by_hand(mlp):
     prog, prop, start = mlp
     pos = positions(prog.params)
-    assert [(p.source, p.dim) for p in pos] == [("fc1.weight", 0), ("fc1.weight", 1), ("fc1.bias", 0),
+    assert [(prog.tensors[p.tensor].source, p.dim) for p in pos] == [("fc1.weight", 0), ("fc1.weight", 1), ("fc1.bias", 0),
                                                ("fc2.weight", 0), ("fc2.weight", 1), ("fc2.bias", 0)]
     assert vector(start, pos).tolist() == [-1, 0, -1, -1, -1, -1]
     link = linkage_groups(prop, start, pos)
@@ -239,19 +239,19 @@ class Deep(nn.Module):
         return self.layers(x).pow(2).mean()
 
 
-def _brute_force(prog, prop, start, model):
-    """Every assignment of a placement to every parameter: (best cost, best paper score)."""
-    params = prog.params
+def _brute_force(prop, start, model, tensors):
+    """Every assignment of a placement to every tensor of ``tensors``: (best cost, best paper score)."""
+    pos = positions(tensors)
+    open_ = vector(start, pos) < 0
     best_cost, best_score = float("inf"), -1.0
-    for combo in itertools.product(*[codes(start[t.id]) for t in params]):
-        dom, conflict = prop.narrow(start, {t.id: bit(c) for t, c in zip(params, combo)})
+    for combo in itertools.product(*[codes(start[t.id]) for t in tensors]):
+        dom, conflict = prop.narrow(start, {t.id: bit(c) for t, c in zip(tensors, combo)})
         if conflict is not None:
             continue
         c = model.evaluate(dom)
         if c.fits:
             best_cost = min(best_cost, c.step_s)
-        score = sum(0.4 + 0.1 * (t.rank - 1) if c_ >= 2 else 0.1 * t.rank for t, c_ in zip(params, combo))
-        best_score = max(best_score, score)
+        best_score = max(best_score, score(vector(dom, pos)[open_]))
     return best_cost, best_score
 
 
@@ -261,10 +261,24 @@ def test_milp_matches_brute_force(cluster):
     prop = Propagator(prog, 4)
     start, _ = prop.start()
     model = CostModel(prop, load_cluster(cluster))
-    best_cost, best_score = _brute_force(prog, prop, start, model)
+    best_cost, best_score = _brute_force(prop, start, model, prog.params)
     cost = solve(model, start, "cost")
-    paper = solve(model, start, "paper")
+    paper = solve(model, start, "paper", rewards=placement_rewards(start, positions(prog.params)))
     assert cost.optimal and cost.objective == pytest.approx(best_cost, rel=1e-9)
     assert paper.optimal and paper.objective == pytest.approx(best_score)
-    dom, conflict = prop.narrow(start, {t.id: bit(cost.placement[t.id]) for t in prog.params})
+    dom, conflict = prop.narrow(start, {t: bit(c) for t, c in cost.placement.items()})
     assert conflict is None and model.evaluate(dom).step_s == pytest.approx(cost.objective)
+
+
+def test_milp_with_gathers_prices_its_plan_as_the_cost_model_does():
+    """Hybrid rules (inputs split, gathers allowed): the program's optimum is what the cost
+    model gives its full placement, and no assignment of the parameters and input beats it."""
+    prog = program(Deep(), torch.randn(512, 64))
+    prop = Propagator(prog, 4, inputs_splittable=True, gathers=True)
+    start, _ = prop.start()
+    model = CostModel(prop, load_cluster("hier:servers=2,gpus=2,intra=10Gbps,inter=1Gbps"))
+    best_cost, _ = _brute_force(prop, start, model, prog.inputs + prog.params)
+    res = solve(model, start, "cost")
+    dom, conflict = prop.narrow(start, {t: bit(c) for t, c in res.placement.items()})
+    assert conflict is None and model.evaluate(dom).step_s == pytest.approx(res.objective, rel=1e-9)
+    assert res.objective <= best_cost * (1 + 1e-9)

@@ -49,6 +49,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
     req = ShardRequest(args.model, args.devices, cluster=args.cluster or "automap-c", adp=args.adp, hybrid=args.hybrid,
                        method=args.method, reward=args.reward, budget_s=parse_duration(args.budget, "--budget"),
                        seed=args.seed, batch=args.batch, seq=args.seq)
+    req.check()
     if args.run and not args.cluster:
         req.cluster = _calibrated(args.devices)
     out = shard(req)
@@ -89,6 +90,8 @@ def _run(args, out: dict) -> int:
 def _print(out: dict) -> None:
     from .units import fmt_bytes, fmt_time
 
+    if out["ops_without_rule"]:
+        print(f"warning: ops without a sharding rule run replicated: {', '.join(out['ops_without_rule'])}")
     cut = [p for p in out["parameters"] if p["partition_dim"] is not None]
     print(f"{out['model']} on {out['devices']} devices of {out['cluster']}: {out['mode']}, {out['method']}, "
           f"{out['reward']} reward; {len(cut)} of {len(out['parameters'])} parameters partitioned")
@@ -99,6 +102,9 @@ def _print(out: dict) -> None:
         dim = "whole" if p["partition_dim"] is None else f"split on dim {p['partition_dim']}"
         print(f"  input {p['name']} {tuple(p['shape'])}: {dim}")
     pred, base = out["predicted"], out["replicated"]
+    if pred["step_s"] is None:
+        print("the cost model cannot price this plan (a conflict it met choosing the activations)")
+        return
     print(f"predicted step {fmt_time(pred['step_s'])} (compute {fmt_time(pred['compute_s'])}, communication "
           f"{fmt_time(pred['comm_s'])}, {pred['collectives']} collectives), {fmt_bytes(pred['memory_bytes'])} a "
           f"device{'' if pred['fits'] else ' (does not fit)'}; everything replicated: {fmt_time(base['step_s'])}")

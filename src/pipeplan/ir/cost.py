@@ -36,13 +36,13 @@ from ..costmodel import allreduce_time, state_bytes
 from ..graph.zoo import EFFICIENCY, REFERENCE_MEM_GBPS, REFERENCE_TFLOPS
 from .program import PARAM, OpInfo, TensorProgram
 from .propagate import Domains, OpTable, Propagator, bit, codes
-from .rules import P, R
+from .rules import P, R, dim_of
 
 _PEAK = REFERENCE_TFLOPS * 1e12
 _MEM_BW = REFERENCE_MEM_GBPS * 1e9 * EFFICIENCY["memory"]
 NO_COMPUTE = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze",
               "slice", "select", "alias", "detach", "split", "split_with_sizes", "unbind", "lift_fresh_copy"}
-IDENTITY = {"clone", "_to_copy", "alias", "detach", "lift_fresh_copy"}
+IDENTITY = {"clone", "_to_copy"}
 BACKWARD_FACTOR = 2.0
 SOFTMAX = {"_softmax", "_log_softmax"}
 BIAS = {"addmm": 0, "convolution": 2}  # the bias added once to a partial product: its gradient is whole
@@ -156,14 +156,16 @@ class CostModel:
         compute, extra, fwd, bwd, gat = [], [], [], [], []
         root = self.root
         for masks, flags, gflags in zip(table.tuples, table.allreduce, table.allgather):
-            cut = any(m.bit_count() == 1 and m >= bit(2) for m in masks)          # some tensor split
-            partial = any(m == bit(P) for m in masks[n_in:])                        # a partial result
+            # what the op computes on: a gathered input is whole by then
+            used = [bit(R) if i < n_in and gflags >> i & 1 else m for i, m in enumerate(masks)]
+            cut = any(m.bit_count() == 1 and m >= bit(2) for m in used)          # some tensor split
+            partial = any(m == bit(P) for m in used[n_in:])                         # a partial result
             compute.append(whole / self.n if cut else whole)
-            extra.append(self._softmax_comm(op, masks))
+            extra.append(self._softmax_comm(op, used))
             fwd.append(tuple(int(root[op.inputs[i]]) for i in range(n_in) if flags >> i & 1))
             gat.append(tuple(int(root[op.inputs[i]]) for i in range(n_in) if gflags >> i & 1))
             bias = BIAS.get(op.target) if partial else None
-            bwd.append(tuple(int(root[op.inputs[i]]) for i in range(n_in) if (cut or partial) and masks[i] == bit(R)
+            bwd.append(tuple(int(root[op.inputs[i]]) for i in range(n_in) if (cut or partial) and used[i] == bit(R)
                              and not flags >> i & 1 and not gflags >> i & 1 and self.grad[op.inputs[i]]
                              and i != bias))
         return TupleCost(tuple(compute), tuple(extra), tuple(fwd), tuple(bwd), tuple(gat))
@@ -175,7 +177,8 @@ class CostModel:
             return 0.0
         x = self.prog.tensors[op.inputs[0]]
         dim = op.arg(1) % x.rank
-        if masks[0] != bit(2 + dim):
+        code = masks[0].bit_length() - 1
+        if masks[0].bit_count() != 1 or code < 2 or dim_of(code)[0] != dim:
             return 0.0
         rows = x.numel // x.shape[dim] * x.itemsize
         return 3 * allreduce_time(self.cluster, self.group, rows)
@@ -199,9 +202,8 @@ class CostModel:
         compute, extra = 0.0, 0.0
         paid: dict[str, set[int]] = {"f": set(), "b": set(), "g": set()}
         for o, table in enumerate(self.prop.tables):
-            cur = [dom[t] for t in table.slots]
             tc, n_in = self.tuples[o], len(self.prog.ops[o].inputs)
-            alive = [k for k, tp in enumerate(table.tuples) if all(m & c for m, c in zip(tp, cur))]
+            alive = table.alive(dom)
             if not alive:
                 return PlanCost(np.inf, np.inf, np.inf, 0, np.inf, False)
             price = [tc.compute[k] + tc.extra_comm[k]

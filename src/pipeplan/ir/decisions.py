@@ -19,8 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .program import TensorInfo
-from .propagate import Domains, Propagator, bit
+from .propagate import Domains, Propagator, bit, codes
 from .rules import S
+
+#: Auto-MAP's reward of a decided dimension (§4.2)
+PARTITION_REWARD, REPLICATE_REWARD = 0.4, 0.1
 
 
 @dataclass(frozen=True)
@@ -29,12 +32,11 @@ class Position:
 
     tensor: int
     dim: int
-    source: str
 
 
 def positions(tensors: list[TensorInfo]) -> list[Position]:
     """Every dimension of every tensor, in order (the decision vector's layout)."""
-    return [Position(t.id, d, t.source or t.name) for t in tensors for d in range(t.rank)]
+    return [Position(t.id, d) for t in tensors for d in range(t.rank)]
 
 
 def vector(dom: Domains, pos: list[Position]) -> np.ndarray:
@@ -44,6 +46,22 @@ def vector(dom: Domains, pos: list[Position]) -> np.ndarray:
         m, b = dom[p.tensor], bit(S(p.dim))
         out[i] = 1 if m == b else 0 if not m & b else -1
     return out
+
+
+def score(v: np.ndarray) -> float:
+    """Auto-MAP's reward of the decided entries of a decision vector."""
+    return float(PARTITION_REWARD * (v == 1).sum() + REPLICATE_REWARD * (v == 0).sum())
+
+
+def placement_rewards(start: Domains, pos: list[Position]) -> dict[tuple[int, int], float]:
+    """(tensor, placement) -> the reward of giving the tensor that placement, counting its
+    dimensions undecided in ``start`` (the integer program's ``paper`` objective)."""
+    open_dims: dict[int, list[int]] = {}
+    for p, v in zip(pos, vector(start, pos)):
+        if v < 0:
+            open_dims.setdefault(p.tensor, []).append(p.dim)
+    return {(t, c): sum(PARTITION_REWARD if c == S(d) else REPLICATE_REWARD for d in dims)
+            for t, dims in open_dims.items() for c in codes(start[t])}
 
 
 def decide(prop: Propagator, dom: Domains, p: Position, partition: bool) -> tuple[Domains, int | None]:

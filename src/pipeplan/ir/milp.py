@@ -8,8 +8,8 @@ puts c on slot s] = x[t,c]``). All-reduces are binaries per tensor (through its 
 to 1 by any tuple that needs them, so a tensor is all-reduced once however many ops need it.
 
 Objectives: ``cost`` (the predicted step time of ``cost.CostModel``, with the devices' memory
-as a constraint) or ``paper`` (Auto-MAP's reward summed over the plan: +0.4 per partitioned
-dimension of a trainable variable, +0.1 per replicated one, maximized). The program is exact
+as a constraint) or ``paper`` (Auto-MAP's reward summed over the plan, maximized: the caller
+gives each (tensor, placement) its reward, ``decisions.placement_rewards``). The program is exact
 for the rule book: any plan it returns propagates without conflict.
 """
 
@@ -22,11 +22,9 @@ import numpy as np
 from scipy.optimize import LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
+from ..errors import PipeplanError
 from .cost import CostModel
-from .program import PARAM
 from .propagate import Domains, bit, codes
-
-PARTITION_REWARD, REPLICATE_REWARD = 0.4, 0.1
 
 
 @dataclass(frozen=True)
@@ -63,9 +61,9 @@ class _Builder:
 
 
 def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: float = 300.0,
-          memory: bool = True) -> MilpResult | None:
-    """The best plan among those ``dom`` allows; None when the program has no solution."""
-    prop, prog = model.prop, model.prog
+          memory: bool = True, rewards: dict[tuple[int, int], float] | None = None) -> MilpResult:
+    """The best plan among those ``dom`` allows (``rewards``: the ``paper`` objective's)."""
+    prop = model.prop
     xs = {(t, c): i for i, (t, c) in enumerate((t, c) for t in range(len(dom)) for c in codes(dom[t]))}
     n = len(xs)
     cost: list[float] = [0.0] * n
@@ -75,8 +73,7 @@ def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: f
     ar_var: dict[tuple[str, int], int] = {}
     floor = 0.0  # the cheapest tuple of every op, no communication: a lower bound of the cost
     for o, table in enumerate(prop.tables):
-        cur = [dom[t] for t in table.slots]
-        alive = [k for k, tp in enumerate(table.tuples) if all(m & c for m, c in zip(tp, cur))]
+        alive = table.alive(dom)
         ys = list(range(n, n + len(alive)))
         n += len(alive)
         tc = model.tuples[o]
@@ -100,27 +97,26 @@ def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: f
     c = np.zeros(n)
     if objective == "cost":
         c[:len(cost)] = cost
-    elif objective == "paper":
-        for (t, code), i in xs.items():
-            tensor = prog.tensors[t]
-            if tensor.kind == PARAM:
-                cut = 1 if code >= 2 else 0
-                c[i] = -(PARTITION_REWARD * cut + REPLICATE_REWARD * (tensor.rank - cut))
+    elif objective == "paper" and rewards is not None:
+        for key, r in rewards.items():
+            c[xs[key]] = -r
     else:
-        raise ValueError(f"unknown objective {objective!r} (cost or paper)")
+        raise ValueError(f"objective {objective!r}: 'cost', or 'paper' with rewards")
     if memory and objective == "cost" and np.isfinite(model.memory):
         entries = [(i, (model.param_mem[t] + model.act_mem[t]) / (model.n if code >= 2 else 1))
                    for (t, code), i in xs.items() if model.param_mem[t] + model.act_mem[t] > 0]
         b.row(entries, -np.inf, float(model.memory))
     A = coo_matrix((b.vals, (b.rows, b.cols)), shape=(len(b.lb), n)).tocsr()
     # an objective of at least 1: HiGHS also stops on an absolute gap (1e-6)
-    scale = 1.0 / max(floor if objective == "cost" else 1.0, 1e-300)
+    scale = 1.0 / floor if objective == "cost" and floor > 0 else 1.0
     t0 = time.perf_counter()
     res = milp(c * scale, integrality=np.ones(n), bounds=(0, 1), constraints=LinearConstraint(A, b.lb, b.ub),
                options={"time_limit": time_limit, "disp": False, "mip_rel_gap": 1e-9})
     seconds = time.perf_counter() - t0
+    if res.status == 2:
+        raise PipeplanError("no sharding plan fits the devices' memory (the integer program is infeasible)")
     if res.x is None:
-        return None
+        raise PipeplanError(f"the integer program found no plan within {time_limit:g} s ({res.message})")
     placement = {t: code for (t, code), i in xs.items() if res.x[i] > 0.5}
     value = float(res.fun) / scale * (1 if objective == "cost" else -1)
     return MilpResult(placement, value, res.status == 0, seconds, n, len(b.lb), res.message)

@@ -108,7 +108,8 @@ class TensorProgram:
         raise PipeplanError(f"model {self.name!r} has no parameter or input named {source!r}")
 
 
-def _op_name(node: fx.Node) -> str:
+def op_name(node: fx.Node) -> str:
+    """``addmm`` for ``aten.addmm.default``; the target's name for anything else."""
     return getattr(node.target, "_opname", None) or getattr(node.target, "__name__", str(node.target))
 
 
@@ -198,7 +199,7 @@ class _Reader:
                     outs.append(tid)
         if not outs:
             return  # asserts, prints: nothing computed
-        self.ops.append(OpInfo(len(self.ops), _op_name(node), tuple(inputs), tuple(outs), args, kwargs,
+        self.ops.append(OpInfo(len(self.ops), op_name(node), tuple(inputs), tuple(outs), args, kwargs,
                                _module(node)))
 
     def read(self, name: str) -> TensorProgram:
@@ -221,20 +222,28 @@ def program_from_export(ep: "torch.export.ExportedProgram", name: str,
     return _Reader(ep, input_names).read(name)
 
 
-def export_module(module: nn.Module, inputs: tuple[torch.Tensor, ...], name: str,
-                  input_names: tuple[str, ...] | None = None) -> TensorProgram:
-    """``torch.export`` + core ATen decomposition of ``module(*inputs)`` (training mode), quietly;
-    an export failure is a one-line :class:`PipeplanError`."""
+def quiet_export(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> "torch.export.ExportedProgram":
+    """Export and decompose to core ATen (training mode as the module is), without torch's
+    warnings, log lines and prints (on a failure torch.export prints the partial graph to
+    stderr; the exception says enough)."""
     disabled = logging.root.manager.disable
     logging.disable(logging.WARNING)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), \
                 contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
-            ep = torch.export.export(module.train(), tuple(inputs)).run_decompositions()
+            return torch.export.export(module, tuple(inputs)).run_decompositions()
+    finally:
+        logging.disable(disabled)
+
+
+def export_module(module: nn.Module, inputs: tuple[torch.Tensor, ...], name: str,
+                  input_names: tuple[str, ...] | None = None) -> TensorProgram:
+    """The IR of ``module(*inputs)`` in training mode; an export failure is a one-line
+    :class:`PipeplanError`."""
+    try:
+        ep = quiet_export(module.train(), inputs)
     except Exception as e:  # torch.export's many error types
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise PipeplanError(f"model {name!r}: torch.export failed ({type(e).__name__}: {reason[:300]})") from None
-    finally:
-        logging.disable(disabled)
     return program_from_export(ep, name, input_names)

@@ -27,7 +27,7 @@ Domains = list[int]
 #: Ops that may read a cut input whole (all-gather) under the cost model's rules: those that
 #: do the work a gather pays for (contractions, lookups, normalizations, the loss); plain cuts only.
 GATHERING = {"mm", "addmm", "bmm", "convolution", "embedding", "gather", "_softmax", "_log_softmax",
-             "native_layer_norm", "nll_loss_forward"}
+             "native_layer_norm"}
 
 
 def bit(code: int) -> int:
@@ -48,6 +48,11 @@ class OpTable:
     allreduce: tuple[int, ...]  # per tuple: bit i set = input i is a partial read whole (all-reduce)
     allgather: tuple[int, ...]  # per tuple: bit i set = input i is a cut read whole (all-gather)
     known: bool
+
+    def alive(self, dom: "Domains") -> list[int]:
+        """The tuples every tensor's domain still allows."""
+        cur = [dom[t] for t in self.slots]
+        return [k for k, tp in enumerate(self.tuples) if all(m & c for m, c in zip(tp, cur))]
 
 
 def _expand(strategy: tuple[int, ...], n_inputs: int, partial: list[bool], cuts: list[list[int]],
@@ -82,7 +87,7 @@ class Propagator:
         self.unknown = sorted({op.target for op, tb in zip(prog.ops, self.tables) if not tb.known})
 
     def _table(self, op) -> OpTable:
-        strategies_, known = strategies(op, self.prog)
+        strategies_, known = strategies(op, self.prog, self.devices)
         slots = op.inputs + op.outputs
         partial = [self.prog.tensors[t].dtype != "bool" for t in op.inputs]
         gathers = self.gathers and op.target in GATHERING
@@ -109,7 +114,8 @@ class Propagator:
 
     def initial_domain(self, t: TensorInfo) -> int:
         """Every placement a tensor of its kind and shape may take: cut only along dimensions of
-        at least ``devices``; partial sums only for computed values (not booleans)."""
+        at least ``devices`` (uneven cuts allowed; a reshape passes only even ones on, rules.view);
+        partial sums only for computed values (not booleans)."""
         mask = bit(R)
         splittable = t.kind in (PARAM, BUFFER, "value") or (t.kind == INPUT and self.inputs_splittable)
         components = COMPONENTS if t.kind == "value" else 1  # only computed values are strided
@@ -155,8 +161,7 @@ class Propagator:
             o = queue.popleft()
             queued.discard(o)
             table = self.tables[o]
-            cur = [dom[t] for t in table.slots]
-            alive = [tp for tp in table.tuples if all(m & c for m, c in zip(tp, cur))]
+            alive = [table.tuples[k] for k in table.alive(dom)]
             if not alive:
                 return o
             for s, t in enumerate(table.slots):

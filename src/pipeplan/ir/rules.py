@@ -22,7 +22,6 @@ the entries it holds, zeros elsewhere; likewise an embedding partitioned by rows
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Sequence
 
 from .program import OpInfo, TensorProgram
@@ -56,14 +55,14 @@ def name(code: int) -> str:
 class Ctx:
     """What a rule sees of its op: shapes of inputs and outputs and the literal arguments."""
 
-    def __init__(self, op: OpInfo, prog: TensorProgram) -> None:
-        self.op = op
+    def __init__(self, op: OpInfo, prog: TensorProgram, devices: int) -> None:
+        self.op, self.devices = op, devices
         self.ins = [prog.tensors[t].shape for t in op.inputs]
         self.outs = [prog.tensors[t].shape for t in op.outputs]
-        self.floating = [prog.tensors[t].dtype.startswith(("float", "bfloat")) for t in op.inputs]
+        self.out_dtypes = [prog.tensors[t].dtype for t in op.outputs]
 
     def lit(self, i: int, default=None):
-        """Positional argument ``i``, or the keyword of the same meaning where given by name."""
+        """Positional argument ``i`` (torch.export passes these ops' dims and flags by position)."""
         return self.op.arg(i, default)
 
     def tensor_arg(self, i: int) -> int | None:
@@ -101,7 +100,8 @@ def elementwise(ctx: Ctx) -> list[Strategy]:
         strategies.append(tuple(ins + [S(d)] * len(ctx.outs)))
     name_ = ctx.op.target
     scalar_operand = any(isinstance(a, (int, float)) and not isinstance(a, bool) for a in ctx.op.args[1:2])
-    if name_ in LINEAR_ALL and not (name_ in ("add", "sub") and scalar_operand):
+    floating_out = all(d.startswith(("float", "bfloat")) for d in ctx.out_dtypes)
+    if name_ in LINEAR_ALL and floating_out and not (name_ in ("add", "sub") and scalar_operand):
         strategies.append(_all(ctx, P))
     elif name_ in LINEAR_ONE:
         for i in range(len(ctx.ins) if name_ == "mul" else 1):
@@ -118,9 +118,10 @@ def mm(ctx: Ctx) -> list[Strategy]:
 def addmm(ctx: Ctx) -> list[Strategy]:
     """bias + a[m, k] @ b[k, n]; a 1-D bias is broadcast over rows; with a partial product
     the bias is added once (replicated, kept on one device)."""
-    bias_rows = len(ctx.ins[0]) == 2 and ctx.ins[0][0] > 1
-    return [(R, R, R, R), (S(0) if bias_rows else R, S(0), R, S(0)),
-            (S(len(ctx.ins[0]) - 1), R, S(1), S(1)), (R, S(1), S(0), P)]
+    rank = len(ctx.ins[0])
+    bias_rows = rank == 2 and ctx.ins[0][0] > 1
+    bias_cols = S(rank - 1) if rank and ctx.ins[0][-1] > 1 else R
+    return [(R, R, R, R), (S(0) if bias_rows else R, S(0), R, S(0)), (bias_cols, R, S(1), S(1)), (R, S(1), S(0), P)]
 
 
 def bmm(ctx: Ctx) -> list[Strategy]:
@@ -132,11 +133,12 @@ def bmm(ctx: Ctx) -> list[Strategy]:
 def convolution(ctx: Ctx) -> list[Strategy]:
     """convolution(x[n, c, ...], w[o, c, ...], bias[o] | None, ...), groups = 1: batch,
     output channels, or input channels (partial output, the bias added once)."""
-    if ctx.lit(8, 1) != 1 or ctx.lit(6, False):
-        return [_all(ctx, R)]
     bias = ctx.tensor_arg(2) is not None
     b = lambda code: (code,) if bias else ()  # noqa: E731
-    return [(R, R, *b(R), R), (S(0), R, *b(R), S(0)), (R, S(0), *b(S(0)), S(1)), (S(1), S(1), *b(R), P)]
+    batch = [(R, R, *b(R), R), (S(0), R, *b(R), S(0))]
+    if ctx.lit(8, 1) != 1 or ctx.lit(6, False):  # grouped or transposed: the batch only
+        return batch
+    return batch + [(R, S(0), *b(S(0)), S(1)), (S(1), S(1), *b(R), P)]
 
 
 def embedding(ctx: Ctx) -> list[Strategy]:
@@ -149,16 +151,18 @@ def embedding(ctx: Ctx) -> list[Strategy]:
 
 def gather(ctx: Ctx) -> list[Strategy]:
     """gather(x, dim, index): along other dimensions freely; along ``dim`` partial."""
-    rank, dim = len(ctx.ins[0]), _dim(ctx.lit(1), len(ctx.ins[0]))
+    x, index = ctx.ins[0], ctx.ins[1]
+    rank, dim = len(x), _dim(ctx.lit(1), len(x))
     out = [(R, R, R), (S(dim), R, P)]
-    out += [(S(d), S(d), S(d)) for d in range(rank) if d != dim]
+    out += [(R, S(d), S(d)) for d in range(rank)]  # each device gathers its rows of the index
+    out += [(S(d), S(d), S(d)) for d in range(rank) if d != dim and x[d] == index[d]]
     return out
 
 
 # -- normalizations and reductions -------------------------------------------------------------
 def softmax(ctx: Ctx) -> list[Strategy]:
-    rank = len(ctx.ins[0])
-    return [(R, R)] + [(S(d), S(d)) for d in range(rank)]
+    """Softmax, log-softmax and softmax's backward: every tensor alike, along any dimension."""
+    return [_all(ctx, R)] + [_all(ctx, S(d)) for d in range(len(ctx.ins[0]))]
 
 
 def layer_norm(ctx: Ctx) -> list[Strategy]:
@@ -207,18 +211,10 @@ def reduction(ctx: Ctx) -> list[Strategy]:
     return out
 
 
-def nll_loss(ctx: Ctx) -> list[Strategy]:
-    """nll_loss_forward(x[N, C], target[N], ...) -> (loss, total_weight): the batch split gives
-    partial losses."""
-    k = len(ctx.ins)
-    out = [_all(ctx, R)]
-    if len(ctx.ins[0]) == 2:
-        out.append((S(0), S(0)) + (R,) * (k - 2) + (P, P))
-    return out
-
-
 def pool(ctx: Ctx) -> list[Strategy]:
-    """Pooling over spatial dimensions: batch or channels split."""
+    """Pooling over spatial dimensions: batch or channels split (an unbatched input: channels)."""
+    if len(ctx.ins[0]) == 3:
+        return [_all(ctx, R), _all(ctx, S(0))]
     return [_all(ctx, R), _all(ctx, S(0)), _all(ctx, S(1))]
 
 
@@ -247,8 +243,10 @@ def view(ctx: Ctx) -> list[Strategy]:
     dimension d into one makes a cut of its component (outermost: a plain cut; inner: a
     strided one, T5 merging batch and heads for its attention products); splitting it
     again gives the cut back to the same component; runs that both merge and split keep only
-    their outermost cut."""
+    their outermost cut. Through a merge or split only even cuts pass (the component's size a
+    multiple of the devices), so that each device's share is the same elements either side."""
     a, b = ctx.ins[0], ctx.outs[0]
+    even = lambda size: size % ctx.devices == 0  # noqa: E731  (a device's share stays one block)
     out = [(R, R), (P, P)]
     for ga, gb in _groups(a, b):
         big_a, big_b = [d for d in ga if a[d] > 1], [d for d in gb if b[d] > 1]
@@ -257,10 +255,10 @@ def view(ctx: Ctx) -> list[Strategy]:
         if len(big_a) == 1 and len(big_b) == 1:
             out += [(S(big_a[0], k), S(big_b[0], k)) for k in range(COMPONENTS)]
         elif len(big_b) == 1:
-            out += [(S(da), S(big_b[0], j)) for j, da in enumerate(big_a) if j < COMPONENTS]
+            out += [(S(da), S(big_b[0], j)) for j, da in enumerate(big_a) if j < COMPONENTS and even(a[da])]
         elif len(big_a) == 1:
-            out += [(S(big_a[0], j), S(db)) for j, db in enumerate(big_b) if j < COMPONENTS]
-        else:
+            out += [(S(big_a[0], j), S(db)) for j, db in enumerate(big_b) if j < COMPONENTS and even(b[db])]
+        elif even(a[big_a[0]]) and even(b[big_b[0]]):
             out.append((S(big_a[0]), S(big_b[0])))
     return out
 
@@ -359,23 +357,24 @@ ELEMENTWISE = {"add", "sub", "mul", "div", "pow", "rsqrt", "sqrt", "relu", "gelu
                "eq", "ne", "gt", "ge", "lt", "le", "logical_not", "logical_and", "logical_or", "minimum",
                "maximum", "clamp", "clamp_min", "clamp_max", "native_dropout", "masked_fill", "reciprocal",
                "erf", "copy", "bitwise_not", "sign", "log1p", "expm1", "tanh_backward", "hardtanh", "leaky_relu",
-               "_softmax_backward_data", "fill", "floor", "ceil", "round", "remainder", "fmod", "rsub", "square"}
+               "bernoulli", "fill", "floor", "ceil", "round", "remainder", "fmod", "rsub", "square"}
 RULES: dict[str, Callable[[Ctx], list[Strategy]]] = {
     **{n: elementwise for n in ELEMENTWISE},
     "mm": mm, "addmm": addmm, "bmm": bmm, "convolution": convolution, "embedding": embedding,
-    "gather": gather, "_softmax": softmax, "_log_softmax": softmax, "native_layer_norm": layer_norm,
+    "gather": gather, "_softmax": softmax, "_log_softmax": softmax, "_softmax_backward_data": softmax,
+    "native_layer_norm": layer_norm,
     "_native_batch_norm_legit_functional": batch_norm, "_native_batch_norm_legit": batch_norm,
     "_native_batch_norm_legit_no_training": batch_norm, "native_batch_norm": batch_norm,
     **{n: reduction for n in ("sum", "mean", "amax", "amin", "any", "all", "argmax", "argmin", "prod", "max", "min",
                               "var", "std")},
-    "nll_loss_forward": nll_loss, "max_pool2d_with_indices": pool, "avg_pool2d": pool,
+    "max_pool2d_with_indices": pool, "avg_pool2d": pool,
     "_adaptive_avg_pool2d": pool, "adaptive_avg_pool2d": pool,
     "view": view, "_unsafe_view": view, "reshape": view, "permute": permute, "transpose": transpose, "t": transpose,
     "expand": expand, "unsqueeze": unsqueeze, "squeeze": squeeze, "slice": slice_, "select": select,
     "split": split, "split_with_sizes": split, "unbind": unbind, "cat": cat,
     **{n: creation for n in ("arange", "full", "scalar_tensor", "zeros", "ones", "empty", "full_like", "zeros_like",
                              "ones_like", "empty_like", "rand_like", "randn_like", "empty_strided", "new_zeros",
-                             "new_ones", "new_full", "new_empty", "randint_like", "rand", "randn", "bernoulli")},
+                             "new_ones", "new_full", "new_empty", "randint_like", "rand", "randn")},
 }
 
 
@@ -393,10 +392,10 @@ def _strided(strategies_: list[Strategy]) -> list[Strategy]:
     return out
 
 
-def strategies(op: OpInfo, prog: TensorProgram) -> tuple[list[Strategy], bool]:
-    """The op's placement tuples (inputs, then outputs), and whether a rule knew the op."""
+def strategies(op: OpInfo, prog: TensorProgram, devices: int) -> tuple[list[Strategy], bool]:
+    """The op's placement tuples (inputs, then outputs) on ``devices``, and whether a rule knew the op."""
     rule = RULES.get(op.target)
-    ctx = Ctx(op, prog)
+    ctx = Ctx(op, prog, devices)
     if rule is None:
         return replicated_only(ctx), False
     try:
@@ -407,13 +406,3 @@ def strategies(op: OpInfo, prog: TensorProgram) -> tuple[list[Strategy], bool]:
         return replicated_only(ctx), False
     width = len(op.inputs) + len(op.outputs)
     return [s for s in dict.fromkeys(out) if len(s) == width], True
-
-
-def split_work(strategy: Strategy, n_inputs: int) -> bool:
-    """Whether the strategy divides the op's work among the devices (any tensor cut)."""
-    return any(c >= 2 or c == P for c in strategy)
-
-
-def shard_size(size: int, devices: int) -> int:
-    """Largest share of a dimension of ``size`` cut into ``devices`` pieces."""
-    return math.ceil(size / devices)

@@ -25,10 +25,7 @@ allocated, ``meta["materialized"]`` false), else for real.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import io
-import logging
 import operator
 import warnings
 from dataclasses import dataclass, field
@@ -41,6 +38,7 @@ from torch import fx, nn
 from ..errors import PipeplanError
 from ..graph.model import Graph, NodeSpec
 from ..graph.zoo import EFFICIENCY, REFERENCE_DEVICE, REFERENCE_MEM_GBPS, REFERENCE_TFLOPS
+from ..ir.program import op_name, quiet_export
 from .models import load_model
 
 _PEAK = REFERENCE_TFLOPS * 1e12
@@ -60,20 +58,15 @@ SHAPE_ONLY = {"full_like", "zeros_like", "ones_like", "empty_like", "rand_like",
 EXTRA_VIEWS = {"_unsafe_view"}
 
 
-def _op_name(node: fx.Node) -> str:
-    """``addmm`` for ``aten.addmm.default``; the target's name for anything else."""
-    return getattr(node.target, "_opname", None) or getattr(node.target, "__name__", str(node.target))
-
-
 def _full_name(node: fx.Node) -> str:
     t = node.target
     ns = getattr(t, "namespace", None)
-    return f"{ns}.{_op_name(node)}" if ns else _op_name(node)
+    return f"{ns}.{op_name(node)}" if ns else op_name(node)
 
 
 def _is_view(node: fx.Node) -> bool:
     """A pure view or metadata op: its output shares its input's storage."""
-    name = _op_name(node)
+    name = op_name(node)
     if name in NOT_VIEWS:
         return False
     return name in EXTRA_VIEWS or bool(getattr(node.target, "is_view", False))
@@ -182,7 +175,7 @@ class _Walker:
 # -- costs ------------------------------------------------------------------------------------
 def _flops(node: fx.Node) -> tuple[float, str]:
     """Forward FLOPs (a multiply-add is 2) and the efficiency kind of the op."""
-    name, out = _op_name(node), _tensors(node.meta.get("val"))
+    name, out = op_name(node), _tensors(node.meta.get("val"))
     vals = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in node.args]
     if name in MATMUL and out:
         a = vals[1] if name in ("addmm", "baddbmm") else vals[0]
@@ -204,14 +197,14 @@ def _flops(node: fx.Node) -> tuple[float, str]:
 def _bytes_moved(node: fx.Node, args: list[fx.Node], root: dict[fx.Node, fx.Node]) -> float:
     """Bytes read (each argument: its view's size, at most its source's) + bytes written."""
     out = _nbytes(node.meta.get("val"))
-    if _op_name(node) in SHAPE_ONLY:
+    if op_name(node) in SHAPE_ONLY:
         return out
     read = 0.0
     for i, a in enumerate(args):
         own = _nbytes(a.meta.get("val"))
         src = root.get(a, a)
         nbytes = min(own, _nbytes(src.meta.get("val"))) if src is not a else own
-        if i == 0 and _op_name(node) in GATHER:
+        if i == 0 and op_name(node) in GATHER:
             nbytes = min(nbytes, out)
         read += nbytes
     return read + out
@@ -238,7 +231,7 @@ def _cost(op: _Op, w: _Walker, grad: dict[fx.Node, bool]) -> _Cost:
     def needs(a: Any) -> bool:
         return isinstance(a, fx.Node) and grad.get(w.root.get(a, a), False)
 
-    name = _op_name(node)
+    name = op_name(node)
     if not grad.get(node, False):  # no gradient flows through it (none in, or an integer result)
         return _Cost(fwd, 0.0, flops)
     if kind in ("matmul", "conv"):  # one gradient per operand that needs one (input, weight)
@@ -264,7 +257,7 @@ def _grad_flags(w: _Walker) -> dict[fx.Node, bool]:
             val = node.meta.get("val")
             grad[node] = w.is_param(node) and bool(getattr(val, "requires_grad", True))
     for node, op in w.ops.items():
-        grad[node] = (_op_name(node) not in SHAPE_ONLY and _needs_grad(node.meta.get("val"))
+        grad[node] = (op_name(node) not in SHAPE_ONLY and _needs_grad(node.meta.get("val"))
                       and any(grad.get(r, False) for r in op.reads))
     return grad
 
@@ -307,23 +300,9 @@ def graph_from_program(ep: "torch.export.ExportedProgram", name: str,
     info = {"state_ops_dropped": w.dropped, "buffer_bytes": sum(_nbytes(r.meta.get("val")) for r in read
                                 if r.op == "placeholder" and r.name in w.buffer_names),
             "views": "folded into their consumers (docs/aten_graph.md)",
-            "ops": {"matmul": sum(_op_name(n) in MATMUL | ATTENTION for n in w.ops),
-                    "conv": sum(_op_name(n) in CONV for n in w.ops)}}
+            "ops": {"matmul": sum(op_name(n) in MATMUL | ATTENTION for n in w.ops),
+                    "conv": sum(op_name(n) in CONV for n in w.ops)}}
     return Graph.from_nodes(name, nodes, edges, meta={**info, **(meta or {})})
-
-
-def _quiet_export(model: nn.Module, x: torch.Tensor) -> "torch.export.ExportedProgram":
-    """Export and decompose, without torch's warnings, log lines and prints (on a failure
-    torch.export prints the partial graph to stderr; the exception says enough)."""
-    disabled = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), \
-                contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            return torch.export.export(model, (x,)).run_decompositions()
-    finally:
-        logging.disable(disabled)
 
 
 def _import_factory(spec: str) -> None:
@@ -349,7 +328,7 @@ def _build(spec: str, microbatch: int | None,
         else:
             model, x = load_model(spec, microbatch)
     try:
-        return model, x, _quiet_export(model.train(), x)
+        return model, x, quiet_export(model.train(), (x,))
     except Exception as e:  # torch.export's many error types: one line, no traceback
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise PipeplanError(f"model {spec!r}: torch.export failed ({type(e).__name__}: {reason[:300]})") \

@@ -9,6 +9,7 @@ a server over NVLink, 25 Gbps between servers), cut along one line as the paper 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -70,8 +71,12 @@ def _entries(problem: ShardProblem, dom: Domains, kind: str, aliases: dict[str, 
 
 
 def _cost_dict(c: PlanCost | None) -> dict | None:
+    """JSON-ready; a plan the cost model cannot price (infinite) reads as null."""
     if c is None:
         return None
+    if not math.isfinite(c.step_s):
+        return {"step_s": None, "compute_s": None, "comm_s": None, "collectives": None, "memory_bytes": None,
+                "fits": False}
     return {"step_s": c.step_s, "compute_s": c.compute_s, "comm_s": c.comm_s, "collectives": c.collectives,
             "memory_bytes": c.memory_bytes, "fits": c.fits}
 
@@ -91,14 +96,12 @@ def build_problem(req: ShardRequest):
 
 
 def _milp(problem: ShardProblem, req: ShardRequest) -> tuple[Domains, dict]:
+    """The integer program's plan: every tensor's placement (activations too), propagated."""
     objective = "paper" if req.reward == "paper" else "cost"
-    res = solve(problem.cost, problem.start, objective, time_limit=max(10.0, req.budget_s))
-    if res is None:
-        raise PipeplanError(f"model {req.spec!r}: the integer program found no plan within {req.budget_s:g} s")
-    tensors = {problem.positions[i].tensor for i in range(len(problem.positions))}
-    dom, conflict = problem.prop.narrow(problem.start, {t: bit(res.placement[t]) for t in tensors})
-    if conflict is not None:  # the program and propagation read the same rules: never
-        raise RuntimeError(f"MILP plan conflicts: {problem.prop.describe_conflict(conflict)}")
+    res = solve(problem.cost, problem.start, objective, time_limit=max(10.0, req.budget_s),
+                rewards=problem.rewards() if objective == "paper" else None)
+    dom, conflict = problem.prop.narrow(problem.start, {t: bit(c) for t, c in res.placement.items()})
+    assert conflict is None, problem.prop.describe_conflict(conflict)  # the same rules: never
     info = {"objective": res.objective, "optimal": res.optimal, "seconds": res.seconds, "variables": res.variables,
             "constraints": res.constraints}
     return dom, info
@@ -113,6 +116,7 @@ def shard(req: ShardRequest, progress: Progress | None = None) -> dict:
     out: dict = {"model": req.spec, "devices": req.devices, "cluster": cluster_name, "mode": "adp" if req.adp else "hybrid" if req.hybrid else "opp",
                  "method": req.method, "reward": req.reward, "build_s": build_s,
                  "positions": len(problem.positions), "undecided_at_start": len(problem.order),
+                 "ops_without_rule": problem.prop.unknown,
                  "replicated": _cost_dict(problem.baseline)}
     chosen: Domains | None = None
     if req.method in ("dqn", "both"):

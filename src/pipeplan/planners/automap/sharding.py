@@ -11,8 +11,9 @@ the order of their linkage groups' sizes (§4.2). Rewards (``Config.reward``):
   replicated, counting those decided through propagation; -1 and the end of the episode on
   a conflict (§4.2);
 - ``cost`` (ours, docs/opp.md): 0 until the plan is complete, then the all-replicated plan's
-  predicted step time over this plan's (``ir.cost``), or minus its square root when the plan
-  overflows the devices' memory; -1 on a conflict.
+  predicted step time over this plan's (``ir.cost``), or -1/(1 + that ratio) when the plan
+  overflows the devices' memory (between a conflict and any plan that fits, faster higher);
+  -1 on a conflict.
 
 The search runs in two stages (§5.2.1): from scratch until the greedy policy's plan stops
 changing, then a fine-tune whose episodes start from the best plan with its replicated
@@ -23,7 +24,7 @@ steps for OPP and 500 for ADP, gamma 0.6, the rest as the pipeline tasks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -31,14 +32,16 @@ import numpy as np
 
 from ...cluster import Cluster
 from ...ir.cost import CostModel, PlanCost
-from ...ir.decisions import Linkage, Position, decide, decision_order, linkage_groups, positions, vector
+from ...errors import PipeplanError
+from ...ir.decisions import (PARTITION_REWARD, REPLICATE_REWARD, Linkage, Position, decide, decision_order,
+                             linkage_groups, placement_rewards, positions, score, vector)
 from ...ir.program import INPUT, TensorProgram
 from ...ir.propagate import Domains, Propagator, bit
-from ...ir.rules import R
+from ...ir.rules import R, S
 from ...learn.dqn import Agent, Config as DqnConfig, run_episode
 from ...learn.harness import Budget, Curve, Point, Progress
 
-PARTITION_REWARD, REPLICATE_REWARD, CONFLICT_REWARD = 0.4, 0.1, -1.0
+CONFLICT_REWARD = -1.0
 CHECK_EVERY = 10   # episodes between greedy checks
 PATIENCE = 6       # unchanged greedy plans (epsilon at its floor) that end a stage
 
@@ -84,7 +87,8 @@ class ShardProblem:
         prop = Propagator(prog, devices, inputs_splittable=adp or costed, gathers=costed)
         start, conflict = prop.start()
         if conflict is not None:
-            raise RuntimeError(f"the model cannot run even replicated: {prop.describe_conflict(conflict)}")
+            raise PipeplanError(f"model {prog.name!r}: no rule runs it even replicated "
+                                f"({prop.describe_conflict(conflict)})")
         if adp:  # data parallelism: every trainable variable replicated
             start, conflict = prop.narrow(start, {t.id: bit(R) for t in prog.params})
         tensors = prog.of_kind(INPUT) if adp else (prog.of_kind(INPUT) + prog.params if costed else prog.params)
@@ -103,16 +107,20 @@ class ShardProblem:
         return cls(prop, start, pos, order, linkage, cost, baseline, adp, costed)
 
     def score(self, dom: Domains) -> float:
-        """Auto-MAP's reward of a whole plan: +0.4 a partitioned, +0.1 a replicated dimension."""
-        v = vector(dom, self.positions)
-        return float(PARTITION_REWARD * (v == 1).sum() + REPLICATE_REWARD * (v == 0).sum())
+        """Auto-MAP's reward of a whole plan: +0.4 a partitioned, +0.1 a replicated dimension,
+        over the dimensions undecided at the start (what an episode's rewards add up to)."""
+        return score(vector(dom, self.positions)[self.order])
+
+    def rewards(self) -> dict[tuple[int, int], float]:
+        """The same reward per (tensor, placement), for the integer program."""
+        return placement_rewards(self.start, self.positions)
 
     def value(self, dom: Domains) -> float:
-        """The ``cost`` reward of a complete plan: baseline over its step time (negative root
-        when it overflows memory)."""
+        """The ``cost`` reward of a complete plan: baseline over its step time; overflowing
+        memory, -1/(1 + that ratio)."""
         c = self.cost.evaluate(dom)
         ratio = self.baseline.step_s / c.step_s if np.isfinite(c.step_s) and c.step_s > 0 else 0.0
-        return ratio if c.fits else -np.sqrt(ratio)
+        return ratio if c.fits else -1.0 / (1.0 + ratio)
 
 
 class ShardEnv(gym.Env):
@@ -147,8 +155,10 @@ class ShardEnv(gym.Env):
         if here is not None:
             obs[n + here] = 1.0
             pos = self.p.positions[here]
-            m, b = self.dom[pos.tensor], bit(2 + pos.dim)
+            m, b = self.dom[pos.tensor], bit(S(pos.dim))
             mask[:] = (m & ~b) != 0, (m & b) != 0
+        if here is not None and not mask.any():
+            raise AssertionError("an undecided position with no valid action")
         return obs, {"action_mask": mask, "position": here}
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
@@ -189,7 +199,6 @@ class ShardResult:
     conflicts: int
     stage1_s: float
     curve: Curve
-    history: list[dict] = field(default_factory=list)
 
 
 def _objective(problem: ShardProblem, dom: Domains, reward: str) -> float:
@@ -201,11 +210,12 @@ def _backtracked(problem: ShardProblem, best: Domains) -> Domains:
     again, where a partition of their own is not a conflict by their linkage groups."""
     v = vector(best, problem.positions)
     keep: dict[int, int] = {}
+    forced, open_ = problem.linkage.forced, set(problem.order)
     for i, pos in enumerate(problem.positions):
         if v[i] == 1:
-            keep[pos.tensor] = bit(2 + pos.dim)
-        elif v[i] == 0 and problem.linkage.forced.get((i, True)) is None:
-            keep[pos.tensor] = keep.get(pos.tensor, ~0) & ~bit(2 + pos.dim)
+            keep[pos.tensor] = bit(S(pos.dim))
+        elif v[i] == 0 and (i not in open_ or ((i, True) in forced and forced[(i, True)] is None)):
+            keep[pos.tensor] = keep.get(pos.tensor, ~0) & ~bit(S(pos.dim))
     dom, conflict = problem.prop.narrow(problem.start, keep)
     return problem.start if conflict is not None else dom
 
@@ -217,6 +227,10 @@ def search(problem: ShardProblem, budget: Budget, cfg: Config | None = None,
 
     torch.set_num_threads(1)
     cfg = cfg or Config()
+    if not problem.order:  # propagation alone decided everything: nothing to learn
+        value = problem.value(problem.start) if problem.cost is not None else None
+        return ShardResult(problem.start, problem.score(problem.start), value, 0.0, budget.elapsed, 0, 0, 0.0,
+                           Curve())
     env = ShardEnv(problem, cfg.reward)
     agent = Agent(env.observation_space.shape[0], 2, cfg.dqn())
     curve = Curve(f"episode return ({cfg.reward} reward, last {CHECK_EVERY})", "greedy policy's return", "episode")
@@ -253,7 +267,8 @@ def search(problem: ShardProblem, budget: Budget, cfg: Config | None = None,
         elif stage1_s is not None and streak >= PATIENCE:
             break
     if best[1] is None:
-        raise RuntimeError("no episode completed a plan within the budget")
+        raise PipeplanError(f"no episode completed a plan in {budget.elapsed:.0f} s ({episodes} episodes, "
+                            f"{conflicts} conflicts): give the search a larger --budget")
     value = problem.value(best[1]) if problem.cost is not None else None
     return ShardResult(best[1], problem.score(best[1]), value, best[2], budget.elapsed, episodes, conflicts,
                        stage1_s if stage1_s is not None else budget.elapsed, curve)
