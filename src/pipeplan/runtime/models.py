@@ -102,6 +102,27 @@ EXAMPLES: dict[str, Callable[..., tuple[nn.Module, torch.Tensor]]] = {
 }
 
 
+def call_factory(spec: str, expected: str) -> tuple[nn.Module, torch.Tensor]:
+    """``(module, example input)`` from a ``package.module:factory`` spec; ``expected`` says
+    what a malformed spec should have been. Every failure is a one-line PipeplanError."""
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise PipeplanError(f"model spec {spec!r}: {expected}")
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+    except ImportError as e:
+        raise PipeplanError(f"model spec {spec!r}: cannot import {mod_name!r} ({e})") from None
+    except AttributeError:
+        raise PipeplanError(f"model spec {spec!r}: {mod_name!r} has no {attr!r}") from None
+    try:
+        model, x = factory()
+    except Exception as e:  # a user's factory: report, don't trace back
+        raise PipeplanError(f"model spec {spec!r}: the factory failed ({type(e).__name__}: {e})") from None
+    if not isinstance(model, nn.Module) or not isinstance(x, torch.Tensor):
+        raise PipeplanError(f"model spec {spec!r}: the factory must return (nn.Module, example input tensor)")
+    return model, x
+
+
 def load_model(spec: str, microbatch: int | None = None, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
     """Build the model of ``spec`` with a fixed seed; resize the example input's batch
     dimension to ``microbatch`` when given."""
@@ -116,21 +137,7 @@ def load_model(spec: str, microbatch: int | None = None, seed: int = 0) -> tuple
             raise PipeplanError(f"unknown example model {name!r} (known: {', '.join(EXAMPLES)})")
         model, x = EXAMPLES[name]()
     else:
-        mod_name, sep, attr = spec.partition(":")
-        if not sep or not mod_name or not attr:
-            raise PipeplanError(f"model spec {spec!r}: expected example:NAME or package.module:factory")
-        try:
-            factory = getattr(importlib.import_module(mod_name), attr)
-        except ImportError as e:
-            raise PipeplanError(f"model spec {spec!r}: cannot import {mod_name!r} ({e})") from None
-        except AttributeError:
-            raise PipeplanError(f"model spec {spec!r}: {mod_name!r} has no {attr!r}") from None
-        try:
-            model, x = factory()
-        except Exception as e:  # a user's factory: report, don't trace back
-            raise PipeplanError(f"model spec {spec!r}: the factory failed ({type(e).__name__}: {e})") from None
-        if not isinstance(model, nn.Module) or not isinstance(x, torch.Tensor):
-            raise PipeplanError(f"model spec {spec!r}: the factory must return (nn.Module, example input tensor)")
+        model, x = call_factory(spec, "expected example:NAME or package.module:factory")
     if microbatch is not None:
         if microbatch < 1:
             raise PipeplanError(f"--microbatch must be >= 1, got {microbatch}")

@@ -27,7 +27,6 @@ Weights are random (seeded); nothing is ever downloaded.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,6 +34,7 @@ import torch
 from torch import nn
 
 from ..errors import PipeplanError
+from .models import call_factory
 
 
 @dataclass
@@ -248,27 +248,13 @@ def _with_squared_loss(module: nn.Module) -> nn.Module:
 
 
 def _user_model(spec: str, meta: bool, seed: int) -> ShardModel:
-    mod_name, _, attr = spec.partition(":")
-    if not mod_name or not attr:
-        raise PipeplanError(f"model spec {spec!r}: expected a built-in name ({', '.join(SHARD_MODELS)}) "
-                            "or package.module:factory")
-    try:
-        factory = getattr(importlib.import_module(mod_name), attr)
-    except ImportError as e:
-        raise PipeplanError(f"model spec {spec!r}: cannot import {mod_name!r} ({e})") from None
-    except AttributeError:
-        raise PipeplanError(f"model spec {spec!r}: {mod_name!r} has no {attr!r}") from None
+    expected = f"expected a built-in name ({', '.join(SHARD_MODELS)}) or package.module:factory"
     torch.manual_seed(seed)
-    try:
-        if meta:
-            with torch.device("meta"):
-                module, x = factory()
-        else:
-            module, x = factory()
-    except Exception as e:  # a user's factory: report, don't trace back
-        raise PipeplanError(f"model spec {spec!r}: the factory failed ({type(e).__name__}: {e})") from None
-    if not isinstance(module, nn.Module) or not isinstance(x, torch.Tensor):
-        raise PipeplanError(f"model spec {spec!r}: the factory must return (nn.Module, example input tensor)")
+    if meta:
+        with torch.device("meta"):
+            module, x = call_factory(spec, expected)
+    else:
+        module, x = call_factory(spec, expected)
     module.train()
     return ShardModel(spec, _with_squared_loss(module), (x,), ("input",))
 
