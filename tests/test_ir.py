@@ -282,3 +282,55 @@ def test_milp_with_gathers_prices_its_plan_as_the_cost_model_does():
     dom, conflict = prop.narrow(start, {t: bit(c) for t, c in res.placement.items()})
     assert conflict is None and model.evaluate(dom).step_s == pytest.approx(res.objective, rel=1e-9)
     assert res.objective <= best_cost * (1 + 1e-9)
+
+
+class Views(nn.Module):
+    """Each view-like op once, on a cut input: which dimension the cut lands on, by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [4, 6, 8]
+        a = x.permute(2, 0, 1)           # [8, 4, 6]
+        b = a.unsqueeze(1)               # [8, 1, 4, 6]
+        c = b.squeeze(1)                 # [8, 4, 6]
+        d = c[:, :, 1:3]                 # slice of dim 2
+        e = torch.cat([d, d], dim=2)     # [8, 4, 4]
+        f = e.transpose(0, 1)            # [4, 8, 4]
+        g = torch.bmm(f, self.w)         # [4, 8, 3]
+        return g.select(2, 0).sum()      # [4, 8]
+
+
+def test_views_cat_and_bmm_move_the_cut_by_hand():
+    prog = program(Views(), torch.randn(4, 6, 8))
+    prop = Propagator(prog, 2, inputs_splittable=True)
+    start, _ = prop.start()
+    x = prog.inputs[0].id
+    assert [op.target for op in prog.ops] == ["permute", "unsqueeze", "squeeze", "slice", "cat", "permute", "bmm",
+                                              "select", "sum"]
+    # x cut along its last dimension (8): permute -> dim 0, unsqueeze/squeeze keep it, slice and
+    # cat act on another dimension, transpose -> dim 1, bmm: its m dimension -> output dim 1
+    # (so w whole), select drops dimension 2, the sum is partial
+    dom, conflict = prop.narrow(start, {x: bit(S(2))})
+    assert conflict is None and dom[prog.by_source("w").id] == bit(R)
+    assert [placement_name(dom[op.outputs[0]]) for op in prog.ops] == \
+        ["S(0)", "S(0)", "S(0)", "S(0)", "S(0)", "S(1)", "S(1)", "S(1)", "P"]
+
+
+def test_slicing_or_concatenating_along_the_cut_conflicts():
+    prog = program(Views(), torch.randn(4, 6, 8))
+    prop = Propagator(prog, 2, inputs_splittable=True)
+    start, _ = prop.start()
+    assert not start[prog.inputs[0].id] & bit(S(1))  # x's dim 1 becomes the sliced dimension
+
+
+def test_ops_without_a_rule_run_only_replicated():
+    class Sort(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sort(x, dim=1).values.sum()
+
+    prog = program(Sort(), torch.randn(4, 6))
+    prop = Propagator(prog, 2, inputs_splittable=True)
+    start, _ = prop.start()
+    assert "sort" in prop.unknown and start[prog.inputs[0].id] == bit(R)
