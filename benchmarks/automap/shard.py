@@ -8,9 +8,9 @@ episodes as the DQN played, whether each plan has the paper's pattern (Table 3 f
 4 for VGG-19), and the number of partitioned variables (the paper's PC). Auto data
 parallelism (Table 6) on T5-base and VGG-19 with the paper's reward. Then plans of the tiny
 models run on 2 gloo processes with DTensor: measured step against predicted, and the check
-against one-process training. Writes benchmarks/results/automap/shard.md and .json.
+against one-process training. Writes benchmarks/results/automap/shard-SET.md and .json.
 
-    python benchmarks/automap/shard.py [--budget 60] [--seeds 0,1,2,3,4] [--quick] [--out DIR]
+    python benchmarks/automap/shard.py --set t5|vgg [--budget 60] [--seeds 0,1,2,3,4] [--quick] [--out DIR]
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_resu
 from _results import add_out_argument, write_json, write_markdown  # noqa: E402
 
 TABLE3 = {r"\.[qkv]\.weight|wi\.weight|shared\.weight": 0, r"\.o\.weight|wo\.weight": 1, r"layer_norm\.weight": None}
-TABLE4 = {r"conv\d_\d\.weight": None, r"^(fc1|fc2|predictions)\.weight": "cut"}
-# (model, devices, cluster, hybrid, batch, pattern)
-CASES = [("t5-base", 4, "automap-c", False, 8, TABLE3), ("t5-base", 8, "automap-c", False, 8, TABLE3),
-         ("t5-3b", 32, "automap-c", False, 8, TABLE3),
-         ("t5-11b", 32, "automap-c", False, 8, TABLE3),
-         ("vgg19", 24, "automap-b", True, 32, TABLE4), ("vgg19", 32, "automap-c", True, 32, TABLE4),
-         ("vgg19", 24, "automap-b", False, 32, TABLE4), ("t5-base", 8, "automap-c", True, 8, TABLE3)]
+TABLE4 = {r"_conv\d\.weight": None, r"^(fc1|fc2|predictions)\.weight": "cut"}
+# (model, devices, cluster, hybrid, batch, pattern), by set: T5 under the paper's rules (Tables 3, 5);
+# VGG-19 (Table 4) and the hybrid rules, with auto data parallelism (Table 6) and the DTensor runs
+SETS = {"t5": [("t5-base", 4, "automap-c", False, 8, TABLE3), ("t5-base", 8, "automap-c", False, 8, TABLE3),
+               ("t5-3b", 32, "automap-c", False, 8, TABLE3), ("t5-11b", 32, "automap-c", False, 8, TABLE3)],
+        "vgg": [("vgg19", 24, "automap-b", True, 32, TABLE4), ("vgg19", 32, "automap-c", True, 32, TABLE4),
+                ("vgg19", 24, "automap-b", False, 32, TABLE4), ("t5-base", 8, "automap-c", True, 8, TABLE3)]}
 QUICK = [("t5-tiny", 2, "automap-c", False, 8, TABLE3), ("vgg19", 24, "automap-b", True, 32, TABLE4)]
 PAPER5 = {"vgg19": "38 / 5 in 30 s (stage 1)", "t5-base": "111 / 111 in 0.5 h", "t5-3b": "432 / 432 in 0.94 h",
           "t5-11b": "432 / 432 in 1.45 h"}
@@ -150,7 +150,7 @@ def markdown(rows: list[dict], adps: list[dict], ran: list[dict], budget: float)
                  f"{r['one_process_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | {r['verdict']} "
                  f"({r['max_rel_diff']:.1e}) |" if "error" not in r else
                  f"| {r['model']} | {r['rules']} | | | | | {r['error']} |" for r in ran]
-    return ("# Auto-MAP operator partitioning (Tables 3-5) and auto data parallelism (Table 6)\n\n"
+    text = ("# Auto-MAP operator partitioning (Tables 3-5) and auto data parallelism (Table 6)\n\n"
             f"Cost reward (predicted step of `ir.cost`), DQN budget {budget:g} s per seed. Rules: strict = the "
             "paper's (no gathers, inputs whole); hybrid = ours (inputs decided too, all-gathers at contractions). "
             "Pattern: Table 3 for T5 (q/k/v/wi/shared dim 0, o/wo dim 1 in PyTorch's [out, in] layout, layer "
@@ -158,33 +158,41 @@ def markdown(rows: list[dict], adps: list[dict], ran: list[dict], budget: float)
             "partitioned variables.\n\n"
             "| model | devices | rules | positions | MILP step (ms) | replicated (ms) | MILP (s) | MILP pattern (PC) "
             "| DQN gap median / worst | DQN pattern | DQN best met (s, median) | DQN episodes | random, same episodes: "
-            "gap | paper Table 5: PC target / found, time |\n|" + "---|" * 14 + "\n" + "\n".join(lines)
-            + "\n\n## Auto data parallelism (Table 6), paper's reward, 8 devices\n\n| model | inputs' cut dimension | "
-            "found (s) |\n|---|---|---|\n" + "\n".join(adp_lines)
-            + "\n\nThe paper's Table 6: T5-base, 7 inputs all dimension 0 (0.27 h); VGG-19, features and labels "
-            "dimension 0 (70 s).\n\n## Plans run with DTensor (2 gloo processes, this CPU)\n\nPredicted: the "
-            "roofline's compute scaled by the measured one-process step, plus the cost model's communication on "
-            "automap-c's links.\n\n| model | rules | partitioned | measured step (ms) | one process (ms) | "
-            "predicted (ms) | check (max rel. diff) |\n|---|---|---|---|---|---|---|\n" + "\n".join(run_lines) + "\n")
+            "gap | paper Table 5: PC target / found, time |\n|" + "---|" * 14 + "\n" + "\n".join(lines) + "\n")
+    if adp_lines:
+        text += ("\n## Auto data parallelism (Table 6), paper's reward, 8 devices\n\n| model | inputs' cut dimension | "
+                 "found (s) |\n|---|---|---|\n" + "\n".join(adp_lines)
+                 + "\n\nThe paper's Table 6: T5-base, 7 inputs all dimension 0 (0.27 h); VGG-19, features and labels "
+                 "dimension 0 (70 s).\n")
+    if run_lines:
+        text += ("\n## Plans run with DTensor (2 gloo processes, this CPU)\n\nPredicted: the roofline's compute "
+                 "scaled by the measured one-process step, plus the cost model's communication on automap-c's "
+                 "links.\n\n| model | rules | partitioned | measured step (ms) | one process (ms) | predicted (ms) | "
+                 "check (max rel. diff) |\n|---|---|---|---|---|---|---|\n" + "\n".join(run_lines) + "\n")
+    return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=float, default=60.0, help="DQN seconds per seed")
     parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--set", choices=sorted(SETS), required=True,
+                        help="t5: Tables 3 and 5; vgg: Table 4, the hybrid rules, Table 6 and the DTensor runs")
     parser.add_argument("--quick", action="store_true", help="two small cases, one seed (a smoke test)")
     add_out_argument(parser, "automap")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = []
-    for c in (QUICK if args.quick else CASES):
+    for c in (QUICK if args.quick else SETS[args.set]):
         print(c[:4], flush=True)
         rows.append(case(*c, args.budget, seeds[:1] if args.quick else seeds))
-    adps = [adp(m, min(args.budget, 60)) for m in ("t5-base", "vgg19")]
-    ran = runs()
-    write_json(args.out / "shard.json", {"rows": rows, "adp": adps, "runs": ran, "budget_s": args.budget})
+    extra = args.set == "vgg" or args.quick
+    adps = [adp(m, min(args.budget, 60)) for m in ("t5-base", "vgg19")] if extra else []
+    ran = runs() if extra else []
+    name = f"shard-{args.set}"
+    write_json(args.out / f"{name}.json", {"rows": rows, "adp": adps, "runs": ran, "budget_s": args.budget})
     text = markdown(rows, adps, ran, args.budget)
-    write_markdown(args.out / "shard.md", text)
+    write_markdown(args.out / f"{name}.md", text)
     print(text)
 
 
