@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/pipeplan simulate $(OUT)/demo-plan.json --trace $(OUT)/demo-trace.json --gantt $(OUT)/demo-plan-gantt.png
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_throughput.py --json
@@ -44,7 +44,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/automap/table7.py --budget 300
 	$(BIN)/python benchmarks/automap/enumeration.py
 	$(BIN)/python benchmarks/automap/infer.py
-	$(BIN)/python benchmarks/automap/shard.py
+	$(BIN)/python benchmarks/automap/shard.py --set t5
+	$(BIN)/python benchmarks/automap/shard.py --set vgg
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis
