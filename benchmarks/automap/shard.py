@@ -26,7 +26,8 @@ import numpy as np
 from pipeplan.errors import PipeplanError
 from pipeplan.ir.decisions import decide, vector
 from pipeplan.learn.harness import Budget
-from pipeplan.planners.automap.shard import ShardRequest, _cut_dim, _milp, build_problem, shard
+from pipeplan.ir.propagate import cut_dim
+from pipeplan.planners.automap.shard import ShardRequest, _milp, build_problem, shard
 from pipeplan.planners.automap.sharding import Config, search
 from pipeplan.runtime.tensor_parallel import run_sharded
 
@@ -56,7 +57,7 @@ def matches(params: dict[str, int | None], pattern: dict) -> bool:
 
 
 def placements(problem, dom, aliases) -> dict[str, int | None]:
-    return {aliases.get(t.source, t.source): _cut_dim(dom[t.id]) for t in problem.prop.prog.params}
+    return {aliases.get(t.source, t.source): cut_dim(dom[t.id]) for t in problem.prop.prog.params}
 
 
 def random_decisions(problem, episodes: int, seed: int) -> float:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from .program import BUFFER, INPUT, PARAM, TensorInfo, TensorProgram
-from .rules import ANY, COMPONENTS, STRIDE, P, R, S, name, strategies
+from .rules import ANY, COMPONENTS, STRIDE, P, R, S, dim_of, name, strategies
 
 Domains = list[int]
 #: Ops that may read a cut input whole (all-gather) under the cost model's rules: those that
@@ -187,6 +187,12 @@ class Propagator:
         op = self.prog.ops[where]
         names = [self.prog.tensors[t].source or self.prog.tensors[t].name for t in op.inputs]
         return f"{op.target}({', '.join(names)}) in {op.module or 'the model'} has no rule for its inputs' placements"
+
+
+def cut_dim(mask: int) -> int | None:
+    """The partitioned dimension of a decided domain; None when replicated, partial or undecided."""
+    cs = codes(mask)
+    return dim_of(cs[0])[0] if len(cs) == 1 and cs[0] >= 2 else None
 
 
 def placement_name(mask: int) -> str:

@@ -18,8 +18,7 @@ from ...errors import PipeplanError
 from ...ir.cost import PlanCost
 from ...ir.milp import solve
 from ...ir.program import INPUT, export_module
-from ...ir.propagate import Domains, bit, codes
-from ...ir.rules import dim_of
+from ...ir.propagate import Domains, bit, cut_dim
 from ...learn.harness import Budget, Progress
 from .sharding import Config, ShardProblem, search
 
@@ -58,15 +57,9 @@ class ShardRequest:
             raise PipeplanError(f"--budget must be > 0 seconds, got {self.budget_s}")
 
 
-def _cut_dim(mask: int) -> int | None:
-    """The partitioned dimension of a decided domain, None when replicated (or undecided)."""
-    cuts = [c for c in codes(mask) if c >= 2]
-    return dim_of(cuts[0])[0] if len(cuts) == 1 and len(codes(mask)) == 1 else None
-
-
 def _entries(problem: ShardProblem, dom: Domains, kind: str, aliases: dict[str, str]) -> list[dict]:
     tensors = problem.prop.prog.of_kind(kind)
-    return [{"name": aliases.get(t.source, t.source), "shape": list(t.shape), "partition_dim": _cut_dim(dom[t.id])}
+    return [{"name": aliases.get(t.source, t.source), "shape": list(t.shape), "partition_dim": cut_dim(dom[t.id])}
             for t in tensors]
 
 
