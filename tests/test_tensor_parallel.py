@@ -25,6 +25,13 @@ def mlp() -> tuple[nn.Module, torch.Tensor]:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)), torch.randn(8, 16)
 
 
+def convnet() -> tuple[nn.Module, torch.Tensor]:
+    """Three convolutions and a classifier (``test_tensor_parallel:convnet`` in the workers)."""
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                        nn.Conv2d(8, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    return net, torch.randn(8, 3, 6, 6)
+
+
 def t5_table3(name: str = "t5-tiny") -> dict[str, int]:
     """The paper's Table 3 (attention q, k, v by heads, o by its input; MLP wi by rows, wo by
     columns; the embedding by vocabulary; norms replicated), in PyTorch's weight layout."""
@@ -61,6 +68,17 @@ def test_batch_split_inputs():
     result = run_sharded("vgg19-tiny", {}, {"features": 0, "labels": 0}, workers=2, steps=3)
     assert_ok(result)
     assert result["split_inputs"] == ["features", "labels"] and result["partitioned"] == []
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_convolutions_cut_by_output_then_input_channels(workers):
+    """DTensor's convolution rule assumes a replicated weight; the plan's channel cuts run
+    through ``_ChannelParallelConv``: a batch-split input made whole, the first convolution
+    cut by output channels, the second by input channels (a partial sum all-reduced)."""
+    placements = {"0.weight": 0, "0.bias": 0, "2.weight": 1}
+    result = run_sharded("test_tensor_parallel:convnet", placements, {"input": 0}, workers=workers, steps=3)
+    assert_ok(result, workers)
+    assert result["partitioned"] == ["0.bias", "0.weight", "2.weight"] and result["split_inputs"] == ["input"]
 
 
 @pytest.mark.slow

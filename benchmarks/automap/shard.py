@@ -7,7 +7,7 @@ integer program, when it first met its best plan, episodes), random decisions gi
 episodes as the DQN played, whether each plan has the paper's pattern (Table 3 for T5, Table
 4 for VGG-19), and the number of partitioned variables (the paper's PC). Auto data
 parallelism (Table 6) on T5-base and VGG-19 with the paper's reward. Then plans of the tiny
-models run on 2 gloo processes with DTensor: measured step against predicted, and the check
+models run on 2 and 4 gloo processes with DTensor: measured step against predicted, and the check
 against one-process training. Writes benchmarks/results/automap/shard-SET.md and .json.
 
     python benchmarks/automap/shard.py --set t5|vgg [--budget 60] [--seeds 0,1,2,3,4] [--quick] [--out DIR]
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -113,20 +114,24 @@ def adp(model: str, budget: float) -> dict:
 
 def runs() -> list[dict]:
     rows = []
-    for model, hybrid in (("t5-tiny", False), ("vgg19-tiny", True), ("vgg19-tiny", False)):
-        out = shard(ShardRequest(model, 2, method="milp", hybrid=hybrid, cluster="automap-c"))
+    for workers, model, hybrid in itertools.product((2, 4), ("t5-tiny", "vgg19-tiny"), (False, True)):
+        if model == "t5-tiny" and hybrid:
+            continue
+        out = shard(ShardRequest(model, workers, method="milp", hybrid=hybrid, cluster="automap-c"))
         placed = {p["name"]: p["partition_dim"] for p in out["parameters"]}
         inputs = {p["name"]: p["partition_dim"] for p in out["inputs"]}
         t0 = time.perf_counter()
         try:
-            ran = run_sharded(model, placed, inputs, 2, steps=5, check=True)
+            ran = run_sharded(model, placed, inputs, workers, steps=5, check=True)
         except PipeplanError as e:  # a placement DTensor cannot run: say so
-            rows.append({"model": model, "rules": "hybrid" if hybrid else "strict", "error": str(e)})
+            rows.append({"model": model, "workers": workers, "rules": "hybrid" if hybrid else "strict",
+                         "error": str(e)})
             print(rows[-1], flush=True)
             continue
         pred, whole = out["predicted"], out["replicated"]
         scaled = pred["compute_s"] / whole["compute_s"] * ran["reference_s"] + pred["comm_s"]
-        rows.append({"model": model, "rules": "hybrid" if hybrid else "strict", "measured_s": ran["measured_s"],
+        rows.append({"model": model, "workers": workers, "rules": "hybrid" if hybrid else "strict",
+                     "measured_s": ran["measured_s"],
                      "one_process_s": ran["reference_s"], "predicted_s": scaled, "verdict": ran["check"]["verdict"],
                      "max_rel_diff": ran["max_rel_diff"], "partitioned": len(ran["partitioned"]),
                      "wall_s": time.perf_counter() - t0})
@@ -147,10 +152,10 @@ def markdown(rows: list[dict], adps: list[dict], ran: list[dict], budget: float)
                      f"{np.median([x['random_gap'] for x in d]):+.1%} | {PAPER5.get(r['model'], '')} |")
     adp_lines = [f"| {a['model']} | {', '.join(f'{k}={v}' for k, v in a['inputs'].items())} | {a['found_s']:.1f} |"
                  for a in adps]
-    run_lines = [f"| {r['model']} | {r['rules']} | {r['partitioned']} | {r['measured_s'] * 1e3:.1f} | "
+    run_lines = [f"| {r['model']} | {r['workers']} | {r['rules']} | {r['partitioned']} | {r['measured_s'] * 1e3:.1f} | "
                  f"{r['one_process_s'] * 1e3:.1f} | {r['predicted_s'] * 1e3:.1f} | {r['verdict']} "
                  f"({r['max_rel_diff']:.1e}) |" if "error" not in r else
-                 f"| {r['model']} | {r['rules']} | | | | | {r['error']} |" for r in ran]
+                 f"| {r['model']} | {r['workers']} | {r['rules']} | | | | | {r['error']} |" for r in ran]
     text = ("# Auto-MAP operator partitioning (Tables 3-5) and auto data parallelism (Table 6)\n\n"
             f"Cost reward (predicted step of `ir.cost`), DQN budget {budget:g} s per seed. Rules: strict = the "
             "paper's (no gathers, inputs whole); hybrid = ours (inputs decided too, all-gathers at contractions). "
@@ -166,10 +171,10 @@ def markdown(rows: list[dict], adps: list[dict], ran: list[dict], budget: float)
                  + "\n\nThe paper's Table 6: T5-base, 7 inputs all dimension 0 (0.27 h); VGG-19, features and labels "
                  "dimension 0 (70 s).\n")
     if run_lines:
-        text += ("\n## Plans run with DTensor (2 gloo processes, this CPU)\n\nPredicted: the roofline's compute "
+        text += ("\n## Plans run with DTensor (2 and 4 gloo processes, this CPU)\n\nPredicted: the roofline's compute "
                  "scaled by the measured one-process step, plus the cost model's communication on automap-c's "
-                 "links.\n\n| model | rules | partitioned | measured step (ms) | one process (ms) | predicted (ms) | "
-                 "check (max rel. diff) |\n|---|---|---|---|---|---|---|\n" + "\n".join(run_lines) + "\n")
+                 "links.\n\n| model | processes | rules | partitioned | measured step (ms) | one process (ms) | predicted (ms) | "
+                 "check (max rel. diff) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(run_lines) + "\n")
     return text
 
 

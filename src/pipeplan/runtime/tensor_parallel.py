@@ -19,6 +19,8 @@ What DTensor (torch 2.13, CPU, gloo) cannot do as is, met on the built-in models
   HF models are built with the eager attention (``shard_models.py``);
 - a vocabulary-sharded embedding's output (``_MaskPartial``) can be reduced only once, and its
   gradient cannot come back as a partial sum: ``_replicate_output`` all-reduces it at once;
+- its convolution rule assumes a replicated weight (the output takes the input's placement):
+  a convolution cut by output or input channels runs through ``_ChannelParallelConv``;
 - a view that splits a sharded dimension unevenly (T5-tiny's 2 heads over 4 workers) is
   refused: the run fails with one line naming the operation and the model's source line;
 - gloo has no all-to-all: DTensor falls back to all-gather + chunk (a logged warning).
@@ -120,6 +122,8 @@ def distribute_parameters(module: nn.Module, mesh, placements: dict[str, int | N
                 sub._parameters[key] = new[id(p)]
         if isinstance(sub, nn.Embedding) and _is_shard(sub.weight, 0):
             sub.register_forward_hook(_replicate_output)
+        if isinstance(sub, nn.Conv2d) and (_is_shard(sub.weight, 0) or _is_shard(sub.weight, 1)):
+            sub.forward = _ChannelParallelConv(sub)
 
 
 def _is_shard(p: torch.Tensor, dim: int) -> bool:
@@ -140,6 +144,32 @@ def _replicate_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torc
     rep = out.redistribute(placements=[Replicate()])
     return DTensor.from_local(rep.to_local(grad_placements=[Replicate()]), rep.device_mesh, [Replicate()],
                               run_check=False)
+
+
+class _ChannelParallelConv:
+    """The forward of a convolution whose weight is cut by output (dim 0) or input channels
+    (dim 1). DTensor's convolution rule assumes a replicated weight (it gives the output the
+    input's placement), so the local convolutions and the collectives the plan implies are
+    written here: output channels cut, the input is made whole (an all-gather where it was
+    cut, Megatron's column split) and each device computes its channels; input channels cut,
+    the input is cut by channels too, each device computes a partial sum over its channels,
+    and the sum is all-reduced before the (replicated) bias is added (the row split)."""
+
+    def __init__(self, conv: nn.Conv2d) -> None:
+        self.conv = conv
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+        conv, w, b = self.conv, self.conv.weight, self.conv.bias
+        mesh = w.device_mesh
+        if _is_shard(w, 0):
+            local_x = x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+            y = conv._conv_forward(local_x, w.to_local(), None if b is None else b.to_local())
+            return DTensor.from_local(y, mesh, [Shard(1)], run_check=False)
+        y = conv._conv_forward(x.redistribute(mesh, [Shard(1)]).to_local(), w.to_local(), None)
+        out = DTensor.from_local(y, mesh, [Partial()], run_check=False).redistribute(mesh, [Replicate()])
+        return out if b is None else out + b.view(1, -1, 1, 1)
 
 
 def distribute_inputs(model: ShardModel, mesh, input_dims: dict[str, int | None]) -> tuple:
