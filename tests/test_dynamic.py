@@ -88,7 +88,8 @@ def test_treelstm_node_by_hand():
 
 
 @pytest.mark.parametrize("net, width", [("treelstm", 16), ("mathfunc", 32)])
-@pytest.mark.parametrize("mode, sync", [("threads", True), ("threads", False), ("sequential", True)])
+@pytest.mark.parametrize("mode, sync", [("threads", True), ("threads", False), ("devices", True),
+                                        ("sequential", True)])
 def test_executor_output_equals_single_device(net, width, mode, sync):
     """The must-show: random trees on random placements over three logical devices give
     exactly the single-device result, every node's output included."""
@@ -171,3 +172,30 @@ def test_stream_of_trees_queues_on_a_shared_device():
     assert max(lat) == pytest.approx(2 * one) and min(lat) >= one
     late = simulate_jobs([(prof, [0] * 5, None, 0.0), (prof, [0] * 5, None, 10 * one)], m)
     assert late == pytest.approx([one, one])
+
+
+def test_stream_far_apart_trees_each_take_their_own_time():
+    from pipeplan.dynamic.stream import poisson_arrivals, run_stream, simulate_stream
+
+    trees = sample_trees("mathfunc", 6, seed=2)
+    profs = [profile(t, "mathfunc", 1000) for t in trees]
+    m = machine(CPU, logical_cpus=2)
+    alone = [simulate(p, [0] * t.n, m) for t, p in zip(trees, profs)]
+    arrivals = np.arange(6) * 10 * max(alone)  # no two trees overlap
+
+    def on_cpu(k, t):
+        return [0] * t.n, None
+
+    out = simulate_stream(m, trees, profs, arrivals, on_cpu)
+    assert out["p50_ms"] == pytest.approx(np.percentile(alone, 50) * 1e3)
+    assert out["throughput_per_s"] == pytest.approx(6 / (arrivals[-1] + alone[-1]))
+    # whole trees alternating between two devices at a high rate: latency falls against one device
+    burst = np.zeros(6)
+    one = simulate_stream(m, trees, profs, burst, on_cpu)
+    two = simulate_stream(m, trees, profs, burst, lambda k, t: ([k % 2] * t.n, None))
+    assert two["mean_ms"] < one["mean_ms"]
+    real = run_stream(Executor(build_net("mathfunc", 1000), ["cpu", "cpu:1"], "devices"), trees,
+                      poisson_arrivals(2000.0, 6, np.random.default_rng(0)), lambda k, t: ([k % 2] * t.n, None))
+    assert real["trees"] == 6 and real["p99_ms"] >= real["p50_ms"] > 0
+    with pytest.raises(PipeplanError, match="devices mode"):
+        Executor(build_net("mathfunc", 4), ["cpu"], "threads").submit(trees[0], [0] * trees[0].n)

@@ -66,6 +66,7 @@ class Machine:
     latency: np.ndarray
     bandwidth: np.ndarray
     note: str = ""
+    part_overhead_s: float = 0.0  # the executor's own time per node part (``executor_overhead``)
 
     @property
     def names(self) -> list[str]:
@@ -191,11 +192,9 @@ def part_seconds(prof_rows: np.ndarray, dev: DeviceSpec) -> np.ndarray:
     return prof_rows @ np.array([dev.op_s, 1 / dev.flop_rate, 1 / dev.element_rate])
 
 
-def simulate_jobs(jobs: list[tuple[TreeProfile, list[int], list[int] | None, float]], m: Machine,
-                  node_overhead_s: float = 0.0) -> np.ndarray:
-    """Finish time of each job ``(profile, placement, output placement or None, arrival s)``
-    sharing the machine's devices; ``node_overhead_s`` is added to every state part (the
-    threads executor's hand-over)."""
+def simulate_jobs(jobs: list[tuple[TreeProfile, list[int], list[int] | None, float]], m: Machine) -> np.ndarray:
+    """Seconds from arrival to finish of each job ``(profile, placement, output placement or
+    None, arrival s)``, the jobs sharing the machine's devices."""
     D = len(m.devices)
     costs = [np.stack([part_seconds(p.state, d) for d in m.devices], axis=1) for p, *_ in jobs]
     out_costs = [None if p.output is None else np.stack([part_seconds(p.output, d) for d in m.devices], axis=1)
@@ -213,7 +212,7 @@ def simulate_jobs(jobs: list[tuple[TreeProfile, list[int], list[int] | None, flo
     while heap:
         ready, j, part, i, d = heapq.heappop(heap)
         p, place, out_place, _ = jobs[j]
-        cost = costs[j][i, d] + node_overhead_s if part == 0 else out_costs[j][i, d]
+        cost = (costs[j][i, d] if part == 0 else out_costs[j][i, d]) + m.part_overhead_s
         end = max(ready, free[d]) + cost
         free[d] = end
         finish[j] = max(finish[j], end)
@@ -231,36 +230,45 @@ def simulate_jobs(jobs: list[tuple[TreeProfile, list[int], list[int] | None, flo
     return finish - np.array([t0 for *_, t0 in jobs])
 
 
-def simulate(prof: TreeProfile, placement, m: Machine, output_placement=None, node_overhead_s: float = 0.0) -> float:
+def simulate(prof: TreeProfile, placement, m: Machine, output_placement=None) -> float:
     """Predicted seconds of one tree's forward pass with ``placement``."""
     place = [int(x) for x in placement]
     if len(place) != len(prof.children) or min(place) < 0 or max(place) >= len(m.devices):
         raise PipeplanError(f"placement of {len(place)} nodes onto {len(m.devices)} devices does not fit a "
                             f"tree of {len(prof.children)} nodes")
-    return float(simulate_jobs([(prof, place, output_placement, 0.0)], m, node_overhead_s)[0])
+    return float(simulate_jobs([(prof, place, output_placement, 0.0)], m)[0])
 
 
 # ----------------------------------------------------------------------------- calibration
-def _time_part(fn, repeats: int) -> float:
+def _time_part(fn, repeats: int, device: torch.device) -> float:
     import time
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     fn()  # warm-up
     best = np.inf
     for _ in range(3):
+        sync()
         t0 = time.perf_counter()
         for _ in range(repeats):
             fn()
+        sync()
         best = min(best, (time.perf_counter() - t0) / repeats)
     return float(best)
 
 
-def calibrate_cpu(widths: dict[str, tuple[int, ...]] | None = None, repeats: int = 50) -> tuple[DeviceSpec, dict]:
-    """This machine's CPU as a ``DeviceSpec``: every kind of node part of both networks is
-    timed at several widths (the best of 3 means of ``repeats`` calls, one intra-op thread is
-    what the executor's workers get) and ``op_s``, ``1/flop_rate`` and ``1/element_rate`` are
-    fitted by non-negative least squares. Returns the spec and the fit's rows and residuals."""
+def calibrate(device: torch.device | str = "cpu", widths: dict[str, tuple[int, ...]] | None = None,
+              repeats: int = 50) -> tuple[DeviceSpec, dict]:
+    """A device as a ``DeviceSpec``: every kind of node part of both networks is timed on it
+    at several widths (the best of 3 means of ``repeats`` calls; on CPU with one intra-op
+    thread, what each logical CPU device's work gets) and ``op_s``, ``1/flop_rate`` and
+    ``1/element_rate`` are fitted by non-negative least squares on relative errors. Returns
+    the spec and each part's measured and modelled seconds."""
     from scipy.optimize import nnls
 
+    device = torch.device(device)
     widths = widths or {"treelstm": (32, 150, 512, 1024), "mathfunc": (1, 10_000, 100_000, 1_000_000)}
     rows, seconds, names = [], [], []
     threads = torch.get_num_threads()
@@ -270,10 +278,10 @@ def calibrate_cpu(widths: dict[str, tuple[int, ...]] | None = None, repeats: int
             for net, ws in widths.items():
                 for w in ws:
                     kinds = node_kinds(net, w)
-                    for kind, fn in _calls(build_net(net, w)):
+                    for kind, fn in _calls(build_net(net, w).to(device)):
                         cost = kinds[kind]
                         rows.append((cost.ops, cost.flops, cost.elements))
-                        seconds.append(_time_part(fn, repeats))
+                        seconds.append(_time_part(fn, repeats, device))
                         names.append(f"{net}/{w}/{kind}")
     finally:
         torch.set_num_threads(threads)
@@ -281,6 +289,6 @@ def calibrate_cpu(widths: dict[str, tuple[int, ...]] | None = None, repeats: int
     scale = 1 / b  # relative error: small parts matter as much as big ones
     coef, _ = nnls(a * scale[:, None], b * scale)
     op_s, per_flop, per_element = (max(float(c), 1e-15) for c in coef)
-    spec = DeviceSpec("cpu", op_s, 1 / per_flop, 1 / per_element)
+    spec = DeviceSpec(str(device), op_s, 1 / per_flop, 1 / per_element)
     fit = [{"part": n, "measured_s": s, "model_s": float(r @ coef)} for n, s, r in zip(names, seconds, a)]
     return spec, {"parts": fit, "threads": 1}

@@ -1,0 +1,366 @@
+"""Placements of a dynamic tree network's nodes onto devices (dynpartition.txt §6.1's action:
+"an allocation of nodes to devices"), scored by ``costmodel.simulate``:
+
+* the paper's baselines: ``static`` (§8.2.1-8.2.2: every node on one device) and
+  ``random_placement`` (§8.2.3: each node on a uniformly drawn device);
+* ``heft``: earliest-finish-time list scheduling (HEFT, Topcuoglu et al. 2002), a fast
+  per-input heuristic;
+* ``optimal``: the exact best placement of a small tree, by exhaustive search over the
+  placements that are distinct up to interchangeable devices, evaluated in numpy batches
+  (``evaluate_many``, which gives exactly what ``simulate`` gives);
+* ``local_search``: hill climbing by single-node moves.
+
+A placement is a list of device indices, one per node (index into ``machine.devices``); a
+node's output part (TreeLSTM) runs on its state's device.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import PipeplanError
+from .costmodel import Machine, TreeProfile, part_seconds, simulate
+
+#: placements evaluated per numpy batch in ``optimal``
+BATCH = 1 << 15
+
+
+# ----------------------------------------------------------------------------- baselines
+def static(tree_n: int, device: int, devices: int | None = None) -> list[int]:
+    """Every node on ``device`` (§8.2.1 static GPU, §8.2.2 static CPU); ``devices`` (the
+    machine's device count), when given, is checked against."""
+    if tree_n < 1:
+        raise PipeplanError(f"static: a tree has at least one node, got {tree_n}")
+    if device < 0 or (devices is not None and device >= devices):
+        raise PipeplanError(f"static: device {device} is not one of the machine's {devices} devices")
+    return [int(device)] * tree_n
+
+
+def random_placement(n: int, devices: int | Sequence[int], rng: np.random.Generator) -> list[int]:
+    """Each of ``n`` nodes on a uniformly drawn device (§8.2.3): ``devices`` is a device
+    count (all of them) or the device indices to draw from (e.g. the CPU and one GPU)."""
+    choices = list(range(devices)) if isinstance(devices, (int, np.integer)) else [int(d) for d in devices]
+    if n < 1:
+        raise PipeplanError(f"random_placement: a tree has at least one node, got {n}")
+    if not choices or min(choices) < 0:
+        raise PipeplanError(f"random_placement: no valid devices to draw from ({devices!r})")
+    return [choices[k] for k in rng.integers(len(choices), size=n)]
+
+
+# ----------------------------------------------------------------------------- costs
+@dataclass(frozen=True)
+class _Tables:
+    """Per node and device: state and output seconds (zeros without outputs); per device
+    pair: the seconds of sending a state and an output's input; all as ``simulate`` has them."""
+
+    state: np.ndarray
+    out: np.ndarray
+    has_out: bool
+    ts: np.ndarray
+    to: np.ndarray
+
+
+def _tables(prof: TreeProfile, m: Machine) -> _Tables:
+    if not m.devices:
+        raise PipeplanError("the machine has no devices")
+    D = len(m.devices)
+    state = np.stack([part_seconds(prof.state, d) for d in m.devices], axis=1)
+    has_out = prof.output is not None
+    out = np.stack([part_seconds(prof.output, d) for d in m.devices], axis=1) if has_out else np.zeros_like(state)
+    ts = np.array([[m.transfer_s(a, b, prof.state_bytes) for b in range(D)] for a in range(D)])
+    to = np.array([[m.transfer_s(a, b, prof.state_bytes // 2) for b in range(D)] for a in range(D)])
+    return _Tables(state, out, has_out, ts, to)
+
+
+def _as_placements(placements, n: int, D: int) -> np.ndarray:
+    X = np.asarray(placements, dtype=np.intp)
+    X = X.reshape(1, -1) if X.ndim == 1 else X
+    if X.ndim != 2 or X.shape[1] != n:
+        raise PipeplanError(f"placements of shape {X.shape} do not fit a tree of {n} nodes")
+    if X.size and (X.min() < 0 or X.max() >= D):
+        raise PipeplanError(f"a placement uses a device outside the machine's {D} devices")
+    return X
+
+
+def evaluate_many(prof: TreeProfile, m: Machine, placements) -> np.ndarray:
+    """``simulate``'s seconds for each row of ``placements`` (B x n device indices; output
+    parts on their state's device), computed for all rows at once: the same event
+    simulation, one event per step in every row (the pending part that is ready first, ties
+    to the state before the output and the lower node, as ``simulate``'s heap orders them),
+    with the same floating-point operations, so the results are equal, not just close."""
+    X = _as_placements(placements, len(prof.children), len(m.devices))
+    return _evaluate(prof, _tables(prof, m), X)
+
+
+def _evaluate(prof: TreeProfile, tab: _Tables, X: np.ndarray) -> np.ndarray:
+    B, n = X.shape
+    D, nodes = tab.ts.shape[0], np.arange(n)
+    P = 2 * n if tab.has_out else n  # parts: states 0..n-1, outputs n..2n-1; column P: none
+    W = P + 1
+    dev, cost = np.zeros((B, W), dtype=np.intp), np.zeros((B, W))
+    dev[:, :n], cost[:, :n] = X, tab.state[nodes, X]
+    follow = np.full(W, P, dtype=np.intp)  # a state's output part
+    if tab.has_out:
+        dev[:, n:P], cost[:, n:P], follow[:n] = X, tab.out[nodes, X], nodes + n
+    parent = np.full(W, P, dtype=np.intp)  # the state a part's state feeds
+    parent[:n - 1] = prof.parents[:n - 1]
+    ready = np.full((B, W), np.inf)
+    ready[:, [i for i, ch in enumerate(prof.children) if not ch]] = 0.0
+    waiting = np.tile(np.array([len(ch) for ch in prof.children] + [0] * (W - n - 1) + [1 << 40]), (B, 1))
+    arrived, free, finish = np.zeros((B, W)), np.zeros((B, D)), np.zeros(B)
+    rf, df, wf, af, cf, ff = ready.ravel(), dev.ravel(), waiting.ravel(), arrived.ravel(), cost.ravel(), free.ravel()
+    base_w, base_d, to_self = np.arange(B) * W, np.arange(B) * D, np.diag(tab.to).copy()
+    for _ in range(P):
+        k = ready.argmin(axis=1)  # the first minimum: the lowest (part, node), as the heap's tuples
+        fk = base_w + k
+        r = rf[fk]
+        rf[fk] = np.inf
+        d = df[fk]
+        fd = base_d + d
+        end = np.maximum(r, ff[fd]) + cf[fk]
+        ff[fd] = end
+        np.maximum(finish, end, out=finish)
+        if tab.has_out:
+            rf[base_w + follow[k]] = np.where(k < n, end + to_self[d], np.inf)
+        fp = base_w + parent[k]
+        a = np.maximum(af[fp], end + tab.ts[d, df[fp]])
+        af[fp] = a
+        w = wf[fp] - 1
+        wf[fp] = w
+        rf[fp] = np.where(w == 0, a, rf[fp])
+    return finish
+
+
+# ----------------------------------------------------------------------------- HEFT
+def heft(prof: TreeProfile, m: Machine) -> list[int]:
+    """HEFT (Topcuoglu et al. 2002) over the tree: a node's upward rank is its mean cost over
+    devices (state + output) plus the mean transfer of a state between distinct devices plus
+    its parent's rank; nodes are taken in decreasing rank (ties: the lower node, so children
+    before parents) and each is put on the device where it finishes earliest (HEFT's insertion
+    policy: the earliest idle gap on the device long enough for the node, after its
+    children's states have arrived). Its output part
+    follows the state on the same device; the parent waits for the state only. The estimate
+    is HEFT's own; ``simulate`` scores the placement (§8.2's devices, cost model of §2)."""
+    n = len(prof.children)
+    tab = _tables(prof, m)
+    state, ts, D = tab.state, tab.ts, len(m.devices)
+    total = state + tab.out
+    comm = float(ts[~np.eye(D, dtype=bool)].mean()) if D > 1 else 0.0
+    w = total.mean(axis=1)
+    rank = np.empty(n)
+    for i in range(n - 1, -1, -1):  # parents after children in post-order
+        p = int(prof.parents[i])
+        rank[i] = w[i] + (comm + rank[p] if p >= 0 else 0.0)
+    order = np.lexsort((np.arange(n), -rank))
+    busy: list[tuple[list[float], list[float]]] = [([], []) for _ in range(D)]  # starts, ends
+    done = np.zeros(n)  # when node i's state is computed
+    place = np.zeros(n, dtype=np.intp)
+    for i in order:
+        ch = list(prof.children[i])
+        ready = (done[ch, None] + ts[place[ch], :]).max(axis=0).tolist() if ch else [0.0] * D
+        slots = [_earliest_slot(*busy[d], ready[d], total[i, d]) for d in range(D)]
+        d = min(range(D), key=lambda e: (slots[e][0] + total[i, e], e))
+        s, k = slots[d]
+        busy[d][0].insert(k, s)
+        busy[d][1].insert(k, s + total[i, d])
+        place[i], done[i] = d, s + state[i, d]
+    return place.tolist()
+
+
+def _earliest_slot(starts: list[float], ends: list[float], ready: float, cost: float) -> tuple[float, int]:
+    """HEFT's insertion policy: the earliest start >= ``ready`` of a gap of ``cost`` seconds
+    between a device's busy intervals (sorted, disjoint), and where the new one goes."""
+    k = bisect_right(ends, ready)
+    s = ready
+    while k < len(starts) and s + cost > starts[k]:
+        s = max(s, ends[k])
+        k += 1
+    return s, k
+
+
+# ----------------------------------------------------------------------------- exact search
+def interchangeable(m: Machine) -> list[list[int]]:
+    """Classes of interchangeable devices: equal cost numbers and a machine unchanged by
+    swapping the two (links to and from every other device, to each other, to themselves)."""
+    D = len(m.devices)
+    spec = [(d.op_s, d.flop_rate, d.element_rate) for d in m.devices]
+    lat, bw = np.asarray(m.latency), np.asarray(m.bandwidth)
+
+    def same(a: int, b: int) -> bool:
+        if spec[a] != spec[b]:
+            return False
+        perm = np.arange(D)
+        perm[[a, b]] = b, a
+        return all(np.array_equal(x, x[np.ix_(perm, perm)]) for x in (lat, bw))
+
+    classes: list[list[int]] = []
+    for d in range(D):
+        for c in classes:
+            if same(c[0], d):
+                c.append(d)
+                break
+        else:
+            classes.append([d])
+    return classes
+
+
+def count_canonical(n: int, m: Machine) -> int:
+    """How many placements of ``n`` nodes are distinct up to interchangeable devices (those
+    that use each class's devices in first-use order)."""
+    sizes = [len(c) for c in interchangeable(m)]
+    counts: dict[tuple[int, ...], int] = {tuple([0] * len(sizes)): 1}
+    for _ in range(n):
+        nxt: dict[tuple[int, ...], int] = {}
+        for used, ways in counts.items():
+            for c, u in enumerate(used):
+                if u:
+                    nxt[used] = nxt.get(used, 0) + ways * u
+                if u < sizes[c]:
+                    key = used[:c] + (u + 1,) + used[c + 1:]
+                    nxt[key] = nxt.get(key, 0) + ways
+        counts = nxt
+    return sum(counts.values())
+
+
+def _classes(m: Machine) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each device's class and rank in its class, and the number of classes."""
+    classes = interchangeable(m)
+    cls, rank = np.zeros(len(m.devices), dtype=np.intp), np.zeros(len(m.devices), dtype=np.intp)
+    for c, members in enumerate(classes):
+        cls[members], rank[members] = c, np.arange(len(members))
+    return cls, rank, len(classes)
+
+
+def _grow(P: np.ndarray, U: np.ndarray, cls: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Every canonical one-node extension of the prefixes ``P`` (their classes' used device
+    counts ``U``): a used device or its class's next one. Returns the parent row of each
+    extension, its device, the extended prefixes and counts (lexicographic order)."""
+    r, d = np.nonzero(rank[None, :] <= U[:, cls])
+    newP = np.concatenate([P[r], d[:, None].astype(P.dtype)], axis=1)
+    newU = U[r]
+    fresh = np.nonzero(rank[d] == newU[np.arange(len(d)), cls[d]])[0]
+    newU[fresh, cls[d[fresh]]] += 1
+    return r, d, newP, newU
+
+
+def canonical_placements(n: int, m: Machine, batch: int = BATCH) -> Iterator[np.ndarray]:
+    """The canonical placements of ``n`` nodes (``count_canonical`` of them: a class's next
+    device used only once its earlier ones are) in lexicographic order, in int8 arrays of at
+    most ``batch`` x devices rows."""
+    cls, rank, C = _classes(m)
+    stack = [(np.zeros((1, 0), dtype=np.int8), np.zeros((1, C), dtype=np.intp))]
+    while stack:
+        P, U = stack.pop()
+        if P.shape[1] == n:
+            yield P
+            continue
+        _, _, newP, newU = _grow(P, U, cls, rank)
+        for lo in range(((len(newP) - 1) // batch) * batch, -1, -batch):  # the first piece on top
+            stack.append((newP[lo:lo + batch], newU[lo:lo + batch]))
+
+
+@dataclass
+class _Prefixes:
+    """Placed prefixes (nodes 0..i-1) and what bounds their completions: each placed node's
+    state end without contention (``est``), each device's work (``load``), the longest
+    chain bound (``chain``) and the classes' used device counts (``used``)."""
+
+    place: np.ndarray
+    used: np.ndarray
+    est: np.ndarray
+    load: np.ndarray
+    chain: np.ndarray
+
+    def take(self, sl) -> "_Prefixes":
+        return _Prefixes(self.place[sl], self.used[sl], self.est[sl], self.load[sl], self.chain[sl])
+
+
+def _floors(prof: TreeProfile, tab: _Tables) -> tuple[np.ndarray, np.ndarray]:
+    """Per node i: the least work (states and outputs, each on its cheapest device) of the
+    nodes after i, and the least seconds of the chain above i (its ancestors' states and the
+    root's output, each on its cheapest device; 0 for the root)."""
+    n = len(prof.children)
+    work = (tab.state + tab.out).min(axis=1)
+    after = np.concatenate([np.cumsum(work[::-1])[::-1][1:], [0.0]])
+    cheap, tail = tab.state.min(axis=1), np.zeros(n)
+    for i in range(n - 2, -1, -1):
+        p = int(prof.parents[i])
+        tail[i] = cheap[p] + (tail[p] if p < n - 1 else tab.out[p].min())
+    return after, tail
+
+
+def _extend(pre: _Prefixes, prof: TreeProfile, tab: _Tables, cls: np.ndarray, rank: np.ndarray,
+            floors: tuple[np.ndarray, np.ndarray]) -> tuple[_Prefixes, np.ndarray]:
+    """The canonical extensions of ``pre`` by its next node i and a lower bound on the
+    ``simulate`` seconds of every completion of each: the largest of a device's work, all
+    the work over the device count, and chains: i's state end without contention (its
+    children's ends + transfers + its cost) then its output, or then its ancestors and the
+    root's output (``_floors``)."""
+    i, D = pre.place.shape[1], tab.ts.shape[0]
+    r, d, place, used = _grow(pre.place, pre.used, cls, rank)
+    e = np.zeros(len(r))
+    for c in prof.children[i]:
+        e = np.maximum(e, pre.est[r, c] + tab.ts[place[:, c], d])
+    e += tab.state[i, d]
+    load = pre.load[r]
+    load[np.arange(len(r)), d] += tab.state[i, d] + tab.out[i, d]
+    after, tail = floors
+    chain = np.maximum(pre.chain[r], e + np.maximum(tab.out[i, d], tail[i]))
+    out = _Prefixes(place, used, np.concatenate([pre.est[r], e[:, None]], axis=1), load, chain)
+    bound = np.maximum(np.maximum(load.max(axis=1), chain), (load.sum(axis=1) + after[i]) / D)
+    return out, bound
+def optimal(prof: TreeProfile, m: Machine, max_evaluations: int = 2_000_000) -> tuple[list[int], float]:
+    """The placement with the fewest ``simulate`` seconds (output parts on their state's
+    device) and those seconds. Method: exhaustive search with symmetry breaking: devices
+    with equal cost numbers and links are interchangeable (``interchangeable``), and
+    ``simulate`` is unchanged by permuting them, so only placements that use each class's
+    devices in first-use order are enumerated (``canonical_placements``, ``count_canonical``
+    of them) and evaluated in numpy batches by ``evaluate_many`` (exactly ``simulate``'s
+    arithmetic). Ties go to the lexicographically first placement."""
+    n = len(prof.children)
+    if len(m.devices) > 127:
+        raise PipeplanError(f"optimal: {len(m.devices)} devices are too many for an exhaustive search")
+    count = count_canonical(n, m)
+    if count > max_evaluations:
+        raise PipeplanError(f"optimal: a tree of {n} nodes has {count:,} canonical placements on "
+                            f"{len(m.devices)} devices, above max_evaluations={max_evaluations:,}")
+    best, best_s = None, np.inf
+    for P in canonical_placements(n, m):
+        t = evaluate_many(prof, m, P)
+        k = int(t.argmin())
+        if t[k] < best_s:
+            best, best_s = P[k].astype(int).tolist(), float(t[k])
+    return best, simulate(prof, best, m)
+
+
+# ----------------------------------------------------------------------------- local search
+def local_search(prof: TreeProfile, m: Machine, start: Sequence[int], rng: np.random.Generator,
+                 evaluations: int = 10_000) -> tuple[list[int], float]:
+    """Hill climbing from ``start`` by single-node moves: every round scores all moves of
+    one node to another device (in a random order drawn from ``rng``; ``evaluate_many``,
+    i.e. ``simulate``) and takes the best if it is faster; stops at a local optimum or after
+    ``evaluations`` scored placements. Returns the best placement and its seconds."""
+    n, D = len(prof.children), len(m.devices)
+    cur = np.asarray(start, dtype=np.intp)
+    _check_placements(cur.reshape(1, -1), n, D)
+    if evaluations < 1:
+        raise PipeplanError(f"local_search: evaluations must be >= 1, got {evaluations}")
+    cur_s = float(evaluate_many(prof, m, cur[None])[0])
+    left = evaluations - 1
+    node, dev = np.divmod(np.arange(n * D), D)
+    while left > 0 and D > 1:
+        keep = dev != cur[node]
+        moves = rng.permutation(np.nonzero(keep)[0])[:left]
+        cand = np.tile(cur, (len(moves), 1))
+        cand[np.arange(len(moves)), node[moves]] = dev[moves]
+        t = evaluate_many(prof, m, cand)
+        left -= len(moves)
+        k = int(t.argmin())
+        if not t[k] < cur_s:
+            break
+        cur, cur_s = cand[k], float(t[k])
+    return cur.tolist(), cur_s
