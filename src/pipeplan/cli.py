@@ -653,6 +653,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_shard_parser(sub, _positive_int)
 
+    from .cli_dynamic import add_parser as add_dynamic_parser
+
+    add_dynamic_parser(sub, _positive_int)
+
     sp = sub.add_parser("planners", help="list the planners, their default schedules and options")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_planners)

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..errors import PipeplanError
 from ..learn.harness import Budget, Curve, Point, Progress, checkpoint, load_checkpoint, seed_everything
-from .env import EMBED_DIM, MAX_NODES, SchedulerEnv, encode, node_mask, placement_of
+from .env import EMBED_DIM, MAX_NODES, SchedulerEnv, encode, placement_of
 from .trees import Tree, sample_trees
 
 AGENT = "dynpartition"
@@ -165,10 +165,14 @@ class Agent:
         actions = self.greedy(np.stack([encode(t) for t in trees]))
         return [placement_of(t, a) for t, a in zip(trees, actions)]
 
+    def checkpoint(self, trained_on: dict[str, Any] | None = None) -> dict:
+        """The checkpoint's contents (``harness.checkpoint``, agent ``dynpartition``)."""
+        return checkpoint(AGENT, self.config, {k: v.detach().clone() for k, v in self.q.state_dict().items()},
+                          {**(trained_on or {}), "devices": self.devices})
+
     def save(self, path: str, trained_on: dict[str, Any] | None = None) -> str:
-        """A checkpoint (``harness.checkpoint``, agent ``dynpartition``) at ``path``."""
-        torch.save(checkpoint(AGENT, self.config, {k: v.detach().clone() for k, v in self.q.state_dict().items()},
-                              {**(trained_on or {}), "devices": self.devices}), path)
+        """Write the checkpoint at ``path``."""
+        torch.save(self.checkpoint(trained_on), path)
         return path
 
     @classmethod

@@ -12,8 +12,9 @@ import numpy as np
 import torch
 
 from ..errors import PipeplanError
-from .costmodel import DeviceSpec, Machine, calibrate, machine
-from .executor import torch_device
+from .costmodel import DeviceSpec, Machine, calibrate, machine, profile, simulate
+from .executor import Executor, torch_device
+from .trees import Tree
 
 _PART = re.compile(r"^(\d*)(cpu|gpu)$")
 
@@ -87,3 +88,16 @@ def measured(devices: list[str]) -> Machine:
                 bw[i, j] = (1_000_000 - 256) * 4 / max(big - small, 1e-9)
                 lat[i, j] = max(small - 256 * 4 / bw[i, j], 0.0)
     return Machine(specs, lat, bw, note=f"measured on {', '.join(devices)}")
+
+
+def executor_overhead(ex: Executor, net: str, width: int, trees: list[Tree], m: Machine, repeats: int = 5) -> float:
+    """Seconds the executor adds to every node part beyond the cost model's compute (thread
+    hand-overs, Python), from ``trees`` run all on device 0: the median over trees of
+    (measured - modelled) / parts, at least 0."""
+    extra = []
+    base = Machine(m.devices, m.latency, m.bandwidth, m.note)  # without an overhead
+    for t in trees:
+        p = profile(t, net, width)
+        parts = t.n * (1 if p.output is None else 2)
+        extra.append((ex.time(t, [0] * t.n, repeats) - simulate(p, [0] * t.n, base)) / parts)
+    return max(0.0, float(np.median(extra)))

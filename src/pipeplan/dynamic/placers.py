@@ -3,11 +3,12 @@
 
 * the paper's baselines: ``static`` (§8.2.1-8.2.2: every node on one device) and
   ``random_placement`` (§8.2.3: each node on a uniformly drawn device);
-* ``heft``: earliest-finish-time list scheduling (HEFT, Topcuoglu et al. 2002), a fast
-  per-input heuristic;
+* ``heft``: earliest-finish-time list scheduling (HEFT, Topcuoglu et al. 2002; by default
+  with a one-step lookahead), a fast per-input heuristic;
 * ``optimal``: the exact best placement of a small tree, by exhaustive search over the
-  placements that are distinct up to interchangeable devices, evaluated in numpy batches
-  (``evaluate_many``, which gives exactly what ``simulate`` gives);
+  placements that are distinct up to interchangeable devices, pruned by branch and bound
+  and evaluated in numpy batches (``evaluate_many``, which gives exactly what ``simulate``
+  gives);
 * ``local_search``: hill climbing by single-node moves.
 
 A placement is a list of device indices, one per node (index into ``machine.devices``); a
@@ -54,8 +55,9 @@ def random_placement(n: int, devices: int | Sequence[int], rng: np.random.Genera
 # ----------------------------------------------------------------------------- costs
 @dataclass(frozen=True)
 class _Tables:
-    """Per node and device: state and output seconds (zeros without outputs); per device
-    pair: the seconds of sending a state and an output's input; all as ``simulate`` has them."""
+    """Per node and device: state and output seconds, the machine's part overhead included
+    (outputs: zeros without them); per device pair: the seconds of sending a state and an
+    output's input; all as ``simulate`` computes them."""
 
     state: np.ndarray
     out: np.ndarray
@@ -68,9 +70,12 @@ def _tables(prof: TreeProfile, m: Machine) -> _Tables:
     if not m.devices:
         raise PipeplanError("the machine has no devices")
     D = len(m.devices)
-    state = np.stack([part_seconds(prof.state, d) for d in m.devices], axis=1)
+    extra = m.part_overhead_s  # simulate adds it to every part's seconds
+    state = np.stack([part_seconds(prof.state, d) for d in m.devices], axis=1) + extra
     has_out = prof.output is not None
-    out = np.stack([part_seconds(prof.output, d) for d in m.devices], axis=1) if has_out else np.zeros_like(state)
+    out = np.zeros_like(state)
+    if has_out:
+        out = np.stack([part_seconds(prof.output, d) for d in m.devices], axis=1) + extra
     ts = np.array([[m.transfer_s(a, b, prof.state_bytes) for b in range(D)] for a in range(D)])
     to = np.array([[m.transfer_s(a, b, prof.state_bytes // 2) for b in range(D)] for a in range(D)])
     return _Tables(state, out, has_out, ts, to)
@@ -136,15 +141,19 @@ def _evaluate(prof: TreeProfile, tab: _Tables, X: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- HEFT
-def heft(prof: TreeProfile, m: Machine) -> list[int]:
-    """HEFT (Topcuoglu et al. 2002) over the tree: a node's upward rank is its mean cost over
-    devices (state + output) plus the mean transfer of a state between distinct devices plus
-    its parent's rank; nodes are taken in decreasing rank (ties: the lower node, so children
-    before parents) and each is put on the device where it finishes earliest (HEFT's insertion
-    policy: the earliest idle gap on the device long enough for the node, after its
-    children's states have arrived). Its output part
-    follows the state on the same device; the parent waits for the state only. The estimate
-    is HEFT's own; ``simulate`` scores the placement (§8.2's devices, cost model of §2)."""
+def heft(prof: TreeProfile, m: Machine, lookahead: bool = True) -> list[int]:
+    """HEFT (Topcuoglu et al. 2002) over the tree, a per-input heuristic for §6.1's action.
+    A node's upward rank is its mean cost over devices (state + output) plus the mean
+    transfer of a state between distinct devices plus its parent's rank; nodes are taken in
+    decreasing rank (ties: the lower node, so children before parents) and each is put on a
+    device with HEFT's insertion policy (``_earliest_slot``: the earliest idle gap after its
+    children's states have arrived, ordered as ``simulate``'s devices run parts). Device
+    choice: the earliest finish (``lookahead=False``, plain HEFT), or by default a one-step
+    lookahead (Bittencourt et al. 2010): the device from which the parent's state could end
+    soonest, then the earliest finish, then the lower device; plain HEFT sends MathFunc's
+    free input lookups to any idle device, then pays their transfers. A node's output part
+    follows its state on the same device; the parent waits for the state only. The schedule
+    is HEFT's estimate; ``simulate`` scores the placement."""
     n = len(prof.children)
     tab = _tables(prof, m)
     state, ts, D = tab.state, tab.ts, len(m.devices)
@@ -155,28 +164,36 @@ def heft(prof: TreeProfile, m: Machine) -> list[int]:
     for i in range(n - 1, -1, -1):  # parents after children in post-order
         p = int(prof.parents[i])
         rank[i] = w[i] + (comm + rank[p] if p >= 0 else 0.0)
-    order = np.lexsort((np.arange(n), -rank))
-    busy: list[tuple[list[float], list[float]]] = [([], []) for _ in range(D)]  # starts, ends
-    done = np.zeros(n)  # when node i's state is computed
+    busy: list[tuple[list, list, list]] = [([], [], []) for _ in range(D)]  # starts, ends, (ready, node)
+    done = np.zeros(n)  # when each node's state is computed
     place = np.zeros(n, dtype=np.intp)
-    for i in order:
+    for i in np.lexsort((np.arange(n), -rank)).tolist():
         ch = list(prof.children[i])
         ready = (done[ch, None] + ts[place[ch], :]).max(axis=0).tolist() if ch else [0.0] * D
-        slots = [_earliest_slot(*busy[d], ready[d], total[i, d]) for d in range(D)]
-        d = min(range(D), key=lambda e: (slots[e][0] + total[i, e], e))
+        slots = [_earliest_slot(*busy[e], (ready[e], i), total[i, e]) for e in range(D)]
+        fin = [slots[e][0] + total[i, e] for e in range(D)]
+        p = int(prof.parents[i])
+        look = [0.0] * D
+        if lookahead and p >= 0:
+            ends = np.array([slots[e][0] + state[i, e] for e in range(D)])[:, None] + ts + state[p]
+            look = ends.min(axis=1).tolist()
+        d = min(range(D), key=lambda e: (look[e], fin[e], e))
         s, k = slots[d]
-        busy[d][0].insert(k, s)
-        busy[d][1].insert(k, s + total[i, d])
+        for seq, x in zip(busy[d], (s, fin[d], (ready[d], i))):
+            seq.insert(k, x)
         place[i], done[i] = d, s + state[i, d]
     return place.tolist()
 
 
-def _earliest_slot(starts: list[float], ends: list[float], ready: float, cost: float) -> tuple[float, int]:
-    """HEFT's insertion policy: the earliest start >= ``ready`` of a gap of ``cost`` seconds
-    between a device's busy intervals (sorted, disjoint), and where the new one goes."""
-    k = bisect_right(ends, ready)
-    s = ready
-    while k < len(starts) and s + cost > starts[k]:
+def _earliest_slot(starts: list[float], ends: list[float], keys: list[tuple[float, int]],
+                   key: tuple[float, int], cost: float) -> tuple[float, int]:
+    """HEFT's insertion policy, as ``simulate``'s devices run parts (in order of readiness):
+    the earliest start at or after the node's ready time ``key[0]`` of an idle gap of
+    ``cost`` seconds between a device's busy intervals (sorted, disjoint) that only comes
+    before intervals of parts ready later (``keys``: ready time, node); and its position."""
+    k = bisect_right(ends, key[0])
+    s = key[0]
+    while k < len(starts) and (s + cost > starts[k] or keys[k] < key):
         s = max(s, ends[k])
         k += 1
     return s, k
@@ -313,27 +330,56 @@ def _extend(pre: _Prefixes, prof: TreeProfile, tab: _Tables, cls: np.ndarray, ra
     out = _Prefixes(place, used, np.concatenate([pre.est[r], e[:, None]], axis=1), load, chain)
     bound = np.maximum(np.maximum(load.max(axis=1), chain), (load.sum(axis=1) + after[i]) / D)
     return out, bound
-def optimal(prof: TreeProfile, m: Machine, max_evaluations: int = 2_000_000) -> tuple[list[int], float]:
+
+
+def optimal(prof: TreeProfile, m: Machine, max_work: int = 2_000_000,
+            stats: dict | None = None) -> tuple[list[int], float]:
     """The placement with the fewest ``simulate`` seconds (output parts on their state's
-    device) and those seconds. Method: exhaustive search with symmetry breaking: devices
-    with equal cost numbers and links are interchangeable (``interchangeable``), and
-    ``simulate`` is unchanged by permuting them, so only placements that use each class's
-    devices in first-use order are enumerated (``canonical_placements``, ``count_canonical``
-    of them) and evaluated in numpy batches by ``evaluate_many`` (exactly ``simulate``'s
-    arithmetic). Ties go to the lexicographically first placement."""
-    n = len(prof.children)
-    if len(m.devices) > 127:
-        raise PipeplanError(f"optimal: {len(m.devices)} devices are too many for an exhaustive search")
+    device) and those seconds: the exact optimum of §6.1's action for one input.
+
+    Method: exhaustive search with symmetry breaking, pruned by branch and bound. Devices
+    with equal cost numbers and links are interchangeable (``interchangeable``) and permuting
+    them leaves ``simulate`` unchanged, so only the ``count_canonical`` placements that use
+    each class's devices in first-use order are considered. They are grown node by node (post-order), depth first in numpy
+    batches; a prefix whose lower bound (``_extend``: device work, average work, chains
+    without contention) exceeds the best seconds known (at first HEFT's after a short
+    ``local_search``) by more than rounding is dropped; complete placements are scored by
+    ``evaluate_many``'s arithmetic, which is exactly ``simulate``'s. Ties go to the
+    lexicographically first canonical placement. Raises once more than ``max_work`` prefixes
+    and placements were grown and scored (the bound prunes well where one device dominates,
+    badly where several are close). ``stats``, if given, receives the counts of canonical
+    placements, prefixes grown and placements scored."""
+    n, D = len(prof.children), len(m.devices)
+    if D > 127:
+        raise PipeplanError(f"optimal: {D} devices are too many for an exhaustive search")
     count = count_canonical(n, m)
-    if count > max_evaluations:
-        raise PipeplanError(f"optimal: a tree of {n} nodes has {count:,} canonical placements on "
-                            f"{len(m.devices)} devices, above max_evaluations={max_evaluations:,}")
-    best, best_s = None, np.inf
-    for P in canonical_placements(n, m):
-        t = evaluate_many(prof, m, P)
-        k = int(t.argmin())
-        if t[k] < best_s:
-            best, best_s = P[k].astype(int).tolist(), float(t[k])
+    tab, (cls, rank, C) = _tables(prof, m), _classes(m)
+    floors = _floors(prof, tab)
+    _, bound = local_search(prof, m, heft(prof, m), np.random.default_rng(0), 4 * n * D)
+    slack = 1 + 1e-9  # the bound and simulate add in different orders: a few ulps apart
+    best, best_s, grown, scored = None, np.inf, 0, 0
+    stack = [_Prefixes(np.zeros((1, 0), dtype=np.int8), np.zeros((1, C), dtype=np.intp), np.zeros((1, 0)),
+                       np.zeros((1, D)), np.zeros(1))]
+    while stack:
+        if grown + scored > max_work:
+            raise PipeplanError(f"optimal: a tree of {n} nodes has {count:,} canonical placements on {D} devices; "
+                                f"the exact search passed max_work={max_work:,} partial placements unfinished")
+        pre = stack.pop()
+        if pre.place.shape[1] == n:
+            t = _evaluate(prof, tab, pre.place.astype(np.intp))
+            scored += len(t)
+            k = int(t.argmin())
+            if t[k] < best_s:
+                best, best_s = pre.place[k].astype(int).tolist(), float(t[k])
+                bound = min(bound, best_s)
+            continue
+        nxt, lower = _extend(pre, prof, tab, cls, rank, floors)
+        nxt = nxt.take(np.nonzero(lower <= bound * slack)[0])
+        grown += len(nxt.place)
+        for lo in range(((len(nxt.place) - 1) // BATCH) * BATCH, -1, -BATCH):  # the first piece on top
+            stack.append(nxt.take(slice(lo, lo + BATCH)))
+    if stats is not None:
+        stats.update(canonical=count, prefixes=grown, scored=scored)
     return best, simulate(prof, best, m)
 
 
@@ -341,23 +387,22 @@ def optimal(prof: TreeProfile, m: Machine, max_evaluations: int = 2_000_000) -> 
 def local_search(prof: TreeProfile, m: Machine, start: Sequence[int], rng: np.random.Generator,
                  evaluations: int = 10_000) -> tuple[list[int], float]:
     """Hill climbing from ``start`` by single-node moves: every round scores all moves of
-    one node to another device (in a random order drawn from ``rng``; ``evaluate_many``,
+    one node to another device (in a random order drawn from ``rng``, by ``evaluate_many``,
     i.e. ``simulate``) and takes the best if it is faster; stops at a local optimum or after
     ``evaluations`` scored placements. Returns the best placement and its seconds."""
     n, D = len(prof.children), len(m.devices)
-    cur = np.asarray(start, dtype=np.intp)
-    _check_placements(cur.reshape(1, -1), n, D)
+    cur = _as_placements(start, n, D)[0]
     if evaluations < 1:
         raise PipeplanError(f"local_search: evaluations must be >= 1, got {evaluations}")
-    cur_s = float(evaluate_many(prof, m, cur[None])[0])
+    tab = _tables(prof, m)
+    cur_s = float(_evaluate(prof, tab, cur[None])[0])
     left = evaluations - 1
     node, dev = np.divmod(np.arange(n * D), D)
     while left > 0 and D > 1:
-        keep = dev != cur[node]
-        moves = rng.permutation(np.nonzero(keep)[0])[:left]
+        moves = rng.permutation(np.nonzero(dev != cur[node])[0])[:left]
         cand = np.tile(cur, (len(moves), 1))
         cand[np.arange(len(moves)), node[moves]] = dev[moves]
-        t = evaluate_many(prof, m, cand)
+        t = _evaluate(prof, tab, cand)
         left -= len(moves)
         k = int(t.argmin())
         if not t[k] < cur_s:
