@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -38,10 +39,16 @@ def parse_simulated(spec: str) -> tuple[int, int]:
     return cpus, gpus
 
 
+@lru_cache(maxsize=1)
+def this_cpu() -> DeviceSpec:
+    """This machine's CPU, calibrated once a process (``costmodel.calibrate``)."""
+    return calibrate()[0]
+
+
 def simulated(spec: str, cpu: DeviceSpec | None = None) -> Machine:
-    """The machine of ``spec`` with ``cpu`` (default: this machine's CPU, calibrated now)."""
+    """The machine of ``spec`` with ``cpu`` (default: this machine's CPU, ``this_cpu``)."""
     cpus, gpus = parse_simulated(spec)
-    cpu = cpu or calibrate()[0]
+    cpu = cpu or this_cpu()
     m = machine(cpu, gpus=gpus, logical_cpus=cpus)
     m.note = f"simulated {spec}: CPU calibrated on this machine, GPUs A100 (assumed figures)"
     return m
@@ -73,7 +80,7 @@ def measured(devices: list[str]) -> Machine:
     machine's calibrated CPU; CUDA devices are calibrated the same way on the device; a link
     between distinct memories is timed at two sizes (latency and bandwidth by a line through
     them); logical CPU devices share memory."""
-    cpu = calibrate()[0]
+    cpu = this_cpu()
     specs = []
     for name in devices:
         t = torch_device(name)

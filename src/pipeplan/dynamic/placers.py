@@ -409,3 +409,40 @@ def local_search(prof: TreeProfile, m: Machine, start: Sequence[int], rng: np.ra
             break
         cur, cur_s = cand[k], float(t[k])
     return cur.tolist(), cur_s
+
+
+# ----------------------------------------------------------------------------- per-input searches
+def random_search(prof: TreeProfile, m: Machine, rng: np.random.Generator, evaluations: int) -> tuple[list[int], float]:
+    """The best of ``evaluations`` uniformly random placements (scored by ``evaluate_many``):
+    the yardstick a learned policy's training evaluations are compared with."""
+    if evaluations < 1:
+        raise PipeplanError(f"random_search: evaluations must be >= 1, got {evaluations}")
+    X = rng.integers(len(m.devices), size=(evaluations, len(prof.children)))
+    t = evaluate_many(prof, m, X)
+    k = int(t.argmin())
+    return X[k].tolist(), float(t[k])
+
+
+def annealing(prof: TreeProfile, m: Machine, start: Sequence[int], rng: np.random.Generator, evaluations: int,
+              t0: float = 0.1) -> tuple[list[int], float]:
+    """Simulated annealing by single-node moves from ``start``: a move that makes the tree
+    slower by a fraction x is taken with probability exp(-x / T), T falling geometrically
+    from ``t0`` to 1e-3 over ``evaluations`` scored placements. Returns the best seen."""
+    n, D = len(prof.children), len(m.devices)
+    cur = _as_placements(start, n, D)[0]
+    if evaluations < 1:
+        raise PipeplanError(f"annealing: evaluations must be >= 1, got {evaluations}")
+    tab = _tables(prof, m)
+    cur_s = float(_evaluate(prof, tab, cur[None])[0])
+    best, best_s = cur.copy(), cur_s
+    nodes, shifts = rng.integers(n, size=evaluations), rng.integers(1, max(D, 2), size=evaluations)
+    temps = t0 * (1e-3 / t0) ** (np.arange(evaluations) / max(evaluations - 1, 1))
+    for k in range(1, evaluations if D > 1 else 1):
+        cand = cur.copy()
+        cand[nodes[k]] = (cand[nodes[k]] + shifts[k]) % D
+        s = float(_evaluate(prof, tab, cand[None])[0])
+        if s <= cur_s or rng.random() < np.exp(-(s / cur_s - 1) / temps[k]):
+            cur, cur_s = cand, s
+            if s < best_s:
+                best, best_s = cand.copy(), s
+    return best.tolist(), best_s
