@@ -46,6 +46,9 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/automap/infer.py
 	$(BIN)/python benchmarks/automap/shard.py --set t5
 	$(BIN)/python benchmarks/automap/shard.py --set vgg
+	$(BIN)/python benchmarks/dynpartition/figures.py
+	$(BIN)/python benchmarks/dynpartition/learning.py
+	$(BIN)/python benchmarks/dynpartition/stream.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis
