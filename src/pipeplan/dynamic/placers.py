@@ -384,6 +384,16 @@ def optimal(prof: TreeProfile, m: Machine, max_work: int = 2_000_000,
 
 
 # ----------------------------------------------------------------------------- local search
+def _start(prof: TreeProfile, m: Machine, start: Sequence[int], evaluations: int,
+           name: str) -> tuple[np.ndarray, "_Tables", float]:
+    """A search's starting placement (checked), the cost tables and its seconds."""
+    cur = _as_placements(start, len(prof.children), len(m.devices))[0]
+    if evaluations < 1:
+        raise PipeplanError(f"{name}: evaluations must be >= 1, got {evaluations}")
+    tab = _tables(prof, m)
+    return cur, tab, float(_evaluate(prof, tab, cur[None])[0])
+
+
 def local_search(prof: TreeProfile, m: Machine, start: Sequence[int], rng: np.random.Generator,
                  evaluations: int = 10_000) -> tuple[list[int], float]:
     """Hill climbing from ``start`` by single-node moves: every round scores all moves of
@@ -391,11 +401,7 @@ def local_search(prof: TreeProfile, m: Machine, start: Sequence[int], rng: np.ra
     i.e. ``simulate``) and takes the best if it is faster; stops at a local optimum or after
     ``evaluations`` scored placements. Returns the best placement and its seconds."""
     n, D = len(prof.children), len(m.devices)
-    cur = _as_placements(start, n, D)[0]
-    if evaluations < 1:
-        raise PipeplanError(f"local_search: evaluations must be >= 1, got {evaluations}")
-    tab = _tables(prof, m)
-    cur_s = float(_evaluate(prof, tab, cur[None])[0])
+    cur, tab, cur_s = _start(prof, m, start, evaluations, "local_search")
     left = evaluations - 1
     node, dev = np.divmod(np.arange(n * D), D)
     while left > 0 and D > 1:
@@ -429,11 +435,7 @@ def annealing(prof: TreeProfile, m: Machine, start: Sequence[int], rng: np.rando
     slower by a fraction x is taken with probability exp(-x / T), T falling geometrically
     from ``t0`` to 1e-3 over ``evaluations`` scored placements. Returns the best seen."""
     n, D = len(prof.children), len(m.devices)
-    cur = _as_placements(start, n, D)[0]
-    if evaluations < 1:
-        raise PipeplanError(f"annealing: evaluations must be >= 1, got {evaluations}")
-    tab = _tables(prof, m)
-    cur_s = float(_evaluate(prof, tab, cur[None])[0])
+    cur, tab, cur_s = _start(prof, m, start, evaluations, "annealing")
     best, best_s = cur.copy(), cur_s
     nodes, shifts = rng.integers(n, size=evaluations), rng.integers(1, max(D, 2), size=evaluations)
     temps = t0 * (1e-3 / t0) ** (np.arange(evaluations) / max(evaluations - 1, 1))
