@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from pipeplan.cluster import PRESETS, load_cluster
 from pipeplan.graph import load_graph

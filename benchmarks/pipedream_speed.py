@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 from pipeplan.graph import load_graph
 from pipeplan.planners.pipedream import MAX_STATES, _dag

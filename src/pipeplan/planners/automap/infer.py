@@ -23,13 +23,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import gymnasium as gym
 import numpy as np
 
 from ...errors import PipeplanError
 from .arrays import MAX_DEVICES, POINTS, Instance, coarsen
+
+if TYPE_CHECKING:
+    from ...learn.dqn import Config
 
 EPISODES_PER_INSTANCE = 50      # §3.5.3
 MAX_STAGES = 8
