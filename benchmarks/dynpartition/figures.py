@@ -27,6 +27,7 @@ import torch
 
 from pipeplan.dynamic.costmodel import calibrate, machine, profile, simulate
 from pipeplan.dynamic.executor import Executor
+from pipeplan.dynamic.machines import executor_overhead
 from pipeplan.dynamic.manual import left_right, state_output
 from pipeplan.dynamic.nets import build_net
 from pipeplan.dynamic.trees import sample_trees
@@ -66,7 +67,7 @@ def fig9(trees: dict, sim, repeats: int, rng) -> list[dict]:
             row = {"net": net, "width": width, "devices": k,
                    "simulated_ms": ms(statistics.mean(simulate(p, pl, sim) for p, pl in zip(profs, places)))}
             if k <= len(REAL):
-                ex = Executor(model, REAL[:k], "sequential")
+                ex = Executor(model, REAL[:k], "devices")
                 row["measured_ms"] = ms(statistics.mean(ex.time(t, pl, repeats) for t, pl in zip(ts, places)))
             rows.append(row)
     return rows
@@ -81,7 +82,7 @@ def splits(trees: dict, sim, repeats: int) -> list[dict]:
         for a, b, where in pairs:
             row = {"net": net, "width": width, "pair": f"{a} / {b}", "where": where}
             if where == "real":
-                ex = Executor(model, [a, b], "sequential")
+                ex = Executor(model, [a, b], "devices")
                 row["left/right"] = ms(statistics.mean(ex.time(t, left_right(t, 0, 1), repeats) for t in ts))
                 so = [state_output(t, 0, 1) for t in ts]
                 row["state/output"] = ms(statistics.mean(ex.time(t, s, repeats, o) for t, (s, o) in zip(ts, so)))
@@ -98,17 +99,20 @@ def splits(trees: dict, sim, repeats: int) -> list[dict]:
 
 
 def accuracy(trees: dict, cpu, repeats: int, rng) -> list[dict]:
-    """Simulated against measured seconds on the two logical CPUs (one thread executor)."""
-    real = machine(cpu, logical_cpus=2)
+    """Simulated against measured seconds on the two logical CPUs (the device-worker
+    executor, the one the simulator models), the executor's own time per part measured on
+    five other trees first (``machines.executor_overhead``)."""
     rows = []
     for (net, width), ts in trees.items():
-        ex = Executor(build_net(net, width), REAL, "sequential")
+        ex = Executor(build_net(net, width), REAL, "devices")
+        real = machine(cpu, logical_cpus=2)
+        real.part_overhead_s = executor_overhead(ex, net, width, sample_trees(net, 5, seed=17), real)
         ratios = []
         for t in ts:
             p = profile(t, net, width)
             for place in ([0] * t.n, rng.integers(2, size=t.n), left_right(t, 0, 1)):
                 ratios.append(simulate(p, place, real) / ex.time(t, place, repeats))
-        rows.append({"net": net, "width": width, "placements": len(ratios),
+        rows.append({"net": net, "width": width, "placements": len(ratios), "overhead_us": 1e6 * real.part_overhead_s,
                      "median_ratio": float(np.median(ratios)), "p10": float(np.percentile(ratios, 10)),
                      "p90": float(np.percentile(ratios, 90))})
     return rows
@@ -159,19 +163,20 @@ G elements/s elsewhere; node parts modelled within {med:.0%} (median), {worst:.0
 
 {table(out['fig8'], ['net', 'width', 'threads, sync', 'threads, async', 'one thread'])}
 
-## Fig. 9: forward time against devices used by a random placement (ms)
+## Fig. 9: forward time against devices used by a random placement (ms; measured: the device-worker executor)
 
 {table(out['fig9'], ['net', 'width', 'devices', 'simulated_ms', 'measured_ms'])}
 
-## Figs. 10-11: left/right and state/output splits (ms)
+## Figs. 10-11: left/right and state/output splits (ms; real: the device-worker executor)
 
 {table(out['splits'], ['net', 'width', 'pair', 'where', 'all on first', 'left/right', 'state/output'])}
 
-## The simulator against the executor (two logical CPUs, one thread executor)
+## The simulator against the executor (two logical CPUs, the device-worker executor)
 
-Simulated / measured seconds over all-on-one, random and left/right placements:
+Simulated / measured seconds over all-on-one, random and left/right placements; the executor's own time per
+node part (overhead) measured on five other trees and added to the model:
 
-{table(out['accuracy'], ['net', 'width', 'placements', 'median_ratio', 'p10', 'p90'])}
+{table(out['accuracy'], ['net', 'width', 'placements', 'overhead_us', 'median_ratio', 'p10', 'p90'])}
 """
 
 
