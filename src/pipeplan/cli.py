@@ -649,13 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_train_parser(sub)
 
-    from .cli_shard import add_parser as add_shard_parser
-
-    add_shard_parser(sub, _positive_int)
-
-    from .cli_dynamic import add_parser as add_dynamic_parser
-
-    add_dynamic_parser(sub, _positive_int)
+    _add_ir_parsers(sub)
 
     sp = sub.add_parser("planners", help="list the planners, their default schedules and options")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
@@ -667,6 +661,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_clusters)
     return p
+
+
+def _add_ir_parsers(sub) -> None:
+    """``shard`` (Auto-MAP's operator partitioning) and ``dynamic`` (DynPartition)."""
+    from .cli_dynamic import add_parser as add_dynamic_parser
+    from .cli_shard import add_parser as add_shard_parser
+
+    add_shard_parser(sub, _positive_int)
+    add_dynamic_parser(sub, _positive_int)
 
 
 def main(argv: list[str] | None = None) -> int:
