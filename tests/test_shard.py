@@ -56,7 +56,8 @@ def test_the_papers_reward_prefers_more_partitions_than_table3(t5_milp):
 
 @pytest.mark.slow
 def test_dqn_finds_table3_on_t5(t5_milp):
-    out = shard(ShardRequest("t5-tiny", 2, method="dqn", budget_s=40))
+    # seed 1 meets Table 3 after ~300 episodes and its two-stage search ends by itself (~10 s idle)
+    out = shard(ShardRequest("t5-tiny", 2, method="dqn", budget_s=30, seed=1))
     assert_table3(out["parameters"])
     assert out["predicted"]["step_s"] == pytest.approx(t5_milp["predicted"]["step_s"])
 
