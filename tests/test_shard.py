@@ -72,8 +72,9 @@ def test_vgg19_on_three_servers_is_table4():
     assert all(dims[f"{n}.weight"] is not None for n in ("fc1", "fc2", "predictions"))
 
 
-@pytest.mark.parametrize("model, split", [("t5-tiny", ("input_ids", "decoder_input_ids", "labels")),
-                                          ("vgg19-tiny", ("features", "labels"))])
+@pytest.mark.parametrize("model, split", [
+    pytest.param("t5-tiny", ("input_ids", "decoder_input_ids", "labels"), marks=pytest.mark.slow),
+    ("vgg19-tiny", ("features", "labels"))])
 def test_adp_finds_the_batch_dimensions(model, split):
     out = shard(ShardRequest(model, 2, adp=True, reward="paper", budget_s=20))
     assert {p["name"]: p["partition_dim"] for p in out["inputs"]} == {n: 0 for n in split}

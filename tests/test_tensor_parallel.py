@@ -58,18 +58,21 @@ def test_megatron_mlp_on_two_workers():
     assert result["losses"][-1] < result["losses"][0]  # it trains
 
 
+@pytest.mark.slow
 def test_vgg19_fc_partitioned_convs_replicated():
     result = run_sharded("vgg19-tiny", VGG_TABLE4, None, workers=2, steps=3)
     assert_ok(result)
     assert not any("conv" in n for n in result["partitioned"])
 
 
+@pytest.mark.slow
 def test_batch_split_inputs():
     result = run_sharded("vgg19-tiny", {}, {"features": 0, "labels": 0}, workers=2, steps=3)
     assert_ok(result)
     assert result["split_inputs"] == ["features", "labels"] and result["partitioned"] == []
 
 
+@pytest.mark.slow
 def test_convolutions_cut_by_output_then_input_channels(workers=4):
     """DTensor's convolution rule assumes a replicated weight; the plan's channel cuts run
     through ``_ChannelParallelConv``: a batch-split input made whole, the first convolution
@@ -103,6 +106,7 @@ def test_replicas_that_drift_apart_are_a_mismatch():
     assert result["max_rel_diff"] > 1e-5 or result["check"]["replica_spread"] > 1e-5
 
 
+@pytest.mark.slow
 def test_without_check():
     result = run_sharded("test_tensor_parallel:mlp", MEGATRON_MLP, None, workers=2, steps=2, check=False)
     assert result["check"]["verdict"] == "not checked" and result["max_rel_diff"] is None
