@@ -58,7 +58,7 @@ PRESETS = ["v100x4", "1080ti-4x2", "spp-sim", "automap-a", "automap-b", "automap
 
 def check_compare(res: dict) -> None:
     """Every planner gives a valid plan; one that does not fit says where and by how much."""
-    assert {r["planner"] for r in res["results"]} == {"dp", "gpipe", "pipedream", "hetpipe", "spp"}
+    assert {r["planner"] for r in res["results"]} == {"dp", "gpipe", "pipedream", "hetpipe", "spp", "megatron"}
     for r in res["results"]:
         assert not r.get("error"), r
         assert r["iteration_s"] > 0
