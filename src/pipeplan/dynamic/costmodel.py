@@ -21,6 +21,7 @@ ready (ties: the lower node first).
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -165,15 +166,21 @@ class TreeProfile:
 
     state: np.ndarray            # (n, 3): ops, flops, elements
     output: np.ndarray | None    # (n, 3) or None (MathFunc)
-    state_bytes: int
-    output_bytes: int
+    state_bytes: int             # a state, sent to the parent
+    output_bytes: int            # what an output part reads of its node's state
     children: tuple[tuple[int, ...], ...] = field(repr=False)
     parents: np.ndarray = field(repr=False, default=None)
 
 
+@lru_cache(maxsize=64)
+def _net_bytes(net: str, width: int) -> tuple[int, int]:
+    model = build_net(net, width)
+    return model.state_bytes(), model.output_bytes()
+
+
 def profile(tree: Tree, net: str, width: int) -> TreeProfile:
     kinds = node_kinds(net, width)
-    model_bytes = (2 * width * 4) if net == "treelstm" else width * 4
+    state_bytes, output_bytes = _net_bytes(net, width)
     rows, outs = [], None
     for i, ch in enumerate(tree.children):
         if net == "treelstm":
@@ -184,7 +191,7 @@ def profile(tree: Tree, net: str, width: int) -> TreeProfile:
     if net == "treelstm":
         o = kinds["output"]
         outs = np.tile([o.ops, o.flops, o.elements], (tree.n, 1)).astype(float)
-    return TreeProfile(np.array(rows, dtype=float), outs, model_bytes, width * 4, tree.children, tree.parent)
+    return TreeProfile(np.array(rows, dtype=float), outs, state_bytes, output_bytes, tree.children, tree.parent)
 
 
 # ----------------------------------------------------------------------------- simulation
@@ -220,7 +227,7 @@ def simulate_jobs(jobs: list[tuple[TreeProfile, list[int], list[int] | None, flo
             continue
         if out_costs[j] is not None:
             o = place[i] if out_place is None else out_place[i]
-            heapq.heappush(heap, (end + m.transfer_s(d, o, p.state_bytes // 2), j, 1, i, o))
+            heapq.heappush(heap, (end + m.transfer_s(d, o, p.output_bytes), j, 1, i, o))
         parent = int(p.parents[i])
         if parent >= 0:
             arrived[j][parent] = max(arrived[j][parent], end + m.transfer_s(d, place[parent], p.state_bytes))
@@ -241,8 +248,6 @@ def simulate(prof: TreeProfile, placement, m: Machine, output_placement=None) ->
 
 # ----------------------------------------------------------------------------- calibration
 def _time_part(fn, repeats: int, device: torch.device) -> float:
-    import time
-
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)

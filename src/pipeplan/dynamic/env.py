@@ -173,10 +173,14 @@ class SchedulerEnv(gymnasium.Env):
         """Milliseconds of ``tree``'s forward pass with node i on device ``placement[i]``."""
         if self.executor is not None:
             return 1e3 * self.executor.time(tree, placement, self.repeats)
+        return 1e3 * costmodel.simulate(self.profile(tree), placement, self.machine)
+
+    def profile(self, tree: Tree) -> costmodel.TreeProfile:
+        """The cost model's profile of ``tree`` (cached per tree)."""
         prof = self._profiles.get(tree)
         if prof is None:
             prof = self._profiles[tree] = costmodel.profile(tree, self.net, self.width)
-        return 1e3 * costmodel.simulate(prof, placement, self.machine)
+        return prof
 
     def cpu_ms(self, tree: Tree) -> float:
         """Milliseconds of ``tree`` all on device 0 (cached per tree)."""

@@ -6,14 +6,14 @@ policy and every baseline of §8.2 plus the algorithmic yardsticks, scored the s
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import PipeplanError
 from ..learn.harness import Budget, Progress
 from . import agent as dqn
-from .costmodel import Machine, profile
+from .costmodel import Machine
 from .env import MAX_NODES, SchedulerEnv
 from .executor import MODES, Executor, parse_devices
 from .machines import executor_overhead, measured, simulated
@@ -69,17 +69,13 @@ class Bench:
     machine: Machine
     test: list[Tree]
     build_s: float
-    _profiles: dict = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
         return self.machine.names
 
     def profile(self, tree: Tree):
-        p = self._profiles.get(tree)
-        if p is None:
-            p = self._profiles[tree] = profile(tree, self.env.net, self.env.width)
-        return p
+        return self.env.profile(tree)
 
     def mean_ms(self, placements: list[list[int]], trees: list[Tree] | None = None) -> float:
         trees = self.test if trees is None else trees

@@ -66,7 +66,12 @@ class TreeLSTM(nn.Module):
         return torch.log_softmax(self.classifier(state[:, :self.width]), dim=1)
 
     def state_bytes(self) -> int:
+        """Bytes of a node's state (sent to its parent)."""
         return 2 * self.width * 4
+
+    def output_bytes(self) -> int:
+        """Bytes the output part reads of its node's state (h)."""
+        return self.width * 4
 
 
 class MathFunc(nn.Module):
@@ -106,6 +111,9 @@ class MathFunc(nn.Module):
 
     def state_bytes(self) -> int:
         return self.width * 4
+
+    def output_bytes(self) -> int:
+        return 0
 
 
 def build_net(net: str, width: int | None = None, seed: int = 0) -> TreeLSTM | MathFunc:

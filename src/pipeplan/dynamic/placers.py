@@ -77,7 +77,7 @@ def _tables(prof: TreeProfile, m: Machine) -> _Tables:
     if has_out:
         out = np.stack([part_seconds(prof.output, d) for d in m.devices], axis=1) + extra
     ts = np.array([[m.transfer_s(a, b, prof.state_bytes) for b in range(D)] for a in range(D)])
-    to = np.array([[m.transfer_s(a, b, prof.state_bytes // 2) for b in range(D)] for a in range(D)])
+    to = np.array([[m.transfer_s(a, b, prof.output_bytes) for b in range(D)] for a in range(D)])
     return _Tables(state, out, has_out, ts, to)
 
 
