@@ -36,13 +36,15 @@ from _results import add_out_argument, write_json, write_markdown  # noqa: E402
 LOADS = (0.25, 1.0, 4.0, 16.0)
 
 
-def policies(bench, agent) -> dict:
-    """name -> (arrival index, tree) -> (placement, None)."""
+def policies(bench, agent, arrivals: np.ndarray) -> dict:
+    """name -> (arrival index, tree) -> (placement, None); the shortest queue keeps, per
+    device, when the whole trees it sent there will be done (cost model), from each arrival."""
     m = bench.machine
     gpu = next((k for k, n in enumerate(m.names) if n.startswith("cuda")), 1 if len(m.names) > 1 else 0)
     free = np.zeros(len(m.names))
 
     def shortest_queue(k, t):
+        np.maximum(free, arrivals[k], out=free)
         alone = np.array([simulate(bench.profile(t), [d] * t.n, m) for d in range(len(m.names))])
         d = int(np.argmin(free + alone))
         free[d] += alone[d]
@@ -52,7 +54,7 @@ def policies(bench, agent) -> dict:
             f"all on {m.names[gpu]}": lambda k, t: ([gpu] * t.n, None),
             "shortest queue (whole trees)": shortest_queue,
             "heft per tree": lambda k, t: (heft(bench.profile(t), m), None),
-            "dqn": lambda k, t: (agent.policy([t])[0], None)}, free
+            "dqn": lambda k, t: (agent.policy([t])[0], None)}
 
 
 def case(label: str, setup: Setup, trees_n: int, real: bool) -> list[dict]:
@@ -66,24 +68,14 @@ def case(label: str, setup: Setup, trees_n: int, real: bool) -> list[dict]:
     for load in LOADS:
         rate = load / heft_s
         arrivals = poisson_arrivals(rate, trees_n, np.random.default_rng(1))
-        pols, free = policies(bench, agent)
-        for name, pol in pols.items():
-            free[:] = arrivals[0]
+        for name, pol in policies(bench, agent, arrivals).items():
             if real:
-                out = run_stream(bench.env.executor, trees, arrivals, _tracking(pol, free, arrivals))
+                out = run_stream(bench.env.executor, trees, arrivals, pol)
             else:
-                out = simulate_stream(bench.machine, trees, profiles, arrivals, _tracking(pol, free, arrivals))
+                out = simulate_stream(bench.machine, trees, profiles, arrivals, pol)
             rows.append({"case": label, "load": load, "rate_per_s": rate, "policy": name, **out})
             print(rows[-1], flush=True)
     return rows
-
-
-def _tracking(pol, free, arrivals):
-    """The policy with the shortest-queue's clock moved to each arrival."""
-    def wrapped(k, t):
-        np.maximum(free, arrivals[k], out=free)
-        return pol(k, t)
-    return wrapped
 
 
 def markdown(rows: list[dict]) -> str:
