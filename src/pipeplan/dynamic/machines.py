@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -102,7 +103,7 @@ def executor_overhead(ex: Executor, net: str, width: int, trees: list[Tree], m: 
     hand-overs, Python), from ``trees`` run all on device 0: the median over trees of
     (measured - modelled) / parts, at least 0."""
     extra = []
-    base = Machine(m.devices, m.latency, m.bandwidth, m.note)  # without an overhead
+    base = replace(m, part_overhead_s=0.0)
     for t in trees:
         p = profile(t, net, width)
         parts = t.n * (1 if p.output is None else 2)
