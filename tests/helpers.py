@@ -15,10 +15,12 @@ def one_server(v: int, bandwidth: float = 1e9):
     return hierarchical("test", 1, v, bandwidth, bandwidth)
 
 
-def chain_plan(graph: Graph, cluster, cuts: list[int], replicas: list[int], m: int, schedule: str) -> Plan:
-    """Stages [cuts[i], cuts[i+1]) of the chain; stage i on the next replicas[i] devices."""
+def chain_plan(graph: Graph, cluster, cuts: list[int], replicas: list[int], m: int, schedule: str,
+               mode: str = "split") -> Plan:
+    """Stages [cuts[i], cuts[i+1]) of the chain; stage i on the next replicas[i] devices
+    (``mode``: how replicas share microbatches)."""
     stages, d = [], 0
     for a, b, k in zip(cuts[:-1], cuts[1:], replicas):
         stages.append(Stage(graph.ids[a:b], cluster.names[d:d + k]))
         d += k
-    return Plan(graph, cluster, stages, m, schedule=schedule)
+    return Plan(graph, cluster, stages, m, schedule=schedule, replicas=mode)

@@ -12,7 +12,8 @@ from pipeplan.cluster.model import Resource
 from pipeplan.graph import Graph
 from pipeplan.schedule import SCHEDULES
 
-SCHEDULE_NAMES = tuple(SCHEDULES)
+#: the schedules of one stage per device (the batched evaluator's candidates); chunked ones: test_schedules_chunked
+SCHEDULE_NAMES = tuple(n for n, k in SCHEDULES.items() if k.placement == "single")
 
 
 def random_graph(rng: np.random.Generator, layers: int) -> Graph:

@@ -29,7 +29,9 @@ def _plan(stages, m=2):
 @pytest.mark.parametrize("stages,fragment", [
     ([(["l0", "l1"], ["s0g0"]), (["l1", "l2"], ["s0g1"])], "is in stage 0 and stage 1"),
     ([(["l0"], ["s0g0"]), (["l1"], ["s0g1"])], "is in no stage"),
-    ([(["l0", "l1"], ["s0g0"]), (["l2"], ["s0g0"])], "device 's0g0' is in stage 0 and stage 1"),
+    ([(["l0", "l1"], ["s0g0"]), (["l2"], ["s0g0", "s0g1"])], "device 's0g0' is in stage 0 and stage 1, whose"),
+    ([(["l0", "l1"], ["s0g0", "s0g1"]), (["l2"], ["s0g1", "s0g0"])], "device lists differ"),
+    ([(["l0", "l1", "l2"], ["s0g0", "s0g0"])], "lists a device twice"),
     ([(["l0", "l2"], ["s0g0"]), (["l1"], ["s0g1"])], "back to stage"),
     ([(["l0", "l1", "l2"], ["gpu9"])], "device 'gpu9' is not in cluster"),
     ([(["l0", "l1", "lx"], ["s0g0"])], "node 'lx' is not in model"),

@@ -65,9 +65,9 @@ def test_split_backward_lets_weight_gradients_fill_the_drain():
 
 
 def test_steady_state_and_lanes_are_properties_of_the_ir():
-    devs = [[0], [1]]
+    layouts = {"single": [[0], [1]], "loop": [[0], [1], [0], [1]], "v": [[0], [1], [1], [0]]}
     for name, kind in SCHEDULES.items():
-        s = make_schedule(name, devs, 4)
+        s = make_schedule(name, layouts[kind.placement], 4)
         assert s.steady_state == (None if kind.stream == 1 else 4)
         assert s.lanes == kind.lanes
         assert s.microbatches == 4 * kind.stream

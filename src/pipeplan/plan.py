@@ -149,9 +149,27 @@ def load_plan(path: str | Path) -> Plan:
     return plan_from_dict(load_json(p, "plan file"), source=str(path))
 
 
+def _check_shared_devices(plan: Plan) -> None:
+    """A device holds several stages only when those stages have the same device list (virtual
+    stages, or model chunks: Narayanan et al. SC'21 §2.2); a device appears once in a stage."""
+    c = plan.cluster
+    first: dict[int, int] = {}
+    for k, st in enumerate(plan.stages):
+        idx = c.device_indices(st.devices, where=f"plan stage {k}")
+        if len(set(idx)) != len(idx):
+            raise PipeplanError(f"plan: stage {k} lists a device twice")
+        for d in idx:
+            j = first.setdefault(d, k)
+            if j != k and plan.stages[j].devices != st.devices:
+                raise PipeplanError(f"plan: device {c.devices[d].name!r} is in stage {j} and stage {k}, whose "
+                                    "device lists differ (a device holds several stages only when they have the "
+                                    "same devices, in the same order: virtual stages)")
+
+
 def validate(plan: Plan) -> None:
-    """Every node in exactly one stage, every device in at most one stage, devices exist,
-    no graph edge from a later stage to an earlier one, M >= 1."""
+    """Every node in exactly one stage; a device in several stages only when they have the same
+    device list (``_check_shared_devices``); devices exist; no graph edge from a later stage to
+    an earlier one; M >= 1."""
     g, c = plan.graph, plan.cluster
     if not plan.stages:
         raise PipeplanError("plan: no stages")
@@ -171,7 +189,6 @@ def validate(plan: Plan) -> None:
         raise PipeplanError(f"plan: microbatches must be >= 1, got {plan.microbatches}")
     check_microbatches(plan.microbatches, "plan")
     owner = np.full(len(g), -1, dtype=np.int64)
-    seen_dev: dict[int, int] = {}
     for k, st in enumerate(plan.stages):
         if not st.nodes:
             raise PipeplanError(f"plan: stage {k} has no nodes")
@@ -181,11 +198,7 @@ def validate(plan: Plan) -> None:
             if owner[i] >= 0:
                 raise PipeplanError(f"plan: node {g.ids[i]!r} is in stage {owner[i]} and stage {k}")
             owner[i] = k
-        for d in c.device_indices(st.devices, where=f"plan stage {k}"):
-            if d in seen_dev:
-                raise PipeplanError(f"plan: device {c.devices[d].name!r} is in stage {seen_dev[d]} "
-                                    f"and stage {k} (a device holds at most one stage)")
-            seen_dev[d] = k
+    _check_shared_devices(plan)
     missing = np.flatnonzero(owner < 0)
     if missing.size:
         raise PipeplanError(f"plan: node {g.ids[int(missing[0])]!r} is in no stage "

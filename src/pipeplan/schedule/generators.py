@@ -11,6 +11,13 @@
   stream of 3M microbatches with no all-reduce barrier, evaluated in its steady state of M.
 - ``fb-parallel``: the same stream with forward and backward in two lanes side by side
   (resalloc.txt §III-B).
+- ``zb-h1``: zero-bubble ZB-H1 (Qi et al. ICLR'24 §3.1): 1F1B with the backward split into I
+  and W, W's delayed to fill the drain, 1F1B's peak memory (``zerobubble.py``).
+- ``interleaved-1f1b``: Megatron-LM's interleaved 1F1B over v >= 2 model chunks per device
+  (Narayanan et al. SC'21 §2.2; ``interleaved.py``).
+- ``zb-v``: zero-bubble ZB-V over two chunks per device in a V (Qi et al. §6; ``zerobubble.py``).
+A schedule's ``placement`` says which stages a device holds (``layout.py``): one, chunks in a
+loop, or a V; a plan of another shape is refused with one line.
 With ``split`` replicas every replica runs every microbatch (a share of it); with
 ``round-robin`` replica r of k runs whole microbatches r, r+k, r+2k, ... A synchronous
 schedule ends with the stage's all-reduce when it has more than one device.
@@ -25,11 +32,16 @@ from typing import Callable
 import numpy as np
 
 from ..errors import PipeplanError
+from .interleaved import DeviceOrder, interleaved_order
 from .ir import Kind, Program, Schedule
+from .layout import Layout, layout
 from .pe import pe_orders
+from .zerobubble import zb_h1_order, zb_v_order
 
 Order = list[tuple[int, int]]  # (kind, microbatch)
 OrderFn = Callable[[list[int], int, int, int, int], Order]
+#: (microbatches, pipeline position, depth p, the position's stages in chunk order) -> actions
+DeviceOrderFn = Callable[[list[int], int, int, tuple[int, ...]], DeviceOrder]
 
 
 def gpipe_order(micros: list[int], warmup: int, stage: int, num_stages: int, m_total: int) -> Order:
@@ -53,10 +65,15 @@ def one_f_one_b_order(micros: list[int], warmup: int, stage: int, num_stages: in
 
 @dataclass(frozen=True)
 class ScheduleKind:
+    """``order`` orders one stage's actions; a chunked schedule (``placement`` loop or v)
+    orders a device's actions over all its stages with ``device_order`` instead."""
+
     description: str
-    order: OrderFn
+    order: OrderFn | None
     stream: int = 1  # the programs run stream x M microbatches (a steady state when > 1)
     lanes: bool = False
+    placement: str = "single"  # layout.PLACEMENTS
+    device_order: DeviceOrderFn | None = None
 
 
 SCHEDULES: dict[str, ScheduleKind] = {
@@ -67,6 +84,15 @@ SCHEDULES: dict[str, ScheduleKind] = {
                                one_f_one_b_order, stream=3),
     "fb-parallel": ScheduleKind("forward and backward side by side on split resources (resalloc), steady state",
                                 one_f_one_b_order, stream=3, lanes=True),
+    "zb-h1": ScheduleKind("zero bubble ZB-H1: 1F1B with the backward split into input and weight gradients, "
+                          "weight gradients delayed into the bubbles, 1F1B's peak memory (Qi et al. ICLR'24)",
+                          zb_h1_order),
+    "interleaved-1f1b": ScheduleKind("Megatron-LM's interleaved 1F1B over v >= 2 model chunks per device "
+                                     "(stage j on the devices of stage j mod p; Narayanan et al. SC'21)", None,
+                                     placement="loop", device_order=interleaved_order),
+    "zb-v": ScheduleKind("zero bubble ZB-V: two model chunks per device in a V (device d holds stages d and "
+                         "2p-1-d), backward split into input and weight gradients (Qi et al. ICLR'24 §6)", None,
+                         placement="v", device_order=zb_v_order),
 }
 
 
@@ -99,9 +125,23 @@ def _make_schedule(name: str, stage_devices: tuple[tuple[int, ...], ...], microb
     kind = SCHEDULES.get(name)
     if kind is None:
         raise PipeplanError(f"unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")
+    lay = layout(name, stage_devices, kind.placement, replicas)
     m_count = kind.stream * microbatches
     synchronous = kind.stream == 1
-    warm = warmups(stage_devices, replicas)
+    if kind.device_order is not None:
+        devs, progs = _chunked_programs(kind, lay, m_count, replicas)
+    else:
+        devs, progs = _stage_programs(kind, stage_devices, m_count, replicas, synchronous)
+    sched = Schedule(name, m_count, devs, progs, steady_state=None if synchronous else microbatches,
+                     lanes=kind.lanes)
+    sched.check(len(stage_devices))
+    return sched
+
+
+def _stage_programs(kind: ScheduleKind, stage_devices: tuple[tuple[int, ...], ...], m_count: int,
+                    replicas: str, synchronous: bool) -> tuple[list[int], list[Program]]:
+    """One program per device of each stage, from the stage's order."""
+    warm = warmups([list(g) for g in stage_devices], replicas)
     s_count = len(stage_devices)
     progs, devs = [], []
     for s, group in enumerate(stage_devices):
@@ -117,7 +157,24 @@ def _make_schedule(name: str, stage_devices: tuple[tuple[int, ...], ...], microb
                 devs.append(d)
                 order = kind.order(list(range(r, m_count, k)), warm[s], s, s_count, m_count)
                 progs.append(_program(s, order, synchronous and k > 1))
-    sched = Schedule(name, m_count, devs, progs, steady_state=None if synchronous else microbatches,
-                     lanes=kind.lanes)
-    sched.check(s_count)
-    return sched
+    return devs, progs
+
+
+def _chunked_programs(kind: ScheduleKind, lay: Layout, m_count: int,
+                      replicas: str) -> tuple[list[int], list[Program]]:
+    """One program per device over all the stages of its group (model chunks), each
+    replicated stage all-reduced at the end."""
+    progs, devs = [], []
+    for pos, (group, stages) in enumerate(zip(lay.groups, lay.stages)):
+        k = len(group)
+        tail = [(int(Kind.AR), s, -1) for s in stages] if k > 1 else []
+        shared = None
+        for r, d in enumerate(group):
+            if replicas == "split" and shared is not None:
+                prog = shared  # lockstep replicas share one program object
+            else:
+                micros = list(range(m_count)) if replicas == "split" else list(range(r, m_count, k))
+                prog = shared = Program.of(kind.device_order(micros, pos, lay.depth, stages) + tail)
+            devs.append(d)
+            progs.append(prog)
+    return devs, progs

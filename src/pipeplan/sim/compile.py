@@ -7,8 +7,9 @@ with its duration (SPP §III cost model), its dependencies and its channel.
 - A stage's all-reduce is one task shared by the groups that list it.
 - A microbatch's activations go from the group that ran its forward on stage s to the group
   that runs it on s+1, and its gradients back, over a *channel* per ordered pair of groups
-  and direction (full-duplex links, SPP §III: b(v,v') and b(v',v) are separate); on a
-  half-duplex cluster (``duplex: half``) both directions share one channel.
+  (full-duplex links, SPP §III: b(v,v') and b(v',v) are separate); on a half-duplex cluster
+  (``duplex: half``) both directions share one channel. Groups that hold several stages
+  (model chunks) send every cut's data between them over the same channel.
 - Schedules with ``lanes`` (forward and backward side by side) chain them separately.
 """
 
@@ -242,6 +243,19 @@ def _channel_name(cl: Cluster, stage_devs: list[list[int]], s: int, src: list[in
     return f"ch:{a}-{c}:" + (f"{names[0]}>{names[1]}" if forward or half else f"{names[1]}>{names[0]}")
 
 
+def _channel(keys: dict[tuple, int], channels: list[str], name: str, key: tuple[int, int]) -> int:
+    """The channel of a transfer from group ``key[0]`` to ``key[1]`` (either way on a
+    half-duplex cluster): one per physical direction, shared by every stage cut that uses it
+    (model chunks: the link from device d to d+1 carries cut d|d+1 and cut d+p|d+p+1), named
+    by the cuts it carries (``ch:0-1,2-3``)."""
+    if key not in keys:
+        keys[key] = len(channels)
+        channels.append(name)
+    elif name not in channels[keys[key]].split(","):
+        channels[keys[key]] += "," + name.removeprefix("ch:")
+    return keys[key]
+
+
 def _transfer(cl: Cluster, a: list[int], c: list[int], nbytes: float, s: int, forward: bool) -> float:
     """``costmodel.transfer_time`` (the same formula, without building its message unless a
     link has no bandwidth)."""
@@ -272,11 +286,8 @@ def _add_transfers(b: _Builder, plan: Plan, groups: list[Group], costs: StageCos
             for u, code in enumerate(pairs.tolist()):
                 ga, gb = divmod(code, len(groups))
                 src, dst = groups[ga].devices, groups[gb].devices
-                key = (s, ga, gb, forward or half)
-                if key not in keys:
-                    keys[key] = len(channels)
-                    channels.append(_channel_name(cl, stage_devs, s, src, dst, forward, half))
-                chan[u] = keys[key]
+                chan[u] = _channel(keys, channels, _channel_name(cl, stage_devs, s, src, dst, forward, half),
+                                   (min(ga, gb), max(ga, gb)) if half else ((ga, gb) if forward else (gb, ga)))
                 a, c = (src, dst) if forward else (dst, src)
                 dur[u] = _transfer(cl, a, c, float(costs.boundary[s]), s, forward)
             t = b.add(dur[inv], Kind.SEND_F if forward else Kind.SEND_B, s if forward else s + 1, ms,

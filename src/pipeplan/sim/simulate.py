@@ -169,7 +169,7 @@ def _simulate(plan: Plan, sched: Schedule, timeline: bool, scale: np.ndarray | N
     if sched.steady_state is not None:
         ar = np.zeros(len(cl))
         for t in np.flatnonzero(tg.kind == Kind.AR).tolist():
-            ar[plan.stage_devices()[int(tg.stage[t])]] = tg.dur[t]
+            ar[plan.stage_devices()[int(tg.stage[t])]] += tg.dur[t]
         window = period(tg, end_a, sched.steady_state, sched.microbatches)
         iteration = steady_iteration(tg, window, sched.steady_state, sched.microbatches, busy, ar)
         busy = busy * (sched.steady_state / sched.microbatches)
@@ -180,12 +180,13 @@ def _simulate(plan: Plan, sched: Schedule, timeline: bool, scale: np.ndarray | N
     work = work_bound(plan.graph, cl, m_eval)
     mem = device_memory(tg.groups, costs, plan.optimizer, fspeed, tg.share_f, sched.steady_state is not None)
     stage_devs = plan.stage_devices()
-    plan_devs = [d for grp in stage_devs for d in grp]
+    plan_devs = list(dict.fromkeys(d for grp in stage_devs for d in grp))  # a device once, however many stages
+    first_stage = {d: s for s, grp in reversed(list(enumerate(stage_devs))) for d in grp}
     tl = build_timeline(cl, tg, start_a, end_a, iteration, plan_devs, stage_devs, sched.lanes,
                         window) if timeline else None
     extra = {"steady_state_of": sched.steady_state} if sched.steady_state is not None else {}
     return SimResult(iteration_s=iteration, lower_s=max(work, path), work_bound_s=work, path_bound_s=path,
                      devices=[cl.devices[d].name for d in plan_devs],
-                     stage_of_device=[s for s, grp in enumerate(stage_devs) for _ in grp],
+                     stage_of_device=[first_stage[d] for d in plan_devs],
                      busy_s=busy[plan_devs], memory_bytes=np.array([mem[d] for d in plan_devs]),
                      memory_limit=cl.memory[plan_devs], num_tasks=tg.n, timeline=tl, extra=extra)
