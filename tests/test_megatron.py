@@ -1,12 +1,13 @@
 """The ``megatron`` baseline (planners/megatron.py): Megatron-LM's layout by hand, the
-pipeline-depth sweep, recomputation only when needed."""
+pipeline-depth and model-chunk sweep (1F1B or interleaved 1F1B), recomputation only when needed."""
 
 import pytest
 
 from pipeplan.cluster import load_cluster
 from pipeplan.graph import load_graph
 from pipeplan.planners import PlanOptions, run_planner
-from pipeplan.planners.megatron import depths, megatron_plan
+from pipeplan.errors import PipeplanError
+from pipeplan.planners.megatron import chunk_counts, depths, megatron_plan
 from pipeplan.sim import simulate
 
 
@@ -26,14 +27,54 @@ def test_layout_is_data_parallel_rank_fastest():
     assert plan.replicas == "round-robin" and plan.schedule == "1f1b" and plan.recompute is None
 
 
-def test_the_sweep_keeps_the_fastest_fitting_depth():
+def test_the_sweep_keeps_the_fastest_fitting_depth_and_chunks():
     graph, cluster = load_graph("zoo:bert-large"), load_cluster("1080ti-4x2")
     options = PlanOptions(microbatches=8)
-    chosen = run_planner("megatron", graph, cluster, options)[1].iteration_s
-    times = []
-    for p in depths(len(graph.ids), len(cluster)):
-        for rec in (False, True):
-            r = simulate(megatron_plan(graph, cluster, options, p, rec), timeline=False)
-            if not r.over_memory:
-                times.append(r.iteration_s)
-    assert chosen == pytest.approx(min(times))
+    plan, result = run_planner("megatron", graph, cluster, options)
+    times = {}
+    layers = len(graph.ids)
+    for p in depths(layers, len(cluster)):
+        for v in chunk_counts(layers, p, None):
+            for rec in (False, True):
+                r = simulate(megatron_plan(graph, cluster, options, p, rec, v), timeline=False)
+                if not r.over_memory:
+                    times[(p, v, rec)] = r.iteration_s
+    assert result.iteration_s == pytest.approx(min(times.values()))
+    one_f_one_b = min(t for (p, v, rec), t in times.items() if v == 1)
+    assert result.iteration_s < one_f_one_b  # interleaving pays here: 8 microbatches on 4 stages
+    assert plan.schedule == "interleaved-1f1b" and len({tuple(s.devices) for s in plan.stages}) < plan.num_stages
+
+
+def test_chunks_per_schedule():
+    assert chunk_counts(27, 4, None) == [1, 2, 3, 4, 5, 6]
+    assert chunk_counts(27, 1, None) == [1]  # no interleaving without a pipeline
+    assert chunk_counts(27, 4, "zb-h1") == [1]
+    assert chunk_counts(27, 4, "interleaved-1f1b") == [2, 3, 4, 5, 6]
+    assert chunk_counts(27, 4, "zb-v") == [2]
+
+
+def test_interleaved_layout_is_chunk_j_on_position_j_mod_p():
+    graph, cluster = load_graph("zoo:bert-large"), load_cluster("1080ti-4x2")
+    plan = megatron_plan(graph, cluster, PlanOptions(microbatches=8), 4, False, chunks=3)
+    names = cluster.names
+    assert plan.schedule == "interleaved-1f1b" and plan.num_stages == 12
+    assert [s.devices for s in plan.stages] == [names[2 * (j % 4):2 * (j % 4) + 2] for j in range(12)]
+    sizes = [len(s.nodes) for s in plan.stages]
+    assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "zb-h1"])
+def test_an_explicit_schedule_gets_its_layout(schedule):
+    graph, cluster = load_graph("zoo:bert-large"), load_cluster("v100x4")
+    plan, _ = run_planner("megatron", graph, cluster, PlanOptions(microbatches=8, schedule=schedule))
+    assert plan.schedule == schedule
+    groups = list(dict.fromkeys(tuple(s.devices) for s in plan.stages))
+    p = len(groups)
+    expected = [min(j, 2 * p - 1 - j) for j in range(2 * p)] if schedule == "zb-v" else list(range(p))
+    assert [groups.index(tuple(s.devices)) for s in plan.stages] == expected
+
+
+def test_interleaving_on_one_device_is_refused_in_one_line():
+    graph, cluster = load_graph("zoo:bert-large"), load_cluster("hier:servers=1,gpus=1,intra=100Gbps,inter=10Gbps")
+    with pytest.raises(PipeplanError, match="needs a pipeline of at least 2 devices"):
+        run_planner("megatron", graph, cluster, PlanOptions(microbatches=8, schedule="interleaved-1f1b"))

@@ -27,7 +27,7 @@ def bottleneck(plan: Plan, result: SimResult) -> str:
     if not len(result.busy_s):
         return "-"
     i = int(result.busy_s.argmax())
-    return (f"{result.devices[i]} (stage {result.stage_of_device[i]}) is busy "
+    return (f"{result.devices[i]} ({result.stage_text(i)}) is busy "
             f"{result.utilization[i]:.0%} of the iteration")
 
 

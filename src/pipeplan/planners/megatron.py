@@ -2,34 +2,61 @@
 tensor parallelism left out: a pipeline of p stages with equal numbers of layers, replicated
 d = V / p times for data parallelism (identical pipelines, each taking whole microbatches in
 turn), ranks laid out as Megatron does (data-parallel rank fastest, pipeline rank slowest:
-stage s on devices s*d ... s*d + d - 1 of the cluster's order), 1F1B, activation
-recomputation only when the model does not fit otherwise.
+pipeline position s on devices s*d ... s*d + d - 1 of the cluster's order), 1F1B or the
+interleaved 1F1B of §2.2 (v model chunks per device: the layers cut into v p equal chunks,
+chunk j on position j mod p), activation recomputation only when the model does not fit
+otherwise.
 
-The pipeline depth is what a practitioner sweeps: every p dividing V (and at most the number
-of layers) is simulated, with and without recomputation, and the fastest that fits is kept."""
+What a practitioner sweeps: every depth p dividing V (at most the number of layers) and, for
+p >= 2, every v from 2 to 8 that leaves each chunk a layer (Megatron's virtual pipeline
+sizes; it divides its transformer layers exactly by v p, here the graph's nodes are split
+as evenly as they go), with and without recomputation; the fastest plan that fits is kept.
+An explicit ``--schedule`` narrows the sweep to the layouts that schedule runs: one stage
+per device (``1f1b``, ``zb-h1``, ...), chunks in a loop (``interleaved-1f1b``), or a V of
+two chunks (``zb-v``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..cluster import Cluster
+from ..errors import PipeplanError
 from ..graph import Graph, linearize
 from ..plan import Plan, Stage
+from ..schedule import SCHEDULES
 from ..sim import simulate
 from .base import PlanOptions, register
 
+#: The most model chunks per device the sweep tries.
+MAX_CHUNKS = 8
 
-def megatron_plan(graph: Graph, cluster: Cluster, options: PlanOptions, depth: int, recompute: bool) -> Plan:
-    """Megatron's plan of pipeline depth ``depth`` (a divisor of the device count)."""
+
+def _position(j: int, depth: int, placement: str) -> int:
+    """The pipeline position (device group) of stage j."""
+    if placement == "v":
+        return min(j, 2 * depth - 1 - j)
+    return j % depth
+
+
+def megatron_plan(graph: Graph, cluster: Cluster, options: PlanOptions, depth: int, recompute: bool,
+                  chunks: int = 1) -> Plan:
+    """Megatron's plan of pipeline depth ``depth`` (a divisor of the device count) with
+    ``chunks`` model chunks per device (1: 1F1B; more: interleaved 1F1B unless
+    ``options.schedule`` names another)."""
     lin = linearize(graph)
     d = len(cluster) // depth
-    bounds = np.linspace(0, lin.n, depth + 1).round().astype(int)
+    schedule = options.schedule or ("1f1b" if chunks == 1 else "interleaved-1f1b")
+    placement = SCHEDULES[schedule].placement if schedule in SCHEDULES else "single"
+    count = depth * chunks
+    bounds = np.linspace(0, lin.n, count + 1).round().astype(int)
     names = cluster.names
-    stages = [Stage([graph.ids[u] for u in lin.interval(a, b)], names[s * d:(s + 1) * d])
-              for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
-    return Plan(graph, cluster, stages, options.microbatches, schedule=options.schedule or "1f1b",
+    stages = []
+    for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        s = _position(j, depth, placement)
+        stages.append(Stage([graph.ids[u] for u in lin.interval(a, b)], names[s * d:(s + 1) * d]))
+    return Plan(graph, cluster, stages, options.microbatches, schedule=schedule,
                 optimizer=options.optimizer, replicas="round-robin",
-                recompute=[True] * depth if recompute else None)
+                recompute=[True] * count if recompute else None)
 
 
 def depths(layers: int, devices: int) -> list[int]:
@@ -37,17 +64,32 @@ def depths(layers: int, devices: int) -> list[int]:
     return [p for p in range(1, min(layers, devices) + 1) if devices % p == 0]
 
 
+def chunk_counts(layers: int, depth: int, schedule: str | None) -> list[int]:
+    """Model chunks per device to try at pipeline depth ``depth`` for ``schedule`` (None:
+    1F1B's one and interleaved 1F1B's 2..MAX_CHUNKS)."""
+    placement = SCHEDULES[schedule].placement if schedule in SCHEDULES else "single"
+    interleaved = [v for v in range(2, MAX_CHUNKS + 1) if depth >= 2 and depth * v <= layers]
+    if schedule is None:
+        return [1] + interleaved
+    return {"single": [1], "loop": interleaved, "v": [2] if 2 * depth <= layers else []}[placement]
+
+
 @register("megatron", "Megatron-LM as practitioners configure it (no tensor parallelism): equal layers per "
-          "stage, identical data-parallel pipelines, 1F1B; the pipeline depth swept", "1f1b")
+          "stage, identical data-parallel pipelines, 1F1B or interleaved 1F1B; depth and chunks swept", "1f1b")
 def plan_megatron(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
-    """The fastest fitting plan over the depths of ``depths`` x recomputation off/on (the
-    fastest overall when none fits)."""
+    """The fastest fitting plan over the depths of ``depths`` x the chunks of
+    ``chunk_counts`` x recomputation off/on (the fastest overall when none fits)."""
     best, best_key = None, None
-    for p in depths(linearize(graph).n, len(cluster)):
-        for recompute in (False, True):
-            plan = megatron_plan(graph, cluster, options, p, recompute)
-            r = simulate(plan, timeline=False)
-            key = (bool(r.over_memory) and not options.allow_over_memory, r.iteration_s, recompute)
-            if best_key is None or key < best_key:
-                best, best_key = plan, key
+    layers = linearize(graph).n
+    for p in depths(layers, len(cluster)):
+        for v in chunk_counts(layers, p, options.schedule):
+            for recompute in (False, True):
+                plan = megatron_plan(graph, cluster, options, p, recompute, v)
+                r = simulate(plan, timeline=False)
+                key = (bool(r.over_memory) and not options.allow_over_memory, r.iteration_s, recompute, v)
+                if best_key is None or key < best_key:
+                    best, best_key = plan, key
+    if best is None:
+        raise PipeplanError(f"megatron: schedule {options.schedule} needs a pipeline of at least 2 devices with "
+                            f"2 or more layers each; {len(cluster)} device(s), {layers} layer(s)")
     return best

@@ -33,7 +33,7 @@ from ..errors import Infeasible, PipeplanError
 from ..graph import Graph
 from ..graph.scale import profiled_microbatch, with_microbatch
 from ..plan import Plan
-from ..schedule import Kind, make_schedule
+from ..schedule import SCHEDULES, Kind, make_schedule
 from ..sim import SimResult, simulate
 
 #: The schedule tried when the plan's keeps more microbatches in flight.
@@ -51,8 +51,8 @@ def _variant(plan: Plan, schedule: str, recompute: list[bool]) -> Plan:
 
 def _overflowing(result: SimResult) -> list[int]:
     """Stages with a device over its memory."""
-    return sorted({s for s, m, lim in zip(result.stage_of_device, result.memory_bytes, result.memory_limit)
-                   if m > lim})
+    return sorted({s for i, (m, lim) in enumerate(zip(result.memory_bytes, result.memory_limit)) if m > lim
+                   for s in result.stages_of(i)})
 
 
 def _in_flight(plan: Plan, schedule: str) -> dict[int, int] | None:
@@ -71,8 +71,9 @@ def _in_flight(plan: Plan, schedule: str) -> dict[int, int] | None:
 def schedules_to_try(plan: Plan) -> list[str]:
     """The plan's schedule, then 1F1B if the plan's is synchronous and keeps more
     microbatches in flight than 1F1B on some device."""
-    if plan.schedule == FEWER_IN_FLIGHT:
-        return [plan.schedule]
+    kind = SCHEDULES.get(plan.schedule)
+    if plan.schedule == FEWER_IN_FLIGHT or (kind is not None and kind.placement != "single"):
+        return [plan.schedule]  # model chunks: no one-stage-per-device schedule runs them
     mine, fewer = _in_flight(plan, plan.schedule), _in_flight(plan, FEWER_IN_FLIGHT)
     if mine is None or fewer is None or not any(n > fewer[d] for d, n in mine.items()):
         return [plan.schedule]
@@ -86,10 +87,9 @@ def recompute_payoffs(plan: Plan, result: SimResult, stages: list[int]) -> dict[
     on = simulate(_variant(plan, plan.schedule, rec), timeline=False)
     if set(_overflowing(on)) & set(stages):
         return None
-    sod = np.asarray(result.stage_of_device)
     out = {}
     for s in stages:
-        sel = sod == s
+        sel = np.array([s in result.stages_of(i) for i in range(len(result.devices))])
         saved = float((result.memory_bytes[sel] - on.memory_bytes[sel]).max())
         extra = float((on.busy_s[sel] - result.busy_s[sel]).max())
         out[s] = saved / extra if extra > 0 else math.inf

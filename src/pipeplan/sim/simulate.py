@@ -38,6 +38,17 @@ class SimResult:
     num_tasks: int
     timeline: Timeline | None = None
     extra: dict = field(default_factory=dict)
+    #: every stage each device holds (several: model chunks); empty: ``stage_of_device`` alone
+    device_stages: list[list[int]] = field(default_factory=list)
+
+    def stages_of(self, i: int) -> list[int]:
+        """The stages device i (of ``devices``) holds."""
+        return self.device_stages[i] if self.device_stages else [self.stage_of_device[i]]
+
+    def stage_text(self, i: int) -> str:
+        """``stage 3``, or ``stages 1,5`` for a device that holds model chunks."""
+        st = self.stages_of(i)
+        return f"stage {st[0]}" if len(st) == 1 else f"stages {','.join(map(str, st))}"
 
     @property
     def efficiency(self) -> float:
@@ -62,9 +73,11 @@ class SimResult:
             "work_bound_s": self.work_bound_s, "path_bound_s": self.path_bound_s,
             "efficiency": self.efficiency, "bubble_fraction": self.bubble_fraction,
             "devices": [{"name": d, "stage": s, "busy_s": float(b), "utilization": float(u),
-                         "memory_bytes": float(m), "memory_limit_bytes": float(lim)}
-                        for d, s, b, u, m, lim in zip(self.devices, self.stage_of_device, self.busy_s,
-                                                      self.utilization, self.memory_bytes, self.memory_limit)],
+                         "memory_bytes": float(m), "memory_limit_bytes": float(lim),
+                         **({"stages": self.stages_of(i)} if len(self.stages_of(i)) > 1 else {})}
+                        for i, (d, s, b, u, m, lim) in enumerate(zip(self.devices, self.stage_of_device, self.busy_s,
+                                                                     self.utilization, self.memory_bytes,
+                                                                     self.memory_limit))],
             "over_memory": self.over_memory, **self.extra,
         }
 
@@ -181,12 +194,13 @@ def _simulate(plan: Plan, sched: Schedule, timeline: bool, scale: np.ndarray | N
     mem = device_memory(tg.groups, costs, plan.optimizer, fspeed, tg.share_f, sched.steady_state is not None)
     stage_devs = plan.stage_devices()
     plan_devs = list(dict.fromkeys(d for grp in stage_devs for d in grp))  # a device once, however many stages
-    first_stage = {d: s for s, grp in reversed(list(enumerate(stage_devs))) for d in grp}
+    held = {d: [s for s, grp in enumerate(stage_devs) if d in grp] for d in plan_devs}
     tl = build_timeline(cl, tg, start_a, end_a, iteration, plan_devs, stage_devs, sched.lanes,
                         window) if timeline else None
     extra = {"steady_state_of": sched.steady_state} if sched.steady_state is not None else {}
     return SimResult(iteration_s=iteration, lower_s=max(work, path), work_bound_s=work, path_bound_s=path,
                      devices=[cl.devices[d].name for d in plan_devs],
-                     stage_of_device=[first_stage[d] for d in plan_devs],
+                     stage_of_device=[held[d][0] for d in plan_devs],
                      busy_s=busy[plan_devs], memory_bytes=np.array([mem[d] for d in plan_devs]),
-                     memory_limit=cl.memory[plan_devs], num_tasks=tg.n, timeline=tl, extra=extra)
+                     memory_limit=cl.memory[plan_devs], num_tasks=tg.n, timeline=tl, extra=extra,
+                     device_stages=[held[d] for d in plan_devs] if any(len(h) > 1 for h in held.values()) else [])
