@@ -197,3 +197,32 @@ def test_simulated_steady_state_has_its_period() -> None:
     b0 = (r.timeline.kind == BWD) & (r.timeline.stage == 0)
     ends = {int(m): e for m, e in zip(r.timeline.micro[b0], r.timeline.end[b0])}
     assert t0 == pytest.approx(ends[3]) and t1 == pytest.approx(ends[7]) and t1 - t0 <= r.iteration_s + 1e-9
+
+
+def test_model_chunks_are_drawn_apart(tmp_path) -> None:
+    """A device of several stages (interleaved 1F1B) names them on its row, labels its bars
+    m.c (microbatch m of chunk c), draws later chunks darker; its trace names the stage;
+    a channel row names every cut it carries."""
+    from pipeplan.cluster import hierarchical
+    from pipeplan.graph import Graph
+    from pipeplan.plan import Plan, Stage
+    from pipeplan.sim import simulate
+    from pipeplan.viz.gantt import chunks_of, gantt_figure
+
+    g = Graph.chain("c", [1.0] * 4, [2.0] * 4, act=[1e6] * 4)
+    c = hierarchical("two", 1, 2, 1e9, 1e9)
+    plan = Plan(g, c, [Stage([g.ids[j]], [c.names[j % 2]]) for j in range(4)], 4, schedule="interleaved-1f1b")
+    tl = simulate(plan).timeline
+    assert set(chunks_of(tl).tolist()) == {-1, 0, 1}
+    ax = gantt_figure(tl, "interleaved").axes[0]
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert "s0g0 · stages 0,2" in ticks and "s0g1 · stages 1,3" in ticks
+    assert any(t.startswith("ch:0-1,") and "(stages 0 → 1, " in t for t in ticks)
+    texts = {t.get_text() for t in ax.texts}
+    assert {"0.0", "0.1", "3.1"} <= texts
+    forward = [col for col in ax.collections if col.get_label() == "forward"][0]
+    assert len({tuple(np.round(f, 3)) for f in forward.get_facecolors()}) == 2
+    assert any("chunk c" in t.get_text() for t in ax.get_legend().get_texts())
+    names = {e["name"] for e in to_trace(tl)["traceEvents"] if e.get("ph") == "X"}
+    assert {"F0 s0", "F0 s2", "B3 s3"} <= names
+    draw_gantt(tl, tmp_path / "chunks.png")

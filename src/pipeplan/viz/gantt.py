@@ -5,6 +5,9 @@ per inter-stage channel (below, on a grey band, labelled with the stages it join
 x in one unit. Transfers, all-reduces and optimizer steps are drawn at least a few pixels
 wide, so that they stay visible at any scale. A steady state (asynchronous schedules) is
 drawn over the one period its iteration is measured on.
+A device that holds several stages (model chunks: interleaved 1F1B, ZB-V) names them on its
+row; its bars are labelled ``m.c`` (microbatch m of its chunk c, counted from its first stage)
+and each later chunk is drawn a shade darker, so the chunks stay apart at any size.
 Bars are batched into one PolyCollection per task kind, so 32 stages x 128 microbatches
 render in about 2.5 s. Uses the Agg canvas directly: no pyplot, no global state.
 """
@@ -105,13 +108,39 @@ def _row_labels(tl: Timeline) -> tuple[list[str], dict[int, int]]:
             what = f"stage {stages[0]}" if len(stages) == 1 else f"stages {','.join(map(str, stages))}"
             labels.append(f"{name} · {what}" if stages else name)
         else:
-            m = re.match(r"ch:(\d+)-(\d+)", name)
-            labels.append(f"{name} (stage {m.group(1)} → {m.group(2)})" if m else name)
+            cuts = re.findall(r"(\d+)-(\d+)", name.split(":")[1]) if re.match(r"ch:\d+-\d+", name) else []
+            joined = ", ".join(f"{a} → {b}" for a, b in cuts)
+            labels.append(f"{name} (stage{'s' if len(cuts) > 1 else ''} {joined})" if cuts else name)
     return labels, stage_of
 
 
-def _bar_label(kind: int, micro: int) -> str:
-    return "AR" if kind == Kind.AR else "U" if kind == Kind.UPDATE else str(micro)
+def _bar_label(kind: int, micro: int, chunk: int = -1) -> str:
+    """A bar's text: its microbatch (``m.c`` on a device of several chunks), AR or U."""
+    if kind in (Kind.AR, Kind.UPDATE):
+        return "AR" if kind == Kind.AR else "U"
+    return f"{micro}.{chunk}" if chunk >= 0 else str(micro)
+
+
+def chunks_of(tl: Timeline) -> np.ndarray:
+    """Each task's chunk on its device (the rank of its stage among the device's stages), -1
+    on a device that holds one stage and for tasks without a stage of their own."""
+    out = np.full(len(tl), -1, dtype=np.int64)
+    compute = np.isin(tl.kind, [Kind.F, Kind.B, Kind.I, Kind.W])
+    for r in np.unique(tl.resource[compute]).tolist():
+        sel = compute & (tl.resource == r)
+        stages = np.unique(tl.stage[sel])
+        if stages.size > 1:
+            out[sel] = np.searchsorted(stages, tl.stage[sel])
+    return out
+
+
+def _shade(color: str, chunk: np.ndarray) -> np.ndarray:
+    """RGBA of ``color`` darkened 18% per chunk after the first (up to 4 steps)."""
+    from matplotlib.colors import to_rgba
+
+    base = np.array(to_rgba(color))
+    f = 1.0 - 0.18 * np.clip(chunk, 0, 4)[:, None]
+    return np.concatenate([base[None, :3] * f, np.full((chunk.size, 1), base[3])], axis=1)
 
 
 def draw_gantt(tl: Timeline, path: str | os.PathLike, title: str = "",
@@ -199,6 +228,7 @@ def _draw_bars(ax, tl: Timeline, y: np.ndarray, scale: float, px_per_unit: float
     for k, px in _MIN_PX.items():
         end = np.where(tl.kind == k, np.maximum(end, start + px / px_per_unit), end)
     half = _BAR_H / 2
+    chunk = chunks_of(tl)
     for k, (label, face, edge, hatch, hatch_color, _) in _STYLE.items():
         sel = np.flatnonzero(tl.kind == k)
         if not sel.size:
@@ -206,7 +236,8 @@ def _draw_bars(ax, tl: Timeline, y: np.ndarray, scale: float, px_per_unit: float
         a, b, yy = start[sel], end[sel], y[tl.resource[sel]]
         verts = np.stack([np.stack([a, yy - half], 1), np.stack([a, yy + half], 1),
                           np.stack([b, yy + half], 1), np.stack([b, yy - half], 1)], axis=1)
-        bars = PolyCollection(verts, facecolors=face, edgecolors=edge, linewidths=0.4,
+        faces = _shade(face, chunk[sel]) if np.any(chunk[sel] > 0) else face
+        bars = PolyCollection(verts, facecolors=faces, edgecolors=edge, linewidths=0.4,
                               zorder=2, label=label)
         if hatch:
             bars.set_hatch(hatch)
@@ -218,7 +249,7 @@ def _draw_bars(ax, tl: Timeline, y: np.ndarray, scale: float, px_per_unit: float
 def _draw_labels(ax, tl: Timeline, y: np.ndarray, start: np.ndarray, end: np.ndarray, px_per_unit: float,
                  max_fs: float, max_labels: int) -> None:
     """Microbatch numbers where they fit, device rows first, at most ``max_labels``."""
-    texts = [_bar_label(int(k), int(m)) for k, m in zip(tl.kind, tl.micro)]
+    texts = [_bar_label(int(k), int(m), int(c)) for k, m, c in zip(tl.kind, tl.micro, chunks_of(tl))]
     sizes = _label_sizes((end - start) * px_per_unit, np.array([len(t) for t in texts]),
                          tl.resource * len(_STYLE) + tl.kind, max_fs=max_fs)
     fits = np.flatnonzero(sizes > 0)
@@ -240,9 +271,26 @@ def _legend_and_heading(fig: Figure, ax, tl: Timeline, title: str, it_text: str,
     if not all(tl.resource_is_device):
         handles.append(Patch(facecolor="#f6f6f6", edgecolor="#cccccc",
                              label="ch a-b: link from stage a to b (one row per direction)"))
-    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0),
-              ncol=len(handles), frameon=False, fontsize=9, handlelength=2.2,
-              borderaxespad=0.2)
+    if np.any(chunks_of(tl) > 0):
+        handles.append(Patch(facecolor="#ffffff", edgecolor="#ffffff",
+                             label="m.c: microbatch m, chunk c (darker: later chunk)"))
+    _fit_legend(fig, ax, handles)
     heading = f"{title} — iteration time {it_text}" if title else f"Iteration time {it_text}"
     fit = width_pt / (0.62 * max(len(heading), 1))  # bold: ~0.62 em a character
     fig.text(x, top, heading, ha="left", va="top", fontsize=max(7.0, min(12.0, fit)), fontweight="bold")
+
+
+def _fit_legend(fig: Figure, ax, handles: list) -> None:
+    """The legend above the axes, right-aligned on one row, else on two (which still fit
+    under the heading), else on two rows from the figure's left edge, its text shrunk to fit."""
+    style = dict(frameon=False, handlelength=2.2, borderaxespad=0.2)
+    renderer = fig.canvas.get_renderer()
+    for ncol in (len(handles), -(-len(handles) // 2)):
+        legend = ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=ncol, fontsize=9,
+                           **style)
+        box = legend.get_window_extent(renderer)
+        if box.x0 >= 0:
+            return
+    size = max(6.0, 9.0 * 0.97 * fig.bbox.width / box.width)
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, ax.get_position().y1),
+              bbox_transform=fig.transFigure, ncol=ncol, fontsize=size, **style)

@@ -18,6 +18,7 @@ from ..sim.timeline import KIND_NAMES, Timeline
 _PID = 1
 _TID0 = 10  # tids start here so that no track is taken for the process's main thread (tid == pid)
 _PREFIX = {Kind.F: "F", Kind.B: "B", Kind.I: "I", Kind.W: "W", Kind.SEND_F: "send F", Kind.SEND_B: "send B"}
+_COMPUTE = (Kind.F, Kind.B, Kind.I, Kind.W)
 
 
 def _us(seconds: np.ndarray) -> np.ndarray:
@@ -25,12 +26,13 @@ def _us(seconds: np.ndarray) -> np.ndarray:
     return np.round(np.asarray(seconds, dtype=float) * 1e6, 3)
 
 
-def _task_name(kind: int, stage: int, micro: int) -> str:
+def _task_name(kind: int, stage: int, micro: int, chunks: bool = False) -> str:
+    """``F3``; ``F3 s5`` on a device that holds several stages (model chunks)."""
     if kind == Kind.AR:
         return f"allreduce s{stage}"
     if kind == Kind.UPDATE:
         return f"update s{stage}"
-    return f"{_PREFIX[kind]}{micro}"
+    return f"{_PREFIX[kind]}{micro}" + (f" s{stage}" if chunks and kind in _COMPUTE else "")
 
 
 def _resource_order(tl: Timeline) -> list[int]:
@@ -79,11 +81,12 @@ def to_trace(tl: Timeline, title: str = "") -> dict:
                          "args": {"name": name}})
             meta.append({"name": "thread_sort_index", "ph": "M", "pid": _PID, "tid": tid + lane,
                          "args": {"sort_index": tid + lane - _TID0}})
+        chunks = tl.resource_is_device[r] and np.unique(tl.stage[idx][np.isin(tl.kind[idx], _COMPUTE)]).size > 1
         for t, lane in zip(idx, lanes):
             k, s, m = int(tl.kind[t]), int(tl.stage[t]), int(tl.micro[t])
             ts = float(ts_all[t])
             slices.append({
-                "name": _task_name(k, s, m), "cat": KIND_NAMES[k], "ph": "X",
+                "name": _task_name(k, s, m, chunks), "cat": KIND_NAMES[k], "ph": "X",
                 "ts": ts, "dur": max(round(float(end_all[t]) - ts, 3), 0.0),
                 "pid": _PID, "tid": tid + lane,
                 "args": {"stage": s, "microbatch": m, "kind": KIND_NAMES[k],
