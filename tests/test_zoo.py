@@ -220,3 +220,32 @@ def test_spec_strings_through_the_loader():
 
 def test_deterministic():
     assert zoo.build("t5-base", {}) == zoo.build("t5-base", {})
+
+
+def test_backward_splits_into_input_and_weight_gradients():
+    """A weight matmul's I and W cost its forward each (W alone for a first layer); a product
+    of two activations has two input gradients; an embedding's table gradient is W."""
+    from pipeplan.graph.zoo import _Node, _embedding, input_fraction
+
+    n = _Node("n", "")
+    n.compute(1e9)
+    assert n.bwd == pytest.approx(2 * n.fwd) and n.bwd_w == pytest.approx(n.fwd)
+    first = _Node("f", "")
+    first.compute(1e9, input_grad=False)
+    assert first.bwd_w == pytest.approx(first.bwd)
+    scores = _Node("s", "")
+    scores.compute(1e9, weights=False)
+    assert scores.bwd == pytest.approx(2 * scores.fwd) and scores.bwd_w == 0.0
+    emb = _Node("e", "")
+    _embedding(emb, 128, 1000, 64)
+    assert emb.bwd > 0 and emb.bwd_w == pytest.approx(emb.bwd)
+    assert input_fraction([n, first, scores]) == pytest.approx((1 + 0 + 2) / (2 + 1 + 2))
+
+
+@pytest.mark.parametrize("name", ["bert-large", "bert-48", "t5-base", "transformer", "xlnet-large"])
+def test_transformers_spend_a_little_more_than_half_their_backward_on_input_gradients(name):
+    """Attention's activation products have no weight gradient (docs/zoo.md)."""
+    frac = zoo.build(name, {}).meta["backward_input_fraction"]
+    assert 0.5 < frac < 0.65
+    assert zoo.build(name, {"granularity": "op"} if name != "xlnet-large" else {}).meta[
+        "backward_input_fraction"] == pytest.approx(frac)

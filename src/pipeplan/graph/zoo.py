@@ -9,6 +9,12 @@ Every node (a layer or a block) gets, for ONE microbatch:
 * ``bwd``    2 x forward (input gradient + weight gradient), except where known better: the
   first convolution / linear of a model and embedding lookups compute no input gradient
   (1 x, resp. a scatter-add of the output gradient into a dense table gradient);
+* the backward's split (zero-bubble schedules run it as I then W): a weight matmul's input
+  gradient and weight gradient cost the same FLOPs (1 x each); a matmul of two activations
+  (attention scores, P.V) has two input gradients and no weight gradient; memory-bound ops
+  (norms, softmax, residual adds) are input gradient; an embedding's table gradient is weight
+  gradient. ``meta["backward_input_fraction"]`` = input-gradient time / backward time of
+  the whole model (the simulator's I share; docs/zoo.md);
 * ``params`` parameter count x 4 bytes (fp32); weights tied between nodes are counted once, on
   their first user (``meta["shared_weights"]`` lists the other users);
 * ``act``    bytes of what the node hands to the next node (its output, fp32). Graphs are chains
@@ -63,6 +69,7 @@ class _Node:
     def __init__(self, nid: str, desc: str, record: bool = False) -> None:
         self.id, self.desc, self.record = nid, desc, record
         self.flops = self.fwd = self.bwd = self.params = self.act = 0.0
+        self.bwd_w = 0.0  # the weight-gradient part of ``bwd``
         self.ops: list[Op] = []
         self._open: Op | None = None
 
@@ -87,24 +94,30 @@ class _Node:
     def __exit__(self, *exc: object) -> None:
         self._open = None
 
-    def _charge(self, flops: float, fwd: float, bwd: float) -> None:
+    def _charge(self, flops: float, fwd: float, bwd: float, bwd_w: float = 0.0) -> None:
         self.flops += flops
         self.fwd += fwd
         self.bwd += bwd
+        self.bwd_w += bwd_w
         if self._open is not None:
             self._open.flops += flops
             self._open.fwd += fwd
             self._open.bwd += bwd
 
-    def compute(self, flops: float, kind: str = "matmul", input_grad: bool = True) -> None:
-        """Dense FLOPs; backward = weight gradient (1x) + input gradient (1x, if needed)."""
+    def compute(self, flops: float, kind: str = "matmul", input_grad: bool = True, weights: bool = True) -> None:
+        """Dense FLOPs; backward = weight gradient (1x) + input gradient (1x, if needed); a
+        product of two activations (``weights=False``) has two input gradients instead."""
         t = flops / (_PEAK * EFFICIENCY[kind])
-        self._charge(flops, t, (2.0 if input_grad else 1.0) * t)
+        if weights:
+            self._charge(flops, t, (2.0 if input_grad else 1.0) * t, t)
+        else:
+            self._charge(flops, t, 2.0 * t)
 
-    def memory(self, nbytes: float, bwd_bytes: float | None = None) -> None:
-        """A memory-bound op moving ``nbytes`` forward (backward: as many unless given)."""
-        self._charge(0.0, nbytes / _MEM_BW,
-                     (nbytes if bwd_bytes is None else bwd_bytes) / _MEM_BW)
+    def memory(self, nbytes: float, bwd_bytes: float | None = None, weight_grad: bool = False) -> None:
+        """A memory-bound op moving ``nbytes`` forward (backward: as many unless given; an
+        input gradient unless ``weight_grad``, a table's gradient)."""
+        bwd = (nbytes if bwd_bytes is None else bwd_bytes) / _MEM_BW
+        self._charge(0.0, nbytes / _MEM_BW, bwd, bwd if weight_grad else 0.0)
 
     def add_params(self, count: float) -> None:
         """Parameters (a count) of the node and of its open op."""
@@ -157,7 +170,7 @@ def _embedding(n: _Node, rows: float, vocab: int, d: int, owner: bool = True, *,
         if owner:
             n.add_params(vocab * d)
         out = rows * d * BYTES
-        n.memory(2 * out, bwd_bytes=2 * out + vocab * d * BYTES)
+        n.memory(2 * out, bwd_bytes=2 * out + vocab * d * BYTES, weight_grad=True)
     return n.ref(name)
 
 
@@ -172,11 +185,11 @@ def _attention(n: _Node, B: int, sq: int, sk: int, d: int, heads: int, dkv: int,
     k = _linear(n, B * sk, d, inner, bias, name=p + "k", x=kv)
     v = _linear(n, B * sk, d, inner, bias, name=p + "v", x=kv)
     with n.op(p + "scores", bh * sq * sk, (q, k), "bmm Q.K^T", ((bh, sq, dkv), (bh, dkv, sk))):
-        n.compute(2.0 * B * heads * sq * sk * dkv)
+        n.compute(2.0 * B * heads * sq * sk * dkv, weights=False)
     s = _eltwise(n, B * heads * sq * sk, 2, name=p + "softmax", what="scale+mask+softmax",
                  shape=(bh, sq, sk), inputs=(scored or n.ref(p + "scores"),))
     with n.op(p + "context", B * sq * inner, (s, v), "bmm P.V", ((bh, sq, sk), (bh, sk, dkv))):
-        n.compute(2.0 * B * heads * sq * sk * dkv)
+        n.compute(2.0 * B * heads * sq * sk * dkv, weights=False)
     o = _linear(n, B * sq, inner, d, bias, name=p + "out", x=n.ref(p + "context"))
     return _eltwise(n, B * sq * d, 3, name=p + "residual", what="residual add",
                     shape=(B * sq, d), inputs=(o, res))
@@ -266,11 +279,11 @@ def _xlnet(o: dict[str, int], *, d: int = 1024, heads: int = 16, ffn: int = 4096
         n.params += d * d                                 # Q weights (computed per stream below)
         for s in range(streams):
             n.compute(2.0 * T * d * d)                    # Q (weights shared by the streams)
-            n.compute(2.0 * B * heads * S * S * dh)       # AC: content term
-            n.compute(2.0 * B * heads * S * 2 * S * dh)   # BD: position term (2S positions)
-            n.compute(2.0 * B * heads * S * 2 * dh)       # EF: segment term
+            n.compute(2.0 * B * heads * S * S * dh, weights=False)      # AC: content term
+            n.compute(2.0 * B * heads * S * 2 * S * dh, weights=False)  # BD: position term (2S positions)
+            n.compute(2.0 * B * heads * S * 2 * dh, weights=False)      # EF: segment term
             _eltwise(n, B * heads * S * S, 6)             # rel-shift, sum of terms, softmax
-            n.compute(2.0 * B * heads * S * S * dh)       # P V
+            n.compute(2.0 * B * heads * S * S * dh, weights=False)      # P V
             n.compute(2.0 * T * d * d)                    # output projection (shared weights)
             _eltwise(n, T * d, 3)
             _eltwise(n, T * d)                            # LayerNorm (shared weights)
@@ -423,7 +436,7 @@ def _gnmt(o: dict[str, int], *, h: int = 1024, vocab: int = 32320) -> tuple:
     _eltwise(att, tgt * S * h, 3)                         # tanh(q + k) over all pairs
     att.compute(2.0 * tgt * S * h)                        # scores = v . tanh(...)
     _eltwise(att, tgt * S, 2)                             # softmax
-    att.compute(2.0 * tgt * S * h)                        # context = P . memory
+    att.compute(2.0 * tgt * S * h, weights=False)         # context = P . memory
     att.act = 2 * tgt * h                                 # output + context
     nodes += [demb, att]
     for i in range(2, L + 1):
@@ -842,7 +855,8 @@ def build(name: str, options: dict[str, str] | None = None) -> Graph:
     op_meta = hyper.pop(_OP_META, {})
     meta = {"source": "zoo", **opts, **hyper, "reference_device": REFERENCE_DEVICE,
             "reference_tflops": REFERENCE_TFLOPS, "reference_mem_gbps": REFERENCE_MEM_GBPS,
-            "efficiency": dict(EFFICIENCY), "published_params": model.published_params}
+            "efficiency": dict(EFFICIENCY), "published_params": model.published_params,
+            "backward_input_fraction": input_fraction(nodes)}
     if opts["granularity"] == "op":
         count = sum(len(n.ops) for n in nodes)
         if count > MAX_LAYERS:
@@ -854,3 +868,9 @@ def build(name: str, options: dict[str, str] | None = None) -> Graph:
     if edges is None:
         edges = [(a.id, b.id) for a, b in zip(nodes, nodes[1:])]
     return Graph.from_nodes(name, [n.spec() for n in nodes], edges, meta)
+
+
+def input_fraction(nodes: list[_Node]) -> float:
+    """Input-gradient share of the model's backward time (the rest: weight gradients)."""
+    bwd = sum(n.bwd for n in nodes)
+    return (bwd - sum(n.bwd_w for n in nodes)) / bwd if bwd > 0 else 0.5
