@@ -1,0 +1,117 @@
+"""``joint``: one search over partition, replication, device mapping (any subset of the
+devices), replica mode, per-stage re-materialization and schedule, scored by the batched
+evaluator, started from the other planners' plans (docs/joint.md).
+
+Up to ``LOCAL_MAX_DEVICES`` devices: iterated local search over single changes
+(``local.py``, ``moves.py``). Larger clusters: a search over the symmetric plans of their
+identical servers (``symmetric.py``). Either way the answer is the best of the search and
+of the seeds, simulated in full; ``extra["joint"]["complete"]`` says whether the search
+converged before its budget ran out."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...cluster import Cluster
+from ...errors import PipeplanError
+from ...graph import Graph, linearize
+from ...plan import Plan
+from ...schedule import SCHEDULES
+from ...sim import SimResult, simulate
+from ..base import PlanOptions, planner_options, register
+from .candidate import from_plan, order_of_plan, to_plan
+from .local import LocalSearch
+from .moves import Space
+from .score import OVER, Scorer
+from .seeds import balanced_starts, device_ranking, seed_plans, subset_sizes
+from .symmetric import symmetric_search
+
+#: Synchronous schedules the search tries (those the schedule module has).
+SEARCH_SCHEDULES = ("1f1b", "gpipe", "spp-pe", "zb-h1")
+MODES = ("split", "round-robin")
+LOCAL_MAX_DEVICES = 64
+
+
+@dataclass(frozen=True)
+class JointOptions:
+    budget: float | None = field(default=None, metadata={
+        "help": "seconds the search may take, the seed planners included (default: the planner time "
+                "budget); when it runs out the plan says complete: false", "above": 0})
+    schedules: str = field(default="auto", metadata={
+        "help": "comma-separated schedules to search (auto: " + ", ".join(SEARCH_SCHEDULES) + " where built)"})
+    patience: int = field(default=16, metadata={"help": "kicks in a row without improvement before the "
+                                                        "local search stops", "min": 1})
+    seed: int = field(default=0, metadata={"help": "seed of the local search's kicks"})
+
+
+def search_schedules(text: str) -> tuple[str, ...]:
+    if text == "auto":
+        return tuple(s for s in SEARCH_SCHEDULES if s in SCHEDULES)
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    bad = [s for s in names if s not in SCHEDULES or SCHEDULES[s].stream > 1 or SCHEDULES[s].lanes]
+    if bad or not names:
+        raise PipeplanError(f"planner 'joint': option schedules={text!r}: expected synchronous schedules "
+                            f"among {', '.join(s for s in SCHEDULES if SCHEDULES[s].stream == 1)}")
+    return names
+
+
+def _budget(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
+    return planner_options(JointOptions, options, "joint").budget or options.time_budget_s
+
+
+def result_key(result: SimResult, allow_over: bool) -> float:
+    """The scorer's key for a simulated plan: its time if it fits, else OVER + overflow."""
+    if allow_over or not result.over_memory:
+        return result.iteration_s
+    return OVER + float((result.memory_bytes / result.memory_limit).max())
+
+
+def _local(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOptions, schedules: tuple[str, ...],
+           seeds: dict, deadline: float) -> tuple[Plan | None, dict]:
+    """Iterated local search from the seeds and the balanced plans; the best plan and facts."""
+    lin = linearize(graph)
+    orders, starts = [lin.order], []
+    for name, (plan, _) in seeds.items():
+        if plan.allocation is None and plan.schedule in schedules:
+            orders.append(order_of_plan(plan, lin.order))
+            starts.append(from_plan(plan, len(orders) - 1, orders[-1]))
+    work = np.concatenate(([0.0], np.cumsum((graph.fwd + graph.bwd)[lin.order])))
+    ranking = device_ranking(cluster)
+    starts += balanced_starts(0, work, ranking, subset_sizes(cluster, ranking), 16, schedules[0], MODES)
+    scorer = Scorer(graph, cluster, orders, options.microbatches, options.optimizer, options.allow_over_memory,
+                    deadline)
+    works = [np.concatenate(([0.0], np.cumsum((graph.fwd + graph.bwd)[o]))) for o in orders]
+    space = Space(len(cluster), cluster.speed, works, schedules, MODES)
+    search = LocalSearch(scorer, space, np.random.default_rng(opts.seed))
+    score, best, converged = search.run(scorer.score(starts), climbs=8, patience=opts.patience)
+    plan = to_plan(best, orders[best.order], graph, cluster, options.microbatches, options.optimizer)
+    return plan, {"complete": converged, "evaluations": scorer.evaluations}
+
+
+@register("joint", "joint search over partition, replication, device subsets, replica mode, recomputation and "
+          "schedule, from the other planners' plans (local search; symmetric plans on large clusters)",
+          "1f1b", options=JointOptions, estimate=_budget)
+def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
+    opts = planner_options(JointOptions, options, "joint")
+    schedules = search_schedules(opts.schedules)
+    t0 = time.perf_counter()
+    deadline = t0 + (opts.budget or options.time_budget_s)
+    seeds = seed_plans(graph, cluster, options, deadline)
+    if len(cluster) <= LOCAL_MAX_DEVICES:
+        found, facts = _local(graph, cluster, options, opts, schedules, seeds, deadline)
+    else:
+        found, facts = symmetric_search(graph, cluster, options, schedules, deadline)
+    answers = {f"seed:{name}": pr for name, pr in seeds.items()}
+    if found is not None:
+        answers["search"] = (found, simulate(found, timeline=False))
+    if not answers:
+        raise PipeplanError("joint: no plan found (no seed planner could plan this and the search found none)")
+    source = min(answers, key=lambda k: result_key(answers[k][1], options.allow_over_memory))
+    plan = answers[source][0]
+    plan.extra = {k: v for k, v in plan.extra.items()}
+    plan.extra["joint"] = {**facts, "from": source, "seconds": time.perf_counter() - t0,
+                           "seeds": {k[5:]: answers[k][1].iteration_s for k in answers if k.startswith("seed:")}}
+    return plan

@@ -1,0 +1,88 @@
+"""Scores candidates with the batched evaluator (``sim/batch.py``: every figure equals
+``simulate``), grouped by shape, memoized, counting evaluations and watching the clock.
+
+A candidate that overflows is scored again with re-materialization (GPipe §2.3) added on
+exactly the stages that overflow (the best recompute setting when a stage's memory depends
+only on its own flag, ``planners/variants.py``), and stands for that repaired candidate.
+Score: the iteration time of a plan that fits; ``OVER`` plus its overflow ratio otherwise
+(so any fitting plan beats any overflowing one, and less overflow beats more)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from ...cluster import Cluster
+from ...graph import Graph
+from ...sim.batch import BatchEvaluator
+from .candidate import Candidate
+
+OVER = 1e9
+
+
+class Scorer:
+    def __init__(self, graph: Graph, cluster: Cluster, orders: list[np.ndarray], microbatches: int,
+                 optimizer: str, allow_over_memory: bool, deadline: float) -> None:
+        self.graph, self.cluster, self.orders = graph, cluster, orders
+        self.microbatches, self.optimizer = microbatches, optimizer
+        self.allow_over = allow_over_memory
+        self.deadline = deadline
+        self.memo: dict[Candidate, tuple[float, Candidate]] = {}
+        self.evaluators: dict[tuple, BatchEvaluator] = {}
+        self.evaluations = 0
+
+    def out_of_time(self) -> bool:
+        return time.perf_counter() > self.deadline
+
+    def score(self, cands: list[Candidate]) -> list[tuple[float, Candidate]]:
+        """(score, the candidate it stands for: itself, or repaired) of each."""
+        todo = list(dict.fromkeys(c for c in cands if c not in self.memo))
+        repairs: dict[Candidate, Candidate] = {}
+        for c, (it, mem, ok) in zip(todo, self._evaluate(todo)):
+            if not ok:
+                self.memo[c] = (np.inf, c)
+            elif self.allow_over or not self._overflows(mem):
+                self.memo[c] = (it, c)
+            else:
+                self.memo[c] = (OVER + float((mem / self.cluster.memory).max()), c)
+                fixed = c.with_recompute(self._overflowing_stages(c, mem))
+                if fixed != c:
+                    repairs[c] = fixed
+        if repairs:
+            for c, (score, stand) in zip(repairs, self.score(list(repairs.values()))):
+                if score < self.memo[c][0]:
+                    self.memo[c] = (score, stand)
+        return [self.memo[c] for c in cands]
+
+    def _overflows(self, mem: np.ndarray) -> bool:
+        return bool(np.any(mem > self.cluster.memory))
+
+    def _overflowing_stages(self, c: Candidate, mem: np.ndarray) -> set[int]:
+        over = mem > self.cluster.memory
+        return {s for s, g in enumerate(c.groups) if over[list(g)].any()}
+
+    def _evaluator(self, shape: tuple[int, str, str]) -> BatchEvaluator:
+        ev = self.evaluators.get(shape)
+        if ev is None:
+            ev = self.evaluators[shape] = BatchEvaluator(self.graph, self.cluster, shape[0], self.microbatches,
+                                                         shape[1], shape[2], self.optimizer)
+        return ev
+
+    def _evaluate(self, cands: list[Candidate]) -> list[tuple[float, np.ndarray, bool]]:
+        """(iteration, memory per device, feasible) of each, one batch per shape."""
+        out: list = [None] * len(cands)
+        by_shape: dict[tuple, list[int]] = defaultdict(list)
+        for i, c in enumerate(cands):
+            by_shape[c.shape()].append(i)
+        v = len(self.cluster)
+        for shape, idx in by_shape.items():
+            son = np.stack([cands[i].stage_of_node(self.orders[cands[i].order]) for i in idx])
+            dst = np.stack([cands[i].device_stage(v) for i in idx])
+            rec = np.array([cands[i].recompute for i in idx], dtype=bool)
+            res = self._evaluator(shape).evaluate(son, dst, rec)
+            for j, i in enumerate(idx):
+                out[i] = (float(res.iteration_s[j]), res.memory_bytes[j], bool(res.feasible[j]))
+        self.evaluations += len(cands)
+        return out

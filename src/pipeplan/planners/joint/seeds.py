@@ -1,0 +1,75 @@
+"""Where the joint search starts: the other planners' plans (each run as it runs on its
+own, while the budget allows) and balanced plans of every stage count."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from ...cluster import Cluster
+from ...errors import Infeasible, PipeplanError
+from ...graph import Graph
+from ...plan import Plan
+from ...sim import SimResult
+from ..base import PlanOptions, get_planner, run_planner
+from .candidate import Candidate, balanced_bounds, make
+
+#: Planners whose plans seed the search (each skipped when its estimate exceeds what is left).
+SEED_PLANNERS = ("spp", "pipedream", "megatron", "hetpipe", "dp", "gpipe", "resalloc")
+
+
+def seed_plans(graph: Graph, cluster: Cluster, options: PlanOptions, deadline: float,
+               share: float = 0.5) -> dict[str, tuple[Plan, SimResult]]:
+    """Each seed planner's plan and simulation; one is skipped when it says it may take more
+    than ``share`` of the time left, or cannot plan the instance."""
+    out: dict[str, tuple[Plan, SimResult]] = {}
+    multi = any(len(d.resources) > 1 for d in cluster.devices)
+    plain = replace(options, extra=(), global_batch=None)
+    for name in SEED_PLANNERS:
+        if name == "resalloc" and not multi:
+            continue
+        left = deadline - time.perf_counter()
+        estimate = get_planner(name).estimate
+        if left <= 0 or (estimate is not None and estimate(graph, cluster, plain) > share * left):
+            continue
+        try:
+            out[name] = run_planner(name, graph, cluster, plain)
+        except (PipeplanError, Infeasible):
+            continue
+    return out
+
+
+def device_ranking(cluster: Cluster) -> list[int]:
+    """Devices, servers together: the fastest server (summed speed) first, inside a server
+    the fastest device first."""
+    speed = cluster.speed
+    total: dict[str, float] = {}
+    for d, dev in enumerate(cluster.devices):
+        total[dev.server] = total.get(dev.server, 0.0) + float(speed[d])
+    return sorted(range(len(cluster)), key=lambda d: (-total[cluster.devices[d].server], cluster.devices[d].server,
+                                                      -float(speed[d]), d))
+
+
+def subset_sizes(cluster: Cluster, ranking: list[int], every_up_to: int = 16) -> list[int]:
+    """How many of the ranked devices the balanced starts use: every count up to
+    ``every_up_to``, beyond that whole servers."""
+    v = len(ranking)
+    ends = {i + 1 for i in range(v - 1) if cluster.devices[ranking[i]].server != cluster.devices[ranking[i + 1]].server}
+    return sorted({k for k in range(1, v + 1) if k <= every_up_to or k in ends or k == v})
+
+
+def balanced_starts(order: int, work_cum: np.ndarray, ranking: list[int], sizes: list[int], max_stages: int,
+                    schedule: str, modes: tuple[str, ...]) -> list[Candidate]:
+    """For each device count k of ``sizes`` and stage count S: S stages of work in
+    proportion to their devices, the first k ranked devices dealt into S contiguous groups
+    of about equal size."""
+    n = work_cum.size - 1
+    out = []
+    for k in sizes:
+        for s in range(1, min(n, k, max_stages) + 1):
+            groups = [list(g) for g in np.array_split(np.asarray(ranking[:k]), s)]
+            bounds = balanced_bounds(work_cum, np.array([len(g) for g in groups], dtype=float))
+            out += [make(order, bounds, groups, None, schedule, m) for m in modes]
+    return out
