@@ -167,3 +167,25 @@ def test_cuda_absent():
 def test_cuda_profile():
     g = profile_model("example:mlp", device="cuda", **FAST)
     assert (g.fwd > 0).all() and (g.bwd > 0).all() and g.meta["device"].startswith("cuda")
+
+
+def wide_linears():
+    return nn.Sequential(nn.Linear(512, 512, bias=False), nn.Linear(512, 512, bias=False), nn.ReLU()), \
+        torch.randn(256, 512)
+
+
+def test_backward_splits_into_measured_input_and_weight_gradients(profiles):
+    """``torch.autograd.grad`` w.r.t. the inputs, then w.r.t. the parameters, layer by layer:
+    the first layer (its input is data) has no input gradient; a square matmul's I and W are
+    one matmul each; a parameter-free layer has no W; the model's share is stored for the simulator."""
+    g = profile_model(f"{__name__}:wide_linears", warmup=2, reps=7)
+    split = g.meta["backward_split_s"]
+    assert set(split) == set(g.ids)
+    assert split["0"][0] == 0.0 and split["0"][1] > 0
+    i, w = split["1"]
+    assert 0.25 < i / (i + w) < 0.75, (i, w)
+    assert split["2"][1] < 0.2 * split["2"][0] + 1e-5
+    assert 0.0 < g.meta["backward_input_fraction"] < 1.0
+    t = profiles["transformer"].meta
+    assert t["backward_split_s"]["0"][0] == 0.0  # the embedding: its input is token ids
+    assert 0.3 < t["backward_input_fraction"] < 0.9

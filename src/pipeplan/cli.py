@@ -87,6 +87,7 @@ def cmd_plan(args) -> int:
         plan, result = run_planner(args.planner, graph, cluster, _options(args))
     outs.set("--out", plan.save)
     outs.write_all()
+    _note_assumed_split([plan])
     if result.over_memory:
         names = default_planners(cluster) if args.planner == "best" else [args.planner]
         way_out = _way_out(args, graph, cluster, names, [result])
@@ -102,6 +103,23 @@ def cmd_plan(args) -> int:
 
 
 LEARNING_PLANNERS = ("drl-pp", "automap-infer")
+
+
+def _note_assumed_split(plans: list) -> None:
+    """One line on stderr when a plan splits its backward (I, W) on a graph that does not
+    say how (a PipeDream profile): the simulator's assumption, stated."""
+    from .schedule import make_schedule
+    from .sim.costs import assumed_input_fraction
+
+    for plan in plans:
+        frac = assumed_input_fraction(plan.graph.meta)
+        if frac is not None and make_schedule(plan.schedule, plan.stage_devices(), plan.microbatches,
+                                              plan.replicas).splits_backward:
+            source = plan.graph.meta.get("source", "a graph file")
+            print(f"pipeplan: note: model {plan.graph.name!r} ({source}) does not split its backward into input and "
+                  f"weight gradients; schedule {plan.schedule} assumes the input gradient takes {frac:.0%} of each "
+                  "backward (pipeplan profile measures it; docs/schedules.md)", file=sys.stderr)
+            return
 
 
 def cmd_train(args) -> int:
@@ -215,6 +233,7 @@ def cmd_simulate(args) -> int:
     if args.schedule:
         plan.schedule = args.schedule
     result = simulate(plan)
+    _note_assumed_split([plan])
     plan.prediction = result.summary()
     title = f"{plan.planner} / {plan.schedule}: {plan.graph.name} on {plan.cluster.name}"
     _render(outs, result.timeline, title, result.timeline, title)
@@ -240,6 +259,7 @@ def cmd_compare(args) -> int:
     with planning_progress("comparing") as progress:
         rows = compare(graph, cluster, names, _options(args), progress)
     top = best_row(rows) if any(r.result is not None for r in rows) else None
+    _note_assumed_split([r.plan for r in rows if r.plan is not None])
     if top is not None and top.fits:
         from .viz import draw_gantt
 
@@ -318,15 +338,20 @@ def cmd_profile(args) -> int:
 
     table = Table(title=f"profile of {args.model_spec} (microbatch {graph.meta.get('microbatch')}, "
                         f"{args.device}, {args.threads} thread(s), median of {args.reps})")
-    for col in ("layer", "description", "forward", "backward", "params", "output"):
+    for col in ("layer", "description", "forward", "backward", "input grad", "params", "output"):
         table.add_column(col, justify="left" if col in ("layer", "description") else "right")
+    split = graph.meta.get("backward_split_s", {})
     for i, nid in enumerate(graph.ids):
+        i_s, w_s = split.get(nid, (0.0, 0.0))
         table.add_row(nid, graph.desc[i][:40], fmt_time(graph.fwd[i]), fmt_time(graph.bwd[i]),
+                      f"{i_s / (i_s + w_s):.0%}" if i_s + w_s > 0 else "-",
                       fmt_bytes(graph.params[i]), fmt_bytes(graph.act[i]))
     make_console().print(table)
     total = graph.meta.get("total_s")
     if total:
         print(f"sum of layers {fmt_time(graph.total_fwd + graph.total_bwd)}, whole model {fmt_time(total)}")
+    print(f"input gradients take {graph.meta['backward_input_fraction']:.0%} of the backward (measured apart from "
+          "the weight gradients; zero-bubble schedules run them as I and W)")
     if args.out:
         print(f"graph written to {args.out}")
     return 0
@@ -388,6 +413,7 @@ def cmd_run(args) -> int:
     cfg = RunConfig(spec=args.model, steps=args.steps, warmup=args.warmup, threads=args.threads,
                     hang_s=args.hang_timeout, timeout_s=args.timeout)
     out = run_plan(plan, cfg)
+    _note_assumed_split([plan])
     staged, timeline = out.pop("_params"), out.pop("_timeline")
     _write_measured(outs, args, plan, timeline, out)
     check = None

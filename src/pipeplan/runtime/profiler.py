@@ -17,6 +17,9 @@ hooks). The input does not require grad, as on a pipeline's first stage, so the 
 layer's backward is its weight-gradient work only, measured by the parameter hooks.
 Modules with an ``inplace`` flag (``nn.ReLU(inplace=True)``, ...) are timed out of place:
 full backward hooks reject in-place changes of a hooked output, and the cost is the same.
+The backward's split into input gradient (I) and weight gradient (W), as zero-bubble
+schedules run it, is measured layer by layer (``backward_split.py``): ``meta["backward_split_s"]``
+per node [I, W], ``meta["backward_input_fraction"]`` the model's I share (the simulator's).
 Each time is the median over ``reps``; ``meta["spread"]`` holds per node [min, max] of
 forward+backward over the repetitions. The runtime's loss (squared error against a target,
 forward and backward, ``meta["loss_s"]``) is in no layer's time: it is added to the last
@@ -49,40 +52,11 @@ from ..graph.model import Graph, NodeSpec
 from .data import squared_error
 from .steps import MOMENTUM
 from .models import load_model
+from .backward_split import input_fraction, measure_split
+from .clock import Clock as _Clock, tensors as _tensors
 from .trace import layer_graph
 
 _HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
-
-
-class _Clock:
-    """Time marks: ``perf_counter`` on CPU, recorded CUDA events on a GPU (read after a sync)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def mark(self) -> Any:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def between(self, a: Any, b: Any) -> float:
-        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for x in obj for t in _tensors(x)]
-    if isinstance(obj, dict):
-        return [t for x in obj.values() for t in _tensors(x)]
-    return []
 
 
 def _loss(out: Any) -> torch.Tensor:
@@ -368,6 +342,7 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
         half = x[: max(1, x.shape[0] // 2)]
         try:
             times = _time_layers(model, mods, x, half, clock, warmup, reps)
+            split = measure_split(model, mods, x, clock, warmup, reps)
             update_rate = _update_rate(model, x, clock, warmup, reps)
             loss_s = _loss_time(model, x, clock, warmup, reps)
             model.zero_grad(set_to_none=True)
@@ -392,6 +367,7 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
     meta = {"source": "pipeplan profile", "spec": spec, "device": str(dev), "threads": threads,
             "fixed_s": fixed, "update_s_per_byte": update_rate, "loss_s": loss_s,
             "microbatch": int(x.shape[0]), "torch": torch.__version__, "warmup": warmup, "reps": reps,
-            "total_s": med(times.total), "spread": spread,
+            "total_s": med(times.total), "spread": spread, "backward_split_s": split,
+            "backward_input_fraction": input_fraction(split, {nid: med(times.bwd[nid]) for nid in ids}, loss_s),
             "reference": f"this machine, one process, {threads} thread{'s' if threads > 1 else ''}"}
     return Graph.from_nodes(spec.rsplit(":", 1)[-1], nodes, edges, meta=meta)

@@ -114,6 +114,11 @@ class Schedule:
     steady_state: int | None = None
     lanes: bool = False
 
+    @property
+    def splits_backward(self) -> bool:
+        """Some backward runs as I then W (zero-bubble schedules)."""
+        return any(bool(np.any(p.kinds == Kind.I)) for p in self.programs)
+
     def check(self, num_stages: int) -> None:
         """Raise PipeplanError unless every stage runs every microbatch's forward and
         backward exactly once (whole, or split over replicas running the same program), each

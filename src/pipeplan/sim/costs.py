@@ -9,9 +9,16 @@ import numpy as np
 from ..plan import Plan
 
 #: Share of a backward pass that computes the input gradient (torch's I); the rest is the
-#: weight gradient (W). Zero-bubble pipelines (Qi et al., ICLR'24) measure the two about
-#: equal; a profile may set ``graph.meta["backward_input_fraction"]``.
+#: weight gradient (W). Zero-bubble pipelines (Qi et al., ICLR'24) take the two about equal;
+#: ``pipeplan profile`` measures it and the zoo estimates it into
+#: ``graph.meta["backward_input_fraction"]``; without it (PipeDream profiles) this is assumed.
 DEFAULT_INPUT_FRACTION = 0.5
+
+
+def assumed_input_fraction(meta: dict) -> float | None:
+    """The input-gradient share the simulator assumes for a graph that states none (a
+    PipeDream profile, a hand-written graph); None when the graph measures or estimates it."""
+    return None if "backward_input_fraction" in meta else DEFAULT_INPUT_FRACTION
 
 
 @dataclass(frozen=True)
