@@ -26,7 +26,7 @@ from .candidate import from_plan, order_of_plan, to_plan
 from .local import LocalSearch
 from .moves import Space
 from .score import OVER, Scorer
-from .seeds import balanced_starts, device_ranking, seed_plans, subset_sizes
+from .seeds import LARGE_SEED_PLANNERS, SEED_PLANNERS, balanced_starts, device_ranking, seed_plans, subset_sizes
 from .symmetric import symmetric_search
 
 #: Synchronous schedules the search tries (those the schedule module has).
@@ -99,8 +99,9 @@ def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     schedules = search_schedules(opts.schedules)
     t0 = time.perf_counter()
     deadline = t0 + (opts.budget or options.time_budget_s)
-    seeds = seed_plans(graph, cluster, options, deadline)
-    if len(cluster) <= LOCAL_MAX_DEVICES:
+    small = len(cluster) <= LOCAL_MAX_DEVICES
+    seeds = seed_plans(graph, cluster, options, deadline, SEED_PLANNERS if small else LARGE_SEED_PLANNERS)
+    if small:
         found, facts = _local(graph, cluster, options, opts, schedules, seeds, deadline)
     else:
         found, facts = symmetric_search(graph, cluster, options, schedules, deadline)

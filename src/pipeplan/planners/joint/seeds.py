@@ -18,16 +18,19 @@ from .candidate import Candidate, balanced_bounds, make
 
 #: Planners whose plans seed the search (each skipped when its estimate exceeds what is left).
 SEED_PLANNERS = ("spp", "pipedream", "megatron", "hetpipe", "dp", "gpipe", "resalloc")
+#: On large clusters: those that plan in about a second there (spp's device ordering grows as
+#: V^3.9; megatron's plans are among the symmetric search's configurations).
+LARGE_SEED_PLANNERS = ("pipedream", "hetpipe", "dp", "gpipe")
 
 
 def seed_plans(graph: Graph, cluster: Cluster, options: PlanOptions, deadline: float,
-               share: float = 0.5) -> dict[str, tuple[Plan, SimResult]]:
+               planners: tuple[str, ...] = SEED_PLANNERS, share: float = 0.5) -> dict[str, tuple[Plan, SimResult]]:
     """Each seed planner's plan and simulation; one is skipped when it says it may take more
     than ``share`` of the time left, or cannot plan the instance."""
     out: dict[str, tuple[Plan, SimResult]] = {}
     multi = any(len(d.resources) > 1 for d in cluster.devices)
     plain = replace(options, extra=(), global_batch=None)
-    for name in SEED_PLANNERS:
+    for name in planners:
         if name == "resalloc" and not multi:
             continue
         left = deadline - time.perf_counter()
