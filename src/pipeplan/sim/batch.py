@@ -23,7 +23,7 @@ from ..graph import Graph
 from ..plan import Plan, Stage
 from ..schedule import SCHEDULES
 from .batch_costs import BatchCosts, batch_costs, structure_keys
-from .batch_run import run_bucket
+from .batch_run import Compiled, compile_bucket, run_bucket
 from .bounds import work_bound
 
 
@@ -63,6 +63,7 @@ class BatchEvaluator:
         self.graph, self.cluster = graph, cluster
         self.num_stages, self.microbatches = num_stages, microbatches
         self.schedule, self.replicas, self.optimizer = schedule, replicas, optimizer
+        self._compiled: dict[bytes, Compiled] = {}  # structure key row -> its compiled bucket
 
     def plan(self, stage_of_node: np.ndarray, device_stage: np.ndarray,
              recompute: np.ndarray | None = None) -> Plan:
@@ -88,10 +89,10 @@ class BatchEvaluator:
         costs = batch_costs(self.graph, son, self.num_stages, rec)
         ok = costs.valid & self._devices_valid(dst)
         out = _empty(count, len(self.cluster), self.cluster.memory)
-        keys = structure_keys(costs, dst, self.num_stages, self.replicas)
+        keys, rows = structure_keys(costs, dst, self.num_stages, self.replicas)
         for key in np.unique(keys[ok]) if ok.any() else []:
             idx = np.flatnonzero(ok & (keys == key))
-            self._bucket(idx, son, dst, rec, costs, out)
+            self._bucket(idx, son, dst, rec, costs, out, rows[key].tobytes())
         steady = SCHEDULES[self.schedule].stream > 1
         out.work_bound_s[:] = work_bound(self.graph, self.cluster, self.microbatches)
         out.path_bound_s[~out.feasible] = 0.0 if steady else np.inf
@@ -103,12 +104,17 @@ class BatchEvaluator:
         return held.all(axis=1) & (dst < self.num_stages).all(axis=1)
 
     def _bucket(self, idx: np.ndarray, son: np.ndarray, dst: np.ndarray, rec: np.ndarray,
-                costs: BatchCosts, out: BatchResult) -> None:
+                costs: BatchCosts, out: BatchResult, key: bytes) -> None:
         """Candidates ``idx`` share one task graph: compile it from the first that can run
-        (one that cannot is infeasible itself), then run them all."""
+        (one that cannot is infeasible itself; a later batch with the same key reuses it),
+        then run them all."""
         for j, b in enumerate(idx.tolist()):
             try:
-                res = run_bucket(self.plan(son[b], dst[b], rec[b]), dst[idx[j:]], costs.take(idx[j:]))
+                template = self.plan(son[b], dst[b], rec[b])
+                comp = self._compiled.get(key)
+                if comp is None:
+                    comp = self._compiled[key] = compile_bucket(template)
+                res = run_bucket(template, dst[idx[j:]], costs.take(idx[j:]), comp)
                 break
             except (Infeasible, PipeplanError):
                 out.feasible[b] = False

@@ -78,11 +78,14 @@ def batch_costs(g: Graph, owner: np.ndarray, s_count: int, recompute: np.ndarray
                       float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)), valid)
 
 
-def structure_keys(costs: BatchCosts, device_stage: np.ndarray, s_count: int, replicas: str) -> np.ndarray:
+def structure_keys(costs: BatchCosts, device_stage: np.ndarray, s_count: int,
+                   replicas: str) -> tuple[np.ndarray, np.ndarray]:
     """Candidates with equal keys compile to the same task graph (up to durations): the
     same replicas per stage (split replicas: only whether a stage has more than one, which
-    adds its all-reduce) and the same cuts crossed by edges."""
+    adds its all-reduce) and the same cuts crossed by edges. Returns (each candidate's key
+    index, the distinct key rows)."""
     reps = np.stack([(device_stage == s).sum(axis=1) for s in range(s_count)], axis=1)
     shape = (reps > 1).astype(np.int64) if replicas == "split" else reps
     rows = np.concatenate([shape, costs.crossing.astype(np.int64)], axis=1)
-    return np.unique(rows, axis=0, return_inverse=True)[1].ravel()
+    distinct, inverse = np.unique(rows, axis=0, return_inverse=True)
+    return inverse.ravel(), distinct

@@ -54,29 +54,49 @@ class _Shape:
         return out
 
 
-def _shape(template: Plan, dst: np.ndarray) -> _Shape:
+@dataclass(frozen=True)
+class Compiled:
+    """What a bucket's candidates share, reusable by later batches of the same structure
+    key: the task graph, each group's stage and (round-robin) replica ranks, task classes."""
+
+    tg: TaskGraph
+    stage_of_group: np.ndarray
+    ranks: tuple[tuple[int, ...], ...] | None
+    steady: int | None
+    stream: int
+    lanes: bool
+    cls: np.ndarray
+    rep: np.ndarray
+
+
+def compile_bucket(template: Plan) -> Compiled:
+    """Raises Infeasible if the template cannot be compiled (no link)."""
     sched = schedule_of(template)
     fs, bs = _speeds(template.cluster, sched.lanes)
     tg = compile_tasks(template, sched, stage_costs(template), fs, bs)
     stage_devs = template.stage_devices()
-    count, v = dst.shape
-    rank = np.full(dst.shape, -1)
-    for st in range(len(stage_devs)):  # a device's position among its stage's devices
-        held = dst == st
-        rank = np.where(held, np.cumsum(held, axis=1) - 1, rank)
-    gmask = np.zeros((count, len(tg.groups), v), dtype=bool)
-    sog = np.empty(len(tg.groups), dtype=np.int64)
-    for gi, g in enumerate(tg.groups):
-        s = int(g.program.stages[0]) if len(g.program) else 0
-        sog[gi] = s
-        if template.replicas == "split":
-            gmask[:, gi] = dst == s
-        else:
-            ranks = [stage_devs[s].index(d) for d in g.devices]  # replicas with equal programs
-            gmask[:, gi] = (dst == s) & np.isin(rank, ranks)
+    sog = np.array([int(g.program.stages[0]) if len(g.program) else 0 for g in tg.groups], dtype=np.int64)
+    ranks = None if template.replicas == "split" else tuple(
+        tuple(stage_devs[s].index(d) for d in g.devices) for s, g in zip(sog.tolist(), tg.groups))
     key = np.stack([tg.kind, tg.owner, tg.stage, tg.pair], axis=1)
     _, rep, cls = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    return _Shape(tg, gmask, sog, sched.steady_state, sched.microbatches, sched.lanes, cls.ravel(), rep)
+    return Compiled(tg, sog, ranks, sched.steady_state, sched.microbatches, sched.lanes, cls.ravel(), rep)
+
+
+def _shape(comp: Compiled, dst: np.ndarray) -> _Shape:
+    count, v = dst.shape
+    gmask = np.zeros((count, len(comp.tg.groups), v), dtype=bool)
+    if comp.ranks is None:
+        for gi, s in enumerate(comp.stage_of_group.tolist()):
+            gmask[:, gi] = dst == s
+    else:
+        rank = np.full(dst.shape, -1)
+        for st in np.unique(comp.stage_of_group).tolist():  # a device's position among its stage's devices
+            held = dst == st
+            rank = np.where(held, np.cumsum(held, axis=1) - 1, rank)
+        for gi, s in enumerate(comp.stage_of_group.tolist()):
+            gmask[:, gi] = (dst == s) & np.isin(rank, comp.ranks[gi])
+    return _Shape(comp.tg, gmask, comp.stage_of_group, comp.steady, comp.stream, comp.lanes, comp.cls, comp.rep)
 
 
 def _pair_links(gmask: np.ndarray, ga: int, gb: int, bw: np.ndarray, lat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -260,9 +280,10 @@ def _speeds(cl, lanes: bool) -> tuple[np.ndarray, np.ndarray]:
             np.array([sum(0.5 * r.bwd_speed for r in rs) for rs in res]))
 
 
-def run_bucket(template: Plan, dst: np.ndarray, c: BatchCosts) -> BucketResult:
-    """Raises Infeasible if the template itself cannot be compiled (no link)."""
-    sh = _shape(template, dst)
+def run_bucket(template: Plan, dst: np.ndarray, c: BatchCosts, comp: Compiled | None = None) -> BucketResult:
+    """Raises Infeasible if the template itself cannot be compiled (no link); ``comp``: the
+    bucket's compiled structure when already known (``compile_bucket``)."""
+    sh = _shape(comp or compile_bucket(template), dst)
     cl = template.cluster
     f0, b0 = _speeds(cl, sh.lanes)
     fs, bs = np.broadcast_to(f0, dst.shape), np.broadcast_to(b0, dst.shape)

@@ -33,13 +33,16 @@ from .symmetric import symmetric_search
 SEARCH_SCHEDULES = ("1f1b", "gpipe", "spp-pe", "zb-h1")
 MODES = ("split", "round-robin")
 LOCAL_MAX_DEVICES = 64
+#: Seconds the search takes by default (at most the planner time budget): small instances
+#: converge well within it (benchmarks/joint/gap.py), tens of devices get its best.
+DEFAULT_BUDGET_S = 10.0
 
 
 @dataclass(frozen=True)
 class JointOptions:
     budget: float | None = field(default=None, metadata={
-        "help": "seconds the search may take, the seed planners included (default: the planner time "
-                "budget); when it runs out the plan says complete: false", "above": 0})
+        "help": f"seconds the search may take, the seed planners included (default: {DEFAULT_BUDGET_S:g}, "
+                "at most the planner time budget); when it runs out the plan says complete: false", "above": 0})
     schedules: str = field(default="auto", metadata={
         "help": "comma-separated schedules to search (auto: " + ", ".join(SEARCH_SCHEDULES) + " where built)"})
     patience: int = field(default=16, metadata={"help": "kicks in a row without improvement before the "
@@ -59,7 +62,7 @@ def search_schedules(text: str) -> tuple[str, ...]:
 
 
 def _budget(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
-    return planner_options(JointOptions, options, "joint").budget or options.time_budget_s
+    return planner_options(JointOptions, options, "joint").budget or min(DEFAULT_BUDGET_S, options.time_budget_s)
 
 
 def result_key(result: SimResult, allow_over: bool) -> float:
@@ -98,7 +101,7 @@ def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     opts = planner_options(JointOptions, options, "joint")
     schedules = search_schedules(opts.schedules)
     t0 = time.perf_counter()
-    deadline = t0 + (opts.budget or options.time_budget_s)
+    deadline = t0 + _budget(graph, cluster, options)
     small = len(cluster) <= LOCAL_MAX_DEVICES
     seeds = seed_plans(graph, cluster, options, deadline, SEED_PLANNERS if small else LARGE_SEED_PLANNERS)
     if small:

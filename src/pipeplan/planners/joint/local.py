@@ -1,5 +1,5 @@
-"""Iterated local search over candidates (docs/joint.md): best-improvement hill climbing
-on the whole neighbourhood (``moves.py``), scored in batches; then kicks (a few random
+"""Iterated local search over candidates (docs/joint.md): hill climbing on the
+neighbourhood (``moves.py``), scored in batches; then kicks (a few random
 moves from the best plan) followed by climbs, until ``patience`` kicks in a row find
 nothing better or the clock runs out."""
 
@@ -19,15 +19,24 @@ class LocalSearch:
     def _neighbours(self, c: Candidate) -> list[Candidate]:
         return neighbours(c, self.space)
 
-    def climb(self, start: Candidate, score: float) -> tuple[float, Candidate]:
-        """Best-improvement descent from ``start`` to a local optimum (or the deadline)."""
+    def climb(self, start: Candidate, score: float, chunk: int = 256) -> tuple[float, Candidate]:
+        """Descent from ``start`` to a local optimum (or the deadline): the neighbours in a
+        random order, scored ``chunk`` at a time; the best of the first chunk holding an
+        improvement is taken (so a step costs one chunk while improvements are easy to find,
+        and the whole neighbourhood only at the optimum)."""
         best, best_score = start, score
         while not self.scorer.out_of_time():
-            scored = self.scorer.score(self._neighbours(best))
-            i = min(range(len(scored)), key=lambda j: scored[j][0], default=None)
-            if i is None or not scored[i][0] < best_score * (1 - 1e-12):
+            options = self._neighbours(best)
+            order = self.rng.permutation(len(options))
+            improved = False
+            for lo in range(0, len(options), chunk):
+                scored = self.scorer.score([options[i] for i in order[lo:lo + chunk]])
+                s, c = min(scored, key=lambda t: t[0])
+                if s < best_score * (1 - 1e-12):
+                    best_score, best, improved = s, c, True
+                    break
+            if not improved:
                 break
-            best_score, best = scored[i]
         return best_score, best
 
     def kick(self, c: Candidate, moves: int) -> Candidate:
