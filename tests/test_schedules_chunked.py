@@ -95,7 +95,7 @@ def test_interleaved_is_torchs_order(p, v, m):
     for rank in range(p):
         theirs = _torch_order(ScheduleInterleaved1F1B, rank, n_local_stages=v, pp_group_size=p, _n_microbatches=m,
                               microbatches_per_round=m // rounds)
-        assert _ours(sched, rank) == [a.replace("FULL_BACKWARD", "B") for a in theirs]
+        assert _ours(sched, rank) == theirs
 
 
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (3, 6)])
@@ -103,21 +103,14 @@ def test_zero_bubble_orders_are_torchs(p, m):
     """ZB-H1 is torch's interleaved zero-bubble schedule with one chunk (ZB1P); ZB-V its ZBV."""
     from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble
 
-    rename = {"FORWARD": "F", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
-
-    def short(a: str) -> str:
-        for long, letter in rename.items():
-            a = a.replace(long, letter)
-        return a
-
     h1 = make_schedule("zb-h1", [[s] for s in range(p)], m)
     v = make_schedule("zb-v", [[min(j, 2 * p - 1 - j)] for j in range(2 * p)], m)
     for rank in range(p):
         zb1p = _torch_order(ScheduleInterleavedZeroBubble, rank, n_local_stages=1, pp_group_size=p,
                             _n_microbatches=m, microbatches_per_round=m)
-        assert _ours(h1, rank) == [short(a) for a in zb1p]
+        assert _ours(h1, rank) == zb1p
         zbv = _torch_order(ScheduleZBVZeroBubble, rank, pp_group_size=p, num_stages=2 * p, _n_microbatches=m)
-        assert _ours(v, rank) == [short(a) for a in zbv]
+        assert _ours(v, rank) == zbv
 
 
 # -- memory -----------------------------------------------------------------------------------

@@ -142,7 +142,7 @@ class _Stage:
 
 def train_direct(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[dict], dict | None]:
     """Train ``warmup + steps`` iterations on this rank; (its steps, ``steps.run_steps``, and
-    the stage's state if this rank is its first device). ``progress(label)`` after each action."""
+    {stage: its state} if this rank is its first device). ``progress(label)`` after each action."""
     ranks = stage_major_ranks(plan)
     s, device = ranks[rank]
     groups = [dist.new_group([r for r, (st, _) in enumerate(ranks) if st == q]) for q in range(plan.num_stages)]
@@ -170,4 +170,4 @@ def train_direct(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[dict]
             allreduce_gradients(part, groups[s], timed)
 
     steps = run_steps(step, timed, opt, cfg["warmup"] + cfg["steps"])
-    return steps, (state_arrays(part) if plan.stages[s].devices[0] == device else None)
+    return steps, ({s: state_arrays(part)} if plan.stages[s].devices[0] == device else None)

@@ -42,10 +42,9 @@ from ..schedule import Kind, make_schedule
 from .data import equal_replication, global_batch, pipeline_samples, share_size, squared_error
 from .direct import stage_major_ranks, train_direct
 from .models import load_model
-from .split import Recomputed, split_model, stage_examples
-from .steps import MOMENTUM, allreduce_gradients, program_micro, run_steps, state_arrays
-from .timing import Timed, measured_timeline
-from .translate import microbatches_of, pipeline_orders
+from .pipelined import pipelined_ranks, train_pipelined
+from .split import split_model, stage_examples
+from .timing import measured_timeline
 
 
 @dataclass
@@ -84,6 +83,9 @@ def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec
     if not uses_pipelining(plan) and any(set(p.kinds.tolist()) - {Kind.F, Kind.B, Kind.AR} for p in sched.programs):
         raise PipeplanError(f"run: schedule {plan.schedule!r} splits backward passes (I, W); the runtime runs "
                             "those only when every stage has the same number of devices: re-plan with --schedule 1f1b")
+    if not uses_pipelining(plan) and len({tuple(s.devices) for s in plan.stages}) < plan.num_stages:
+        raise PipeplanError(f"run: schedule {plan.schedule!r} puts several stages on a device; the runtime runs "
+                            "model chunks only when every stage has the same number of devices")
     if plan.replicas == "split" and x.shape[0] < k:
         raise PipeplanError(f"plan: a microbatch of {x.shape[0]} samples cannot be split over {k} replicas")
     parts = split_model(model, [s.nodes for s in plan.stages], spec)
@@ -102,12 +104,6 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def pipelined_ranks(plan: Plan) -> list[tuple[int, str]]:
-    """(stage, device) of every rank when k pipelines of S stages run: rank p*S + s."""
-    s_count, k = plan.num_stages, len(plan.stages[0].devices)
-    return [(r % s_count, plan.stages[r % s_count].devices[r // s_count]) for r in range(s_count * k)]
-
-
 def uses_pipelining(plan: Plan) -> bool:
     """torch's pipelining runs the plan (every stage on the same number of devices); else
     pipeplan's own executor (``direct.py``)."""
@@ -116,49 +112,6 @@ def uses_pipelining(plan: Plan) -> bool:
 
 def rank_layout(plan: Plan) -> list[tuple[int, str]]:
     return pipelined_ranks(plan) if uses_pipelining(plan) else stage_major_ranks(plan)
-
-
-def _train_pipelined(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[dict], dict | None]:
-    """k pipelines of S stages on torch's ``_PipelineScheduleRuntime`` (module docstring)."""
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
-
-    s_count, k = plan.num_stages, len(plan.stages[0].devices)
-    stage_index, pipe = rank % s_count, rank // s_count
-    pp_groups = [dist.new_group([q * s_count + s for s in range(s_count)]) for q in range(k)]
-    dp_groups = [dist.new_group([q * s_count + s for q in range(k)]) for s in range(s_count)] if k > 1 else []
-    model, x = load_model(cfg["spec"], cfg["microbatch"], cfg["seed"])
-    parts = split_model(model, [st.nodes for st in plan.stages], cfg["spec"])
-    xs, ys = global_batch(model, x, plan.microbatches, cfg["seed"])
-    z = x.shape[0]
-    sel = pipeline_samples(plan.microbatches, z, pipe, k, plan.replicas)
-    inp, out = stage_examples(model, parts, stage_index, xs[sel][: share_size(z, pipe, k, plan.replicas)])
-    part = parts[stage_index]
-    sched_ir = make_schedule(plan.schedule, plan.stage_devices(), plan.microbatches, plan.replicas)
-    program = dict(zip(sched_ir.devices, sched_ir.programs))[plan.cluster.index[plan.stages[stage_index].devices[pipe]]]
-    stage_mod = Timed(Recomputed(part) if plan.recomputes(stage_index) else part, *program_micro(program), progress)
-    denom = float(ys.numel())
-
-    def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return squared_error(out, target, denom)
-
-    order = pipeline_orders(sched_ir, plan.stage_devices(), plan.replicas)[pipe]
-    n_local = len(microbatches_of(pipe, k, plan.microbatches, plan.replicas))
-    stage = PipelineStage(stage_mod, stage_index, s_count, torch.device("cpu"), input_args=inp, output_args=out,
-                          group=pp_groups[pipe])
-    sched = _PipelineScheduleRuntime([stage], n_microbatches=n_local, loss_fn=loss_fn, scale_grads=False)
-    sched._prepare_schedule_with_comms(order)
-    opt = torch.optim.SGD(stage_mod.parameters(), lr=cfg["lr"], momentum=MOMENTUM)
-    args = (xs[sel],) if stage_index == 0 else ()
-    kwargs = {"target": ys[sel]} if stage_index == s_count - 1 else {}
-
-    def step() -> None:
-        sched.step(*args, **kwargs)
-        if k > 1:
-            allreduce_gradients(stage_mod, dp_groups[stage_index], stage_mod)
-
-    steps = run_steps(step, stage_mod, opt, cfg["warmup"] + cfg["steps"])
-    return steps, (state_arrays(part) if pipe == 0 else None)
 
 
 def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, results) -> None:
@@ -175,10 +128,10 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
         progress("started")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         progress("joined the process group")
-        train = _train_pipelined if uses_pipelining(plan) else train_direct
+        train = train_pipelined if uses_pipelining(plan) else train_direct
         steps, state = train(rank, plan, cfg, progress)
-        if state is not None:
-            results.put(("params", stage_index, state))
+        for s, arrays in (state or {}).items():
+            results.put(("params", s, arrays))
         results.put(("steps", rank, steps))
         dist.barrier()
         dist.destroy_process_group()
@@ -228,8 +181,8 @@ def target_warnings(plan: Plan, cores: int | None = None) -> list[str]:
     """What makes this run differ from what the plan was made for: devices that are not the
     CPU processes the executor starts, or more processes than cores."""
     cores = cores or os.cpu_count() or 1
-    world = sum(len(s.devices) for s in plan.stages)
     used = {d for s in plan.stages for d in s.devices}
+    world = len(used)
     kinds = sorted({plan.cluster.devices[plan.cluster.index[d]].kind for d in used})
     out = []
     if any(k.upper() != "CPU" for k in kinds):
@@ -300,7 +253,7 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
     model, x = load_model(cfg.spec, plan.graph.meta.get("microbatch"), cfg.seed)
     check_plan_against_model(plan, model, x, cfg.spec)
     predicted = simulate(plan, timeline=False).iteration_s
-    world = sum(len(s.devices) for s in plan.stages)
+    world = len({d for s in plan.stages for d in s.devices})  # a process per device, whatever it holds
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()

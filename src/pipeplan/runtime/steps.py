@@ -3,28 +3,47 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..schedule import Kind, Program
-from .timing import Timed
 
 
 #: The executor's optimizer: SGD with this momentum (the check's reference trains the same).
 MOMENTUM = 0.9
 
 
-def program_micro(program: Program) -> tuple[list[int], list[int]]:
-    """The microbatches of a device's forwards and of its backwards, in program order."""
-    kinds, micro = program.kinds.tolist(), program.micro.tolist()
-    return ([m for k, m in zip(kinds, micro) if k == Kind.F],
-            [m for k, m in zip(kinds, micro) if k in (Kind.B, Kind.I)])
+def program_micro(program: Program, stage: int | None = None) -> tuple[list[int], list[int]]:
+    """The microbatches of a device's forwards and of its backwards (B or I), in program
+    order (of ``stage`` only, when given)."""
+    acts = _actions(program, stage)
+    return [m for k, m in acts if k == Kind.F], [m for k, m in acts if k in (Kind.B, Kind.I)]
 
 
-def run_steps(step: Callable[[], None], timed: Timed, opt: torch.optim.Optimizer,
+def weight_micro(program: Program, stage: int | None = None) -> list[int]:
+    """The microbatches of a device's weight-gradient actions (W), in program order."""
+    return [m for k, m in _actions(program, stage) if k == Kind.W]
+
+
+def _actions(program: Program, stage: int | None) -> list[tuple[int, int]]:
+    return [(k, m) for k, s, m in zip(program.kinds.tolist(), program.stages.tolist(), program.micro.tolist())
+            if stage is None or s == stage]
+
+
+class Recorder(Protocol):
+    """What records a rank's actions: a ``Timed`` stage, or the group of a rank's stages."""
+
+    def new_step(self) -> None: ...
+
+    def record(self, kind: Kind, start: float, end: float) -> None: ...
+
+    def finish(self) -> list[tuple]: ...
+
+
+def run_steps(step: Callable[[], None], timed: Recorder, opt: torch.optim.Optimizer,
               count: int) -> list[dict]:
     """``count`` iterations between barriers; per step its start on this process's clock,
     its length and the rank's actions (kind, microbatch, start, end)."""
@@ -43,7 +62,7 @@ def run_steps(step: Callable[[], None], timed: Timed, opt: torch.optim.Optimizer
     return out
 
 
-def allreduce_gradients(module: nn.Module, group, timed: Timed) -> None:
+def allreduce_gradients(module: nn.Module, group, timed: Recorder) -> None:
     """Sum the module's gradients over the group (``allreduce_tensors``), recorded on the
     rank's timeline."""
     grads = [p.grad for p in module.parameters() if p.grad is not None]

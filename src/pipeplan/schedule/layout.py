@@ -44,6 +44,13 @@ def _positions(stage_devices: tuple[tuple[int, ...], ...]) -> list[tuple[int, ..
     return groups
 
 
+def positions(stage_devices: list[list[int]]) -> Layout:
+    """Any plan's device groups in pipeline order and the stages each holds (unchecked)."""
+    groups = _positions(tuple(tuple(g) for g in stage_devices))
+    return Layout(tuple(groups), tuple(tuple(j for j, g in enumerate(stage_devices) if tuple(g) == grp)
+                                       for grp in groups))
+
+
 def _expected(placement: str, s_count: int, p: int) -> list[int]:
     """The position of each stage under ``placement`` with p positions."""
     if placement == "loop":
