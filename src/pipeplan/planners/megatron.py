@@ -8,9 +8,11 @@ chunk j on position j mod p), activation recomputation only when the model does 
 otherwise.
 
 What a practitioner sweeps: every depth p dividing V (at most the number of layers) and, for
-p >= 2, every v from 2 to 8 that leaves each chunk a layer (Megatron's virtual pipeline
-sizes; it divides its transformer layers exactly by v p, here the graph's nodes are split
-as evenly as they go), with and without recomputation; the fastest plan that fits is kept.
+p >= 2, every v from 2 to 8 with the layers divisible by v p (Megatron's rule), with and
+without recomputation; the fastest plan that fits is kept. Stages get equal numbers of
+layers as Megatron counts them (``layer_mask``: the repeated blocks; embeddings, poolers and
+heads are extras that ride with the first or last chunk); where the layers do not divide
+evenly (1F1B's depths), stages differ by one layer.
 An explicit ``--schedule`` narrows the sweep to the layouts that schedule runs: one stage
 per device (``1f1b``, ``zb-h1``, ...), chunks in a loop (``interleaved-1f1b``), or a V of
 two chunks (``zb-v``)."""
@@ -22,6 +24,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import PipeplanError
 from ..graph import Graph, linearize
+from ..graph.linearize import Linearization
 from ..plan import Plan, Stage
 from ..schedule import SCHEDULES
 from ..sim import simulate
@@ -29,6 +32,32 @@ from .base import PlanOptions, register
 
 #: The most model chunks per device the sweep tries.
 MAX_CHUNKS = 8
+#: A node under this share of the median node's forward + backward time is no layer of its own.
+LIGHT = 0.25
+
+
+def layer_mask(graph: Graph, lin: Linearization) -> np.ndarray:
+    """Which nodes (in ``lin``'s order) are layers as Megatron counts them: the repeated
+    blocks (nodes sharing a description) that are not light (under ``LIGHT`` x the median
+    node's forward + backward); embeddings, poolers and heads are extras. A graph without
+    repeated blocks counts every node that is not light."""
+    t = np.diff(lin.fwd_cum) + np.diff(lin.bwd_cum)
+    heavy = t >= LIGHT * np.median(t)
+    desc = [graph.desc[u] for u in lin.order]
+    repeated = np.array([bool(d) and desc.count(d) > 1 for d in desc])
+    return heavy & repeated if np.count_nonzero(heavy & repeated) >= 2 else heavy
+
+
+def layer_bounds(graph: Graph, lin: Linearization, count: int) -> np.ndarray:
+    """Cut positions of ``count`` chunks with equal numbers of layers (``layer_mask``; extras
+    ride with their neighbours: a first embedding with the first chunk, a last head with the
+    last); with fewer layers than chunks, the nodes split as evenly as they go."""
+    cum = np.concatenate([[0], np.cumsum(layer_mask(graph, lin))])
+    if cum[-1] < count:
+        return np.linspace(0, lin.n, count + 1).round().astype(int)
+    bounds = np.searchsorted(cum, np.round(np.arange(count + 1) * cum[-1] / count) - 0.5)
+    bounds[0], bounds[-1] = 0, lin.n
+    return bounds
 
 
 def _position(j: int, depth: int, placement: str) -> int:
@@ -48,7 +77,7 @@ def megatron_plan(graph: Graph, cluster: Cluster, options: PlanOptions, depth: i
     schedule = options.schedule or ("1f1b" if chunks == 1 else "interleaved-1f1b")
     placement = SCHEDULES[schedule].placement if schedule in SCHEDULES else "single"
     count = depth * chunks
-    bounds = np.linspace(0, lin.n, count + 1).round().astype(int)
+    bounds = layer_bounds(graph, lin, count)
     names = cluster.names
     stages = []
     for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
@@ -66,12 +95,13 @@ def depths(layers: int, devices: int) -> list[int]:
 
 def chunk_counts(layers: int, depth: int, schedule: str | None) -> list[int]:
     """Model chunks per device to try at pipeline depth ``depth`` for ``schedule`` (None:
-    1F1B's one and interleaved 1F1B's 2..MAX_CHUNKS)."""
+    1F1B's one and interleaved 1F1B's 2..MAX_CHUNKS): v >= 2 needs a pipeline (depth >= 2)
+    and the ``layers`` divisible by depth x v, as Megatron requires."""
     placement = SCHEDULES[schedule].placement if schedule in SCHEDULES else "single"
-    interleaved = [v for v in range(2, MAX_CHUNKS + 1) if depth >= 2 and depth * v <= layers]
+    interleaved = [v for v in range(2, MAX_CHUNKS + 1) if depth >= 2 and layers % (depth * v) == 0]
     if schedule is None:
         return [1] + interleaved
-    return {"single": [1], "loop": interleaved, "v": [2] if 2 * depth <= layers else []}[placement]
+    return {"single": [1], "loop": interleaved, "v": [2] if layers % (2 * depth) == 0 else []}[placement]
 
 
 @register("megatron", "Megatron-LM as practitioners configure it (no tensor parallelism): equal layers per "
@@ -80,8 +110,9 @@ def plan_megatron(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """The fastest fitting plan over the depths of ``depths`` x the chunks of
     ``chunk_counts`` x recomputation off/on (the fastest overall when none fits)."""
     best, best_key = None, None
-    layers = linearize(graph).n
-    for p in depths(layers, len(cluster)):
+    lin = linearize(graph)
+    layers = int(np.count_nonzero(layer_mask(graph, lin)))
+    for p in depths(lin.n, len(cluster)):
         for v in chunk_counts(layers, p, options.schedule):
             for recompute in (False, True):
                 plan = megatron_plan(graph, cluster, options, p, recompute, v)
@@ -90,6 +121,6 @@ def plan_megatron(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
                 if best_key is None or key < best_key:
                     best, best_key = plan, key
     if best is None:
-        raise PipeplanError(f"megatron: schedule {options.schedule} needs a pipeline of at least 2 devices with "
-                            f"2 or more layers each; {len(cluster)} device(s), {layers} layer(s)")
+        raise PipeplanError(f"megatron: schedule {options.schedule} needs a pipeline of at least 2 devices whose "
+                            f"number times the chunks divides the {layers} layers; {len(cluster)} device(s)")
     return best
