@@ -22,6 +22,7 @@ from ...plan import Plan
 from ...schedule import SCHEDULES
 from ...sim import SimResult, simulate
 from ..base import PlanOptions, planner_options, register
+from . import chunked
 from .candidate import from_plan, order_of_plan, to_plan
 from .local import LocalSearch
 from .moves import Space
@@ -29,8 +30,11 @@ from .score import OVER, Scorer
 from .seeds import LARGE_SEED_PLANNERS, SEED_PLANNERS, balanced_starts, device_ranking, seed_plans, subset_sizes
 from .symmetric import symmetric_search
 
-#: Synchronous schedules the search tries (those the schedule module has).
+#: Synchronous schedules the search tries (those the schedule module has): one stage per
+#: device in the local and symmetric searches, several model chunks per device on the best
+#: plan found (``chunked.py``).
 SEARCH_SCHEDULES = ("1f1b", "gpipe", "spp-pe", "zb-h1")
+CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v")
 MODES = ("split", "round-robin")
 LOCAL_MAX_DEVICES = 64
 #: Seconds the search takes by default (at most the planner time budget): small instances
@@ -50,15 +54,15 @@ class JointOptions:
     seed: int = field(default=0, metadata={"help": "seed of the local search's kicks"})
 
 
-def search_schedules(text: str) -> tuple[str, ...]:
-    if text == "auto":
-        return tuple(s for s in SEARCH_SCHEDULES if s in SCHEDULES)
-    names = tuple(s.strip() for s in text.split(",") if s.strip())
-    bad = [s for s in names if s not in SCHEDULES or SCHEDULES[s].stream > 1 or SCHEDULES[s].lanes]
-    if bad or not names:
-        raise PipeplanError(f"planner 'joint': option schedules={text!r}: expected synchronous schedules "
-                            f"among {', '.join(s for s in SCHEDULES if SCHEDULES[s].stream == 1)}")
-    return names
+def search_schedules(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(one-stage-per-device schedules, chunked schedules) of the ``schedules`` option."""
+    known = [s for s in SEARCH_SCHEDULES + CHUNK_SCHEDULES if s in SCHEDULES]
+    names = tuple(known) if text == "auto" else tuple(s.strip() for s in text.split(",") if s.strip())
+    single = tuple(s for s in names if s in SEARCH_SCHEDULES)
+    if not single or any(s not in known for s in names):
+        raise PipeplanError(f"planner 'joint': option schedules={text!r}: expected a comma-separated list of "
+                            f"{', '.join(known)} with at least one of {', '.join(s for s in known if s in SEARCH_SCHEDULES)}")
+    return single, tuple(s for s in names if s in CHUNK_SCHEDULES)
 
 
 def _budget(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
@@ -99,7 +103,7 @@ def _local(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOpti
           "1f1b", options=JointOptions, estimate=_budget)
 def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     opts = planner_options(JointOptions, options, "joint")
-    schedules = search_schedules(opts.schedules)
+    schedules, chunk_schedules = search_schedules(opts.schedules)
     t0 = time.perf_counter()
     deadline = t0 + _budget(graph, cluster, options)
     small = len(cluster) <= LOCAL_MAX_DEVICES
@@ -113,7 +117,15 @@ def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
         answers["search"] = (found, simulate(found, timeline=False))
     if not answers:
         raise PipeplanError("joint: no plan found (no seed planner could plan this and the search found none)")
-    source = min(answers, key=lambda k: result_key(answers[k][1], options.allow_over_memory))
+    key = lambda k: result_key(answers[k][1], options.allow_over_memory)  # noqa: E731
+    single = [k for k in answers if SCHEDULES[answers[k][0].schedule].placement == "single"]
+    if single:
+        base = min(single, key=key)
+        for variant in chunked.variants(answers[base][0], chunk_schedules):
+            done = chunked.simulate_fitting(variant, options.allow_over_memory)
+            if done is not None:
+                answers[f"{base}+{variant.schedule}x{variant.num_stages // answers[base][0].num_stages}"] = done
+    source = min(answers, key=key)
     plan = answers[source][0]
     plan.extra = {k: v for k, v in plan.extra.items()}
     plan.extra["joint"] = {**facts, "from": source, "seconds": time.perf_counter() - t0,

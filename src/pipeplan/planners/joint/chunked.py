@@ -1,0 +1,69 @@
+"""Model chunks on the joint search's best plan (docs/joint.md): its p device groups each
+take several chunks of the model, as the schedules with more than one stage per device
+need (interleaved 1F1B, Narayanan et al. 2021 §2.2: chunk j on group j mod p; ZB-V, Qi et
+al. 2024: two chunks in a V, chunk j on group min(j, 2p-1-j)). The model is cut again into
+v x p chunks of work in proportion to their groups' summed speed; each variant is
+simulated (its overflowing chunks re-materialized) and the fastest kept."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ...errors import Infeasible, PipeplanError
+from ...graph import linearize
+from ...plan import Plan, Stage
+from ...schedule import SCHEDULES
+from ...sim import SimResult, simulate
+from .candidate import balanced_bounds
+
+MAX_CHUNKS = 4
+
+
+def _position(j: int, p: int, placement: str) -> int:
+    return min(j, 2 * p - 1 - j) if placement == "v" else j % p
+
+
+def chunked(plan: Plan, schedule: str, chunks: int) -> Plan:
+    """``plan``'s device groups, each holding ``chunks`` chunks placed as ``schedule`` runs them."""
+    placement = SCHEDULES[schedule].placement
+    groups = plan.stage_devices()
+    p, lin = len(groups), linearize(plan.graph)
+    count = p * chunks
+    speed = plan.cluster.speed
+    weights = np.array([speed[groups[_position(j, p, placement)]].sum() for j in range(count)])
+    bounds = balanced_bounds(lin.fwd_cum + lin.bwd_cum, weights)
+    names = plan.cluster.names
+    stages = [Stage([plan.graph.ids[u] for u in lin.interval(a, b)],
+                    [names[d] for d in groups[_position(j, p, placement)]])
+              for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    return replace(plan, stages=stages, schedule=schedule, recompute=None, prediction={}, extra={})
+
+
+def variants(plan: Plan, schedules: tuple[str, ...]) -> list[Plan]:
+    """Every chunked variant of ``plan`` the searched schedules allow."""
+    p, n = plan.num_stages, linearize(plan.graph).n
+    if p < 2:
+        return []
+    out = []
+    for sch in schedules:
+        placement = SCHEDULES[sch].placement
+        counts = {"loop": range(2, MAX_CHUNKS + 1), "v": (2,)}.get(placement, ())
+        out += [chunked(plan, sch, v) for v in counts if p * v <= n]
+    return out
+
+
+def simulate_fitting(plan: Plan, allow_over: bool) -> tuple[Plan, SimResult] | None:
+    """The plan simulated; when it overflows, again with its overflowing stages re-materialized."""
+    try:
+        r = simulate(plan, timeline=False)
+        if r.over_memory and not allow_over:
+            over = set(r.over_memory)
+            fixed = replace(plan, recompute=[any(d in over for d in st.devices) for st in plan.stages])
+            r2 = simulate(fixed, timeline=False)
+            if not r2.over_memory or r2.iteration_s < r.iteration_s:
+                plan, r = fixed, r2
+        return plan, r
+    except (PipeplanError, Infeasible):
+        return None

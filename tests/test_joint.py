@@ -1,0 +1,148 @@
+"""The ``joint`` planner (planners/joint/): against the exhaustive ``exact`` on random small
+instances, its min-max partition against brute force, its symmetric search on a cluster
+too large for device-by-device moves against the baselines run on their own, its budget,
+its chunked variants and its command line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from pipeplan.cli import main
+from pipeplan.cluster import Cluster, Device, load_cluster
+from pipeplan.errors import PipeplanError
+from pipeplan.graph import Graph, load_graph
+from pipeplan.planners import PlanOptions, run_planner
+from pipeplan.planners.joint import search_schedules
+from pipeplan.planners.joint.chunked import chunked
+from pipeplan.planners.joint.symmetric import depths, min_max_partition
+
+EXACT_SPACE = (("schedules", "gpipe,1f1b,spp-pe"),)
+
+
+def small_instance(rng: np.random.Generator) -> tuple[Graph, Cluster, int]:
+    """A chain of 3-6 layers on 2-4 devices in 1-2 servers, uneven links, latency, speeds,
+    sometimes tight memory."""
+    layers, v = int(rng.integers(3, 7)), int(rng.integers(2, 5))
+    f = rng.uniform(2e-3, 20e-3, layers)
+    g = Graph.chain("rand", f, f * rng.uniform(1.5, 2.5, layers), params=rng.uniform(0, 60e6, layers),
+                    act=rng.uniform(1e6, 80e6, layers))
+    servers = np.sort(rng.integers(0, 2, v))
+    same = servers[:, None] == servers[None, :]
+    bw = np.where(same, rng.uniform(8e9, 25e9, (v, v)), rng.uniform(0.6e9, 5e9, (v, v)))
+    lat = np.where(same, 0.0, float(rng.choice([0.0, 1e-3, 2e-2])))
+    memory = float(rng.choice([64e9, 1.2e9]))
+    devs = [Device(f"d{i}", speed=float(rng.uniform(0.5, 1.5)), server=f"s{servers[i]}", memory=memory)
+            for i in range(v)]
+    return g, Cluster("rand", devs, np.minimum(bw, bw.T), lat), int(rng.integers(2, 7))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_joint_reaches_the_exact_optimum_on_small_instances(seed):
+    """Within 3% of the exhaustive optimum over the same space, and never below it (both
+    are simulated by the same simulator: below would mean exact missed a plan)."""
+    g, c, m = small_instance(np.random.default_rng(100 + seed))
+    ex, ex_r = run_planner("exact", g, c, PlanOptions(microbatches=m))
+    jo, jo_r = run_planner("joint", g, c, PlanOptions(microbatches=m, extra=EXACT_SPACE))
+    assert ex.search_complete and jo.search_complete
+    assert jo_r.over_memory == ex_r.over_memory
+    assert ex_r.iteration_s * (1 - 1e-9) <= jo_r.iteration_s <= ex_r.iteration_s * 1.03
+
+
+def test_min_max_partition_equals_brute_force():
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        n, p = int(rng.integers(2, 9)), int(rng.integers(1, 5))
+        if p > n:
+            continue
+        work = np.concatenate(([0.0], np.cumsum(rng.uniform(0, 1, n))))
+        cut = np.concatenate((rng.uniform(0, 0.5, n), [0.0]))
+
+        def worst(bounds):
+            return max(work[b] - work[a] + cut[b] for a, b in zip(bounds[:-1], bounds[1:]))
+
+        best = min(worst((0, *cuts, n)) for cuts in itertools.combinations(range(1, n), p - 1))
+        got = min_max_partition(work, cut, p)
+        assert len(got) == p + 1 and got[0] == 0 and got[-1] == n and all(np.diff(got) > 0)
+        assert worst(got) == pytest.approx(best)
+
+
+def test_depths_stay_within_layers_and_devices():
+    assert depths(96, 1024) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96]
+    assert depths(5, 4) == [1, 2, 3, 4]
+
+
+def test_large_cluster_symmetric_search_beats_the_baselines_run_on_their_own():
+    """72 devices (9 servers x 8): the symmetric search; megatron (not one of its seeds on
+    a large cluster) and dp are each run on their own."""
+    g, c = load_graph("zoo:bert-large?layers=12"), load_cluster("hier:servers=9,gpus=8,intra=300GB/s,inter=100Gbps")
+    opts = PlanOptions(microbatches=16)
+    jo, jo_r = run_planner("joint", g, c, replace_extra(opts, ("budget", "30")))
+    facts = jo.extra["joint"]
+    assert "layout" in facts and facts["simulations"] >= 1 and "megatron" not in facts["seeds"]
+    for name in ("megatron", "dp"):
+        other, other_r = run_planner(name, g, c, opts)
+        assert not jo_r.over_memory and jo_r.iteration_s <= other_r.iteration_s * (1 + 1e-9), name
+
+
+def replace_extra(opts: PlanOptions, *pairs: tuple[str, str]) -> PlanOptions:
+    return PlanOptions(microbatches=opts.microbatches, extra=tuple(pairs))
+
+
+def test_budget_cut_short_says_incomplete_and_small_search_completes():
+    g, c = load_graph("zoo:bert-large"), load_cluster("spp-sim")
+    plan, _ = run_planner("joint", g, c, PlanOptions(microbatches=8, extra=(("budget", "1"),)))
+    assert plan.extra["joint"]["complete"] is False and not plan.search_complete
+    g2, c2, m = small_instance(np.random.default_rng(1))
+    plan2, _ = run_planner("joint", g2, c2, PlanOptions(microbatches=m))
+    assert plan2.extra["joint"]["complete"] is True and plan2.search_complete
+
+
+def test_chunked_variants_place_chunks_as_their_schedules_run_them():
+    g, c = load_graph("zoo:bert-large"), load_cluster("1080ti-4x2")
+    base, _ = run_planner("megatron", g, c, PlanOptions(microbatches=8, schedule="1f1b"))
+    groups = [tuple(s.devices) for s in base.stages]
+    p = len(groups)
+    loop = chunked(base, "interleaved-1f1b", 3)
+    assert [tuple(s.devices) for s in loop.stages] == [groups[j % p] for j in range(3 * p)]
+    vee = chunked(base, "zb-v", 2)
+    assert [tuple(s.devices) for s in vee.stages] == groups + groups[::-1]
+    assert sorted(n for s in vee.stages for n in s.nodes) == sorted(g.ids)
+
+
+def test_schedules_option():
+    single, chunks = search_schedules("auto")
+    assert "1f1b" in single and "zb-h1" in single and set(chunks) == {"interleaved-1f1b", "zb-v"}
+    assert search_schedules("gpipe,zb-v") == (("gpipe",), ("zb-v",))
+    for bad in ("zb-v", "1f1b,async-1f1b", "nope"):
+        with pytest.raises(PipeplanError, match="option schedules="):
+            search_schedules(bad)
+
+
+def test_cli_plan_and_compare_with_budget(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "zoo:bert-large", "--cluster", "v100x4", "--planner", "joint",
+                 "--microbatches", "8", "-O", "budget=3", "--out", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["planner"] == "joint" and plan["joint"]["seconds"] <= 30
+    capsys.readouterr()
+    assert main(["compare", "--model", "zoo:bert-large", "--cluster", "v100x4", "--planners", "joint,megatron",
+                 "--microbatches", "8", "-O", "joint.budget=3", "--json"]) == 0
+    rows = {r["planner"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert rows["joint"]["iteration_s"] <= rows["megatron"]["iteration_s"] * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("option,fragment", [
+    ("budget=0", "option budget='0': expected a number > 0"),
+    ("budget=soon", "option budget='soon': expected a number"),
+    ("schedules=zb-v", "option schedules='zb-v'"),
+])
+def test_cli_bad_joint_options_one_line_exit_2(capsys, tmp_path, option, fragment):
+    out = tmp_path / "p.json"
+    assert main(["plan", "--model", "zoo:bert-large", "--cluster", "v100x4", "--planner", "joint",
+                 "-O", option, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err and "Traceback" not in err and not out.exists()
