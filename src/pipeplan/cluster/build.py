@@ -174,8 +174,59 @@ def _cluster_meta(d: dict, source: str) -> dict:
     return meta
 
 
+def _server_starts(c: Cluster) -> np.ndarray | None:
+    """First device of each server when every server's devices are contiguous, else None."""
+    names = [d.server for d in c.devices]
+    starts = [0] + [i for i in range(1, len(names)) if names[i] != names[i - 1]]
+    return np.asarray(starts) if len({names[i] for i in starts}) == len(starts) else None
+
+
+def _blocks(m: np.ndarray, starts: np.ndarray) -> np.ndarray | None:
+    """The server x server matrix of ``m``'s values between distinct devices, when each block
+    holds one value (0 for a block with none: one device's server with itself), else None."""
+    lo, hi = m.copy(), m.copy()
+    np.fill_diagonal(lo, np.inf)
+    np.fill_diagonal(hi, -np.inf)
+    bmin = np.minimum.reduceat(np.minimum.reduceat(lo, starts, axis=0), starts, axis=1)
+    bmax = np.maximum.reduceat(np.maximum.reduceat(hi, starts, axis=0), starts, axis=1)
+    empty = np.isinf(bmin) & (bmin > 0) & np.isinf(bmax) & (bmax < 0)
+    if not np.all(empty | (bmin == bmax)):
+        return None
+    return np.where(empty, 0.0, bmin)
+
+
+def _links_to_dict(c: Cluster, bw: np.ndarray) -> dict:
+    """Links per pair of servers when they are uniform inside every pair of servers (large
+    ``hier:`` clusters: O(servers^2) numbers, not O(devices^2)), else full matrices."""
+    starts = _server_starts(c)
+    diag_bw, diag_lat = np.diag(bw), np.diag(c.latency)
+    if starts is not None and len(starts) < len(c) and np.all(diag_bw == diag_bw[0]) \
+            and np.all(diag_lat == diag_lat[0]):
+        bb, lb = _blocks(bw, starts), _blocks(c.latency, starts)
+        if bb is not None and lb is not None:
+            return {"server_links": {"bandwidth": bb.tolist(), "latency": lb.tolist(),
+                                     "self_bandwidth": float(diag_bw[0]), "self_latency": float(diag_lat[0])}}
+    return {"bandwidth_matrix": bw.tolist(), "latency_matrix": c.latency.tolist()}
+
+
+def _links_from_dict(d: dict, devices: list[Device]) -> tuple[np.ndarray, np.ndarray]:
+    if "server_links" not in d:
+        return np.array(d["bandwidth_matrix"], dtype=float), np.array(d["latency_matrix"], dtype=float)
+    s = d["server_links"]
+    order = list(dict.fromkeys(x.server for x in devices))
+    idx = np.array([order.index(x.server) for x in devices]) if len(order) < 64 else \
+        np.array([{name: i for i, name in enumerate(order)}[x.server] for x in devices])
+    out = []
+    for key in ("bandwidth", "latency"):
+        m = np.array(s[key], dtype=float)[np.ix_(idx, idx)]
+        np.fill_diagonal(m, float(s[f"self_{key}"]))
+        out.append(m)
+    return out[0], out[1]
+
+
 def cluster_to_dict(c: Cluster) -> dict:
-    """Self-contained form (used inside plan JSON): explicit devices and full matrices."""
+    """Self-contained form (used inside plan JSON): explicit devices and the links, as full
+    matrices or, when uniform between every pair of servers, per pair of servers."""
     bw = np.where(np.isinf(c.bandwidth), 0.0, c.bandwidth)
     return {"name": c.name,
             "devices": [{"name": d.name, "kind": d.kind, "memory": d.memory, "speed": d.speed,
@@ -185,7 +236,7 @@ def cluster_to_dict(c: Cluster) -> dict:
                          **({"solo_speed": d.solo_speed} if d.solo_speed else {})}
                         for d in c.devices],
             **{k: c.meta[k] for k in (*CALIBRATED, "duplex") if k in c.meta},
-            "bandwidth_matrix": bw.tolist(), "latency_matrix": c.latency.tolist()}
+            **_links_to_dict(c, bw)}
 
 
 def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
@@ -197,8 +248,7 @@ def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
                                           for r in x.get("resources", [])),
                           solo_speed=None if x.get("solo_speed") is None else float(x["solo_speed"]))
                    for x in d["devices"]]
-        bw = np.array(d["bandwidth_matrix"], dtype=float)
-        lat = np.array(d["latency_matrix"], dtype=float)
+        bw, lat = _links_from_dict(d, devices)
         meta = {k: float(d[k]) for k in CALIBRATED if k in d}
         if d.get("duplex") in ("full", "half"):
             meta["duplex"] = d["duplex"]

@@ -10,11 +10,10 @@ from .ir import Kind, Program, Schedule
 
 def _distinct(progs: list[Program]) -> list[Program]:
     """Programs up to ``same_as`` (replicas splitting microbatches run the same program)."""
-    out: list[Program] = []
+    out: dict[bytes, Program] = {}
     for p in progs:
-        if not any(q.same_as(p) for q in out):
-            out.append(p)
-    return out
+        out.setdefault(p.kinds.tobytes() + p.stages.tobytes() + p.micro.tobytes(), p)
+    return list(out.values())
 
 
 def _check_program(name: str, s: int, p: Program, m_count: int) -> np.ndarray:
@@ -59,8 +58,15 @@ def check_schedule(sched: Schedule, num_stages: int) -> None:
             raise PipeplanError(f"schedule {sched.name}: names a stage outside 0..{num_stages - 1}")
         if np.any(~np.isin(p.kinds, [int(k) for k in (Kind.F, Kind.B, Kind.I, Kind.W, Kind.AR)])):
             raise PipeplanError(f"schedule {sched.name}: a program lists a kind that is not an action")
+    by_stage: dict[int, list[Program]] = {s: [] for s in range(num_stages)}
+    seen: set[int] = set()
+    for p in sched.programs:  # replicas in lockstep share one program object: check it once
+        if id(p) not in seen:
+            seen.add(id(p))
+            for s in np.unique(p.stages).tolist():
+                by_stage[s].append(p)
     for s in range(num_stages):
-        holders = [p for p in sched.programs if np.any(p.stages == s)]
+        holders = by_stage[s]
         if not holders:
             raise PipeplanError(f"schedule {sched.name}: no device runs stage {s}")
         owner = np.zeros(sched.microbatches, dtype=np.int64)
