@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -107,3 +109,15 @@ def test_calibrated_keys_round_trip(tmp_path):
     f.write_text("devices: [{name: a}]\nallreduce_efficiency: 2\n")
     with pytest.raises(PipeplanError, match="allreduce_efficiency"):
         load_cluster(str(f))
+
+
+@pytest.mark.parametrize("spec,compact", [("hier:servers=6,gpus=4,intra=300GB/s,inter=25Gbps", True),
+                                          ("spp-sim", False), ("v100x4", True)])
+def test_plan_form_of_links_round_trips_exactly(spec, compact):
+    """Links uniform between every pair of servers are stored per pair of servers (large
+    clusters stay small in a plan file); others as full matrices; both read back exactly."""
+    c = load_cluster(spec)
+    d = cluster_to_dict(c)
+    assert ("server_links" in d) == compact
+    back = cluster_from_full_dict(json.loads(json.dumps(d)))
+    assert np.array_equal(back.bandwidth, c.bandwidth) and np.array_equal(back.latency, c.latency)
