@@ -33,6 +33,9 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/spp/sweeps.py
 	$(BIN)/python benchmarks/spp/gap.py
 	$(BIN)/python benchmarks/spp/speed.py
+	$(BIN)/python benchmarks/joint/gap.py
+	$(BIN)/python benchmarks/joint/never_slower.py
+	$(BIN)/python benchmarks/joint/speed.py
 	$(BIN)/python benchmarks/resalloc/figures.py
 	$(BIN)/python benchmarks/resalloc/grouping_scale.py
 	$(BIN)/python benchmarks/runtime/accuracy.py
