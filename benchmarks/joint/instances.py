@@ -1,5 +1,5 @@
 """Seeded random small instances for the joint planner's gap to ``exact``: a chain of 3-8
-layers (compute, all-reduce and transfers all matter), 2-6 devices in 1-3 servers with
+layers (compute, all-reduce and transfers all matter), 2-5 devices in 1-3 servers with
 uneven links (intra-server 64-200 Gbps, inter-server 5-40 Gbps, drawn per pair), speeds
 0.5-1.5, latency 0 / 1 ms / 20 ms per pair in a third of the instances each, device memory
 tight enough that a third of the instances need re-materialization or fewer devices per
@@ -22,7 +22,7 @@ def instance(rng: np.random.Generator) -> tuple[Graph, Cluster, int]:
     g = Graph.chain("rand", f, f * rng.uniform(1.5, 2.5, layers),
                     params=rng.uniform(0, 60e6, layers) * (rng.random(layers) < 0.7),
                     act=rng.uniform(1e6, 80e6, layers))
-    v = int(rng.integers(2, 7))
+    v = int(rng.integers(2, 6))
     servers = np.sort(rng.integers(0, min(3, v), v))
     same = servers[:, None] == servers[None, :]
     bw = np.where(same, rng.uniform(64, 200, (v, v)), rng.uniform(5, 40, (v, v))) * Gbps
