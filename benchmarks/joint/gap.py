@@ -1,6 +1,6 @@
 """The joint planner's gap to the exact optimum on seeded random small instances.
 
-Instances (``instances.py``): 3-8 layers, 2-5 devices in 1-3 servers, uneven links,
+Instances (``_instances.py``): 3-8 layers, 2-5 devices in 1-3 servers, uneven links,
 latency 0 / 1 ms / 20 ms, speeds 0.5-1.5, tight memory in 40% of them, M = 2-8. The gap is
 T_joint / T_exact - 1 with joint searching exactly exact's schedules (gpipe, 1f1b, spp-pe),
 so both search the same space; SPP's gap is given beside it, and joint's time with every
@@ -26,7 +26,7 @@ from pipeplan.planners import PlanOptions, run_planner
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import add_out_argument, write_json, write_markdown  # noqa: E402
-from instances import instance  # noqa: E402
+from _instances import instance  # noqa: E402
 
 EXACT_SCHEDULES = "gpipe,1f1b,spp-pe"
 TARGETS = {"median_gap": 0.01, "p90_gap": 0.03, "worst_gap": 0.10}
