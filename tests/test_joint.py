@@ -146,3 +146,18 @@ def test_cli_bad_joint_options_one_line_exit_2(capsys, tmp_path, option, fragmen
                  "-O", option, "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and fragment in err and "Traceback" not in err and not out.exists()
+
+
+def test_interchangeable_devices_make_one_candidate():
+    from pipeplan.planners.exact import device_classes
+    from pipeplan.planners.joint.candidate import canonical, make
+
+    c = load_cluster("1080ti-4x2")  # 4 servers x 2: devices of a server are interchangeable, not across
+    classes = device_classes(c)
+    a = make(0, (0, 3, 6), [[0, 2], [4]])
+    b = make(0, (0, 3, 6), [[1, 3], [5]])  # the other device of each server
+    assert canonical(a, classes) == canonical(b, classes)
+    other = make(0, (0, 3, 6), [[0, 2], [6]])  # a different server: links differ
+    assert canonical(other, classes) != canonical(a, classes)
+    rr = make(0, (0, 3, 6), [[1, 3], [5]], replicas="round-robin")
+    assert canonical(rr, classes) == rr

@@ -22,6 +22,7 @@ from ...plan import Plan
 from ...schedule import SCHEDULES
 from ...sim import SimResult, simulate
 from ..base import PlanOptions, planner_options, register
+from ..exact import device_classes
 from . import chunked
 from .candidate import from_plan, order_of_plan, to_plan
 from .local import LocalSearch
@@ -89,7 +90,7 @@ def _local(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOpti
     ranking = device_ranking(cluster)
     starts += balanced_starts(0, work, ranking, subset_sizes(cluster, ranking), 16, schedules[0], MODES)
     scorer = Scorer(graph, cluster, orders, options.microbatches, options.optimizer, options.allow_over_memory,
-                    deadline)
+                    deadline, device_classes(cluster))
     works = [np.concatenate(([0.0], np.cumsum((graph.fwd + graph.bwd)[o]))) for o in orders]
     space = Space(len(cluster), cluster.speed, works, schedules, MODES)
     search = LocalSearch(scorer, space, np.random.default_rng(opts.seed))

@@ -50,6 +50,21 @@ class Candidate:
         return replace(self, recompute=tuple(r or s in stages for s, r in enumerate(self.recompute)))
 
 
+def canonical(c: Candidate, classes: list[list[int]]) -> Candidate:
+    """``c`` with each class of interchangeable devices (``exact.device_classes``: swapping
+    two is an automorphism of the cluster) relabelled in stage order, so plans equal up to
+    such swaps become one candidate. Split replicas only: a round-robin stage's replica order
+    is its devices' index order, which relabelling could change."""
+    if c.replicas != "split" or all(len(k) == 1 for k in classes):
+        return c
+    label = {}
+    for members in classes:
+        used = [d for g in c.groups for d in g if d in members]
+        label.update(zip(used, sorted(members)[:len(used)]))
+    groups = tuple(tuple(sorted(label.get(d, d) for d in g)) for g in c.groups)
+    return c if groups == c.groups else replace(c, groups=groups)
+
+
 def make(order: int, bounds, groups, recompute=None, schedule: str = "1f1b",
          replicas: str = "split") -> Candidate:
     """A candidate with its groups normalized (sorted device tuples)."""

@@ -17,14 +17,15 @@ import numpy as np
 from ...cluster import Cluster
 from ...graph import Graph
 from ...sim.batch import BatchEvaluator
-from .candidate import Candidate
+from .candidate import Candidate, canonical
 
 OVER = 1e9
 
 
 class Scorer:
     def __init__(self, graph: Graph, cluster: Cluster, orders: list[np.ndarray], microbatches: int,
-                 optimizer: str, allow_over_memory: bool, deadline: float) -> None:
+                 optimizer: str, allow_over_memory: bool, deadline: float,
+                 classes: list[list[int]] | None = None) -> None:
         self.graph, self.cluster, self.orders = graph, cluster, orders
         self.microbatches, self.optimizer = microbatches, optimizer
         self.allow_over = allow_over_memory
@@ -32,12 +33,15 @@ class Scorer:
         self.memo: dict[Candidate, tuple[float, Candidate]] = {}
         self.evaluators: dict[tuple, BatchEvaluator] = {}
         self.evaluations = 0
+        self.classes = [k for k in classes or [] if len(k) > 1]
 
     def out_of_time(self) -> bool:
         return time.perf_counter() > self.deadline
 
     def score(self, cands: list[Candidate]) -> list[tuple[float, Candidate]]:
-        """(score, the candidate it stands for: itself, or repaired) of each."""
+        """(score, the candidate it stands for: itself up to swaps of interchangeable
+        devices, or repaired) of each."""
+        cands = [canonical(c, self.classes) for c in cands]
         todo = list(dict.fromkeys(c for c in cands if c not in self.memo))
         repairs: dict[Candidate, Candidate] = {}
         for c, (it, mem, ok) in zip(todo, self._evaluate(todo)):
