@@ -41,7 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/runtime/accuracy.py
 	$(BIN)/python benchmarks/runtime/hf_flow.py
 	$(BIN)/python benchmarks/runtime/every_plan.py
-	$(BIN)/python benchmarks/schedules/gains.py
+	$(BIN)/python benchmarks/schedules/gains.py --runs 5
 	$(BIN)/python benchmarks/drlpp/table1.py --budget 120
 	$(BIN)/python benchmarks/drlpp/evaluate.py
 	$(BIN)/python benchmarks/drlpp/env_speed.py

@@ -182,10 +182,11 @@ def test_backward_splits_into_measured_input_and_weight_gradients(profiles):
     split = g.meta["backward_split_s"]
     assert set(split) == set(g.ids)
     assert split["0"][0] == 0.0 and split["0"][1] > 0
-    i, w = split["1"]
+    i, w, b = split["1"]
     assert 0.25 < i / (i + w) < 0.75, (i, w)
     assert split["2"][1] < 0.2 * split["2"][0] + 1e-5
     assert 0.0 < g.meta["backward_input_fraction"] < 1.0
+    assert 0.5 < g.meta["backward_split_cost"] < 4.0 and b > 0  # I + W against one backward pass
     t = profiles["transformer"].meta
     assert t["backward_split_s"]["0"][0] == 0.0  # the embedding: its input is token ids
     assert 0.3 < t["backward_input_fraction"] < 0.9

@@ -342,7 +342,7 @@ def cmd_profile(args) -> int:
         table.add_column(col, justify="left" if col in ("layer", "description") else "right")
     split = graph.meta.get("backward_split_s", {})
     for i, nid in enumerate(graph.ids):
-        i_s, w_s = split.get(nid, (0.0, 0.0))
+        i_s, w_s = split.get(nid, (0.0, 0.0))[:2]
         table.add_row(nid, graph.desc[i][:40], fmt_time(graph.fwd[i]), fmt_time(graph.bwd[i]),
                       f"{i_s / (i_s + w_s):.0%}" if i_s + w_s > 0 else "-",
                       fmt_bytes(graph.params[i]), fmt_bytes(graph.act[i]))

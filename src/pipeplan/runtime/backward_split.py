@@ -7,7 +7,9 @@ w.r.t. the layer's inputs, keeping the intermediate gradients that W needs), the
 ``stage_backward_weight`` (``torch.autograd.grad`` w.r.t. its parameters from those
 intermediates) — the two calls torch's pipelining runtime makes for I and W. A layer whose
 inputs need no gradient (the model's first: its input is data) has I = 0 and W = its whole
-backward, as torch runs a first stage. Times are medians over the repetitions.
+backward, as torch runs a first stage. B, the layer's backward in one pass, is timed the same
+way for comparison (the split costs more: ``split_cost``). Times are medians over the
+repetitions.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ def _inputs_of(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tensor) ->
     return seen
 
 
-def _one(m: nn.Module, args: tuple, kwargs: dict, data: set[int], clock: Clock) -> tuple[float, float]:
-    """(I, W) seconds of one forward+backward of layer ``m``; inputs whose storage is the
-    model's input (``data``) take no gradient."""
+def _one(m: nn.Module, args: tuple, kwargs: dict, data: set[int], clock: Clock,
+         split: bool = True) -> tuple[float, float]:
+    """(I, W) seconds of one forward+backward of layer ``m`` (``split=False``: (0, the whole
+    backward in one pass)); inputs whose storage is the model's input (``data``) take no gradient."""
     def leaf(v: Any) -> Any:
         if not isinstance(v, torch.Tensor):
             return v
@@ -61,7 +64,7 @@ def _one(m: nn.Module, args: tuple, kwargs: dict, data: set[int], clock: Clock) 
     inputs = [v for v in tensors((args, kwargs)) if v.requires_grad]
     clock.sync()
     t0 = clock.mark()
-    if not inputs:  # nothing upstream waits: the whole backward is W
+    if not inputs or not split:  # nothing upstream waits: the whole backward is W
         torch.autograd.backward(outs, grads)
         t1, t2 = t0, clock.mark()
     else:
@@ -76,18 +79,19 @@ def _one(m: nn.Module, args: tuple, kwargs: dict, data: set[int], clock: Clock) 
 
 def measure_split(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tensor, clock: Clock, warmup: int,
                   reps: int) -> dict[str, list[float]]:
-    """Per layer, its median [I, W] seconds (module docstring)."""
+    """Per layer, its median [I, W, B] seconds: B its whole backward in one pass, measured
+    the same way (module docstring)."""
     calls = _inputs_of(model, mods, x)
     data = {t.untyped_storage().data_ptr() for t in tensors(x)}
-    times: dict[str, list[tuple[float, float]]] = {nid: [] for nid in calls}
+    times: dict[str, list[tuple[float, float, float]]] = {nid: [] for nid in calls}
     for r in range(warmup + reps):
         for nid, (args, kwargs) in calls.items():
-            got = _one(mods[nid], args, kwargs, data, clock)
+            i, w = _one(mods[nid], args, kwargs, data, clock)
+            b = _one(mods[nid], args, kwargs, data, clock, split=False)[1]
             if r >= warmup:
-                times[nid].append(got)
+                times[nid].append((i, w, b))
     model.zero_grad(set_to_none=True)
-    return {nid: [statistics.median(i for i, _ in ts), statistics.median(w for _, w in ts)]
-            for nid, ts in times.items() if ts}
+    return {nid: [statistics.median(t[k] for t in ts) for k in range(3)] for nid, ts in times.items() if ts}
 
 
 def input_fraction(split: dict[str, list[float]], bwd: dict[str, float], extra_input_s: float = 0.0) -> float:
@@ -96,7 +100,15 @@ def input_fraction(split: dict[str, list[float]], bwd: dict[str, float], extra_i
     gradient outside the layers (the loss)."""
     num, den = extra_input_s, extra_input_s
     for nid, b in bwd.items():
-        i, w = split.get(nid, (0.0, 0.0))
+        i, w = split.get(nid, (0.0, 0.0))[:2]
         num += b * (i / (i + w) if i + w > 0 else 0.5)
         den += b
     return num / den if den > 0 else 0.5
+
+
+def split_cost(split: dict[str, list[float]]) -> float:
+    """Summed over the layers, I + W over the same layers' backward in one pass: what
+    splitting costs beyond it (torch's input pass walks the autograd graph). The simulator
+    takes I + W = B; this says by how much that is short."""
+    whole = sum(v[2] for v in split.values())
+    return sum(v[0] + v[1] for v in split.values()) / whole if whole > 0 else 1.0

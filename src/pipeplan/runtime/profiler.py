@@ -19,7 +19,9 @@ Modules with an ``inplace`` flag (``nn.ReLU(inplace=True)``, ...) are timed out 
 full backward hooks reject in-place changes of a hooked output, and the cost is the same.
 The backward's split into input gradient (I) and weight gradient (W), as zero-bubble
 schedules run it, is measured layer by layer (``backward_split.py``): ``meta["backward_split_s"]``
-per node [I, W], ``meta["backward_input_fraction"]`` the model's I share (the simulator's).
+per node [I, W, B] (B: its backward in one pass, timed alike), ``meta["backward_input_fraction"]``
+the model's I share (the simulator's), ``meta["backward_split_cost"]`` the layers' I + W over
+their B (what the split itself costs).
 Each time is the median over ``reps``; ``meta["spread"]`` holds per node [min, max] of
 forward+backward over the repetitions. The runtime's loss (squared error against a target,
 forward and backward, ``meta["loss_s"]``) is in no layer's time: it is added to the last
@@ -52,7 +54,7 @@ from ..graph.model import Graph, NodeSpec
 from .data import squared_error
 from .steps import MOMENTUM
 from .models import load_model
-from .backward_split import input_fraction, measure_split
+from .backward_split import input_fraction, measure_split, split_cost
 from .clock import Clock as _Clock, tensors as _tensors
 from .trace import layer_graph
 
@@ -369,5 +371,6 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
             "microbatch": int(x.shape[0]), "torch": torch.__version__, "warmup": warmup, "reps": reps,
             "total_s": med(times.total), "spread": spread, "backward_split_s": split,
             "backward_input_fraction": input_fraction(split, {nid: med(times.bwd[nid]) for nid in ids}, loss_s),
+            "backward_split_cost": split_cost(split),
             "reference": f"this machine, one process, {threads} thread{'s' if threads > 1 else ''}"}
     return Graph.from_nodes(spec.rsplit(":", 1)[-1], nodes, edges, meta=meta)
