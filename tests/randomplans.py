@@ -33,6 +33,8 @@ def random_graph(rng: np.random.Generator, layers: int) -> Graph:
     if rng.random() < 0.3:  # in-place nodes and what autograd keeps, as a profile records them
         inplace = np.r_[False, rng.random(layers - 1) < 0.3]
         saved = np.where(inplace, 0.0, act * rng.choice([0.0, 0.5, 1.0, 3.0], layers))
+    if rng.random() < 0.3:  # a profiled split backward costs more than one pass (I + W > B)
+        meta["backward_split_cost"] = float(rng.uniform(1.0, 1.5))
     return Graph(name="random", ids=ids, fwd=rng.uniform(1e-4, 3e-3, layers), bwd=rng.uniform(2e-4, 6e-3, layers),
                  params=rng.uniform(0, 4e7, layers), act=act, flops=np.full(layers, np.nan),
                  desc=[""] * layers, edges=edges, meta=meta, inplace=inplace, saved=saved)

@@ -52,6 +52,22 @@ def test_zb_h1_takes_the_papers_bubble(p, m):
         m * (tf + ti + tw) + (p - 1) * (tf + ti - tw))
 
 
+@pytest.mark.parametrize("p,m,cost", [(2, 8, 1.3), (4, 8, 1.5), (4, 32, 1.2)])
+def test_a_measured_split_cost_is_charged_to_i_and_w(p, m, cost):
+    """A profile that measured I + W = cost x B (``backward_split_cost``): each half takes
+    cost x its share. With T_F = cost (so T_F = T_I = T_W again) ZB-H1 takes the paper's
+    M (T_F + T_I + T_W) + (p-1)(T_F + T_I - T_W); in general it equals the same graph with
+    every backward cost times longer and no split cost; 1F1B does not split and is unchanged."""
+    g = uniform_chain(p, cost, 2.0)
+    g.meta["backward_split_cost"] = cost
+    assert simulate(pipeline(p, m, "zb-h1", g)).iteration_s == pytest.approx(3 * cost * m + (p - 1) * cost)
+    g1, g2 = uniform_chain(p, 1.0, 2.0), uniform_chain(p, 1.0, 2.0 * cost)
+    g1.meta["backward_split_cost"] = cost
+    assert simulate(pipeline(p, m, "zb-h1", g1)).iteration_s == pytest.approx(
+        simulate(pipeline(p, m, "zb-h1", g2)).iteration_s)
+    assert simulate(pipeline(p, m, "1f1b", g1)).iteration_s == pytest.approx((m + p - 1) * 3.0)
+
+
 @pytest.mark.parametrize("p,v,m", [(2, 2, 2), (2, 2, 8), (2, 4, 6), (3, 2, 9), (4, 2, 8), (4, 3, 12),
                                    (4, 4, 32), (8, 2, 16)])
 def test_interleaved_bubble_shrinks_by_the_chunks(p, v, m):

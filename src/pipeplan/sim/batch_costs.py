@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ..graph import Graph
-from .costs import DEFAULT_INPUT_FRACTION, StageCosts
+from .costs import DEFAULT_INPUT_FRACTION, StageCosts, split_cost
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class BatchCosts(StageCosts):
     valid: np.ndarray
 
     def take(self, idx: np.ndarray) -> "BatchCosts":
-        return BatchCosts(**{f.name: getattr(self, f.name) if f.name == "input_fraction" else getattr(self, f.name)[idx]
+        return BatchCosts(**{f.name: getattr(self, f.name) if f.name in ("input_fraction", "split_cost") else getattr(self, f.name)[idx]
                              for f in fields(self)})
 
 
@@ -75,7 +75,7 @@ def batch_costs(g: Graph, owner: np.ndarray, s_count: int, recompute: np.ndarray
                       _per_stage(own, g.params, s_count), _per_stage(own, g.saved, s_count),
                       np.concatenate([np.zeros((count, 1)), boundary], axis=1), held,
                       _stage_max(own, g.grad_pair, s_count), boundary, crossing, recompute.astype(bool),
-                      float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)), valid)
+                      float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)), split_cost(g.meta), valid)
 
 
 def structure_keys(costs: BatchCosts, device_stage: np.ndarray, s_count: int,

@@ -122,9 +122,9 @@ def _compute(sh: _Shape, c: BatchCosts, fs: np.ndarray, bs: np.ndarray, overhead
         fwd = (c.fwd[:, s] - ffix) / gf + np.where(ffix > 0, ffix / slow_f, 0.0)
         bwd = (c.bwd[:, s] - bfix) / gb + np.where(bfix > 0, bfix / slow_b, 0.0)
     redo = np.where(c.recompute[:, s], fwd, 0.0)
-    frac = c.input_fraction
+    frac, cost = c.input_fraction, c.split_cost
     dur[:, sel] = np.select([k == _F, k == _B, k == _I, k == _W],
-                            [fwd, bwd + redo, frac * bwd + redo, (1.0 - frac) * bwd]) + overhead
+                            [fwd, bwd + redo, cost * frac * bwd + redo, cost * (1.0 - frac) * bwd]) + overhead
 
 
 def _allreduce(sh: _Shape, c: BatchCosts, cl, dst: np.ndarray, dur: np.ndarray, bad: np.ndarray) -> None:

@@ -158,8 +158,9 @@ def _compute_durations(groups: list[Group], costs: StageCosts, share_f: np.ndarr
         fwd = (costs.fwd[s] - costs.fwd_fixed[s]) / share_f[s, m] + ff
         bwd = (costs.bwd[s] - costs.bwd_fixed[s]) / share_b[s, m] + bf
     redo = np.where(costs.recompute[s], fwd, 0.0)
-    frac = costs.input_fraction
-    dur = np.select([k == _F, k == _B, k == _I, k == _W], [fwd, bwd + redo, frac * bwd + redo, (1.0 - frac) * bwd])
+    frac, cost = costs.input_fraction, costs.split_cost
+    dur = np.select([k == _F, k == _B, k == _I, k == _W],
+                    [fwd, bwd + redo, cost * frac * bwd + redo, cost * (1.0 - frac) * bwd])
     return np.split(dur + overhead, np.cumsum([int(c.sum()) for c in comp])[:-1])
 
 

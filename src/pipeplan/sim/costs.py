@@ -15,6 +15,14 @@ from ..plan import Plan
 DEFAULT_INPUT_FRACTION = 0.5
 
 
+def split_cost(meta: dict) -> float:
+    """What a backward split into I and W costs over the same backward in one pass
+    (``graph.meta["backward_split_cost"]``, measured by ``pipeplan profile``: torch's input
+    pass walks the autograd graph once more); 1 where not measured (the zoo, PipeDream
+    profiles: I + W = B)."""
+    return float(meta.get("backward_split_cost", 1.0))
+
+
 def assumed_input_fraction(meta: dict) -> float | None:
     """The input-gradient share the simulator assumes for a graph that states none (a
     PipeDream profile, a hand-written graph); None when the graph measures or estimates it."""
@@ -45,6 +53,7 @@ class StageCosts:
     crossing: np.ndarray
     recompute: np.ndarray
     input_fraction: float
+    split_cost: float
 
     @property
     def stash(self) -> np.ndarray:
@@ -94,4 +103,4 @@ def stage_costs(plan: Plan) -> StageCosts:
     return StageCosts(per(g.fwd), per(g.bwd), per(fixed[0]), per(fixed[1]), per(g.params), per(kept),
                       np.concatenate(([0.0], boundary)), per(np.where(leaves, g.sent_held, 0.0)), workspace,
                       boundary, crossing, recompute,
-                      float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)))
+                      float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)), split_cost(g.meta))
