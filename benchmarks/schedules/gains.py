@@ -203,7 +203,8 @@ def markdown(pred: list[dict], summ: dict, meas: dict, args) -> str:
               "Torch's split backward (I then W) costs more than one backward pass, and the more the larger the "
               "stage (its input pass walks the stage's autograd graph once per parameter): (I + W) / B = "
               + ", ".join(f"{v:.2f} for {n} block{'s' * (int(n) > 1)}" for n, v in meas["split_cost_per_stage"].items())
-              + f" ({meas['split_cost_per_layer']:.2f} layer by layer in the profile). The simulator takes I + W = B.",
+              + f" ({meas['split_cost_per_layer']:.2f} layer by layer in the profile, which the simulator charges to "
+              "every I and W; a whole stage's larger factor it does not see).",
               "",
               "| schedule | stages | measured (ms), each pass | gain (fastest passes) | predicted (ms) | "
               "predicted gain | check |", "|---|---|---|---|---|---|---|"]
