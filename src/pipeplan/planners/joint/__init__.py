@@ -82,19 +82,18 @@ def _local(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOpti
     """Iterated local search from the seeds and the balanced plans; the best plan and facts."""
     lin = linearize(graph)
     orders, starts = [lin.order], []
-    for name, (plan, _) in seeds.items():
+    for plan, _ in seeds.values():
         if plan.allocation is None and plan.schedule in schedules:
             orders.append(order_of_plan(plan, lin.order))
             starts.append(from_plan(plan, len(orders) - 1, orders[-1]))
-    work = np.concatenate(([0.0], np.cumsum((graph.fwd + graph.bwd)[lin.order])))
+    works = [np.concatenate(([0.0], np.cumsum((graph.fwd + graph.bwd)[o]))) for o in orders]
     ranking = device_ranking(cluster)
-    starts += balanced_starts(0, work, ranking, subset_sizes(cluster, ranking), 16, schedules[0], MODES)
+    starts += balanced_starts(0, works[0], ranking, subset_sizes(cluster, ranking), 16, schedules[0], MODES)
     scorer = Scorer(graph, cluster, orders, options.microbatches, options.optimizer, options.allow_over_memory,
                     deadline, device_classes(cluster))
-    works = [np.concatenate(([0.0], np.cumsum((graph.fwd + graph.bwd)[o]))) for o in orders]
     space = Space(len(cluster), cluster.speed, works, schedules, MODES)
     search = LocalSearch(scorer, space, np.random.default_rng(opts.seed))
-    score, best, converged = search.run(scorer.score(starts), climbs=8, patience=opts.patience)
+    _, best, converged = search.run(scorer.score(starts), climbs=8, patience=opts.patience)
     plan = to_plan(best, orders[best.order], graph, cluster, options.microbatches, options.optimizer)
     return plan, {"complete": converged, "evaluations": scorer.evaluations}
 
@@ -122,10 +121,8 @@ def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     single = [k for k in answers if SCHEDULES[answers[k][0].schedule].placement == "single"]
     if single:
         base = min(single, key=key)
-        for variant in chunked.variants(answers[base][0], chunk_schedules):
-            done = chunked.simulate_fitting(variant, options.allow_over_memory)
-            if done is not None:
-                answers[f"{base}+{variant.schedule}x{variant.num_stages // answers[base][0].num_stages}"] = done
+        for variant, done in chunked.simulated_variants(answers[base][0], chunk_schedules, options.allow_over_memory):
+            answers[f"{base}+{variant.schedule}x{variant.num_stages // answers[base][0].num_stages}"] = done
     source = min(answers, key=key)
     plan = answers[source][0]
     plan.extra = {k: v for k, v in plan.extra.items()}

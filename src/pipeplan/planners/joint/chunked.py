@@ -38,7 +38,7 @@ def chunked(plan: Plan, schedule: str, chunks: int) -> Plan:
     stages = [Stage([plan.graph.ids[u] for u in lin.interval(a, b)],
                     [names[d] for d in groups[_position(j, p, placement)]])
               for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
-    return replace(plan, stages=stages, schedule=schedule, recompute=None, prediction={}, extra={})
+    return replace(plan, stages=stages, schedule=schedule, recompute=None, allocation=None, prediction={}, extra={})
 
 
 def variants(plan: Plan, schedules: tuple[str, ...]) -> list[Plan]:
@@ -51,6 +51,21 @@ def variants(plan: Plan, schedules: tuple[str, ...]) -> list[Plan]:
         placement = SCHEDULES[sch].placement
         counts = {"loop": range(2, MAX_CHUNKS + 1), "v": (2,)}.get(placement, ())
         out += [chunked(plan, sch, v) for v in counts if p * v <= n]
+    return out
+
+
+def simulated_variants(plan: Plan, schedules: tuple[str, ...],
+                       allow_over: bool) -> list[tuple[Plan, tuple[Plan, SimResult]]]:
+    """Each chunked variant that runs: (the variant, (itself or re-materialized, its simulation))."""
+    try:
+        candidates = variants(plan, schedules)
+    except PipeplanError:  # a shape the chunked schedules cannot take
+        return []
+    out = []
+    for v in candidates:
+        done = simulate_fitting(v, allow_over)
+        if done is not None:
+            out.append((v, done))
     return out
 
 
