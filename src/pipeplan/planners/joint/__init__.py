@@ -23,6 +23,7 @@ from ...schedule import SCHEDULES
 from ...sim import SimResult, simulate
 from ..base import PlanOptions, planner_options, register
 from ..exact import device_classes
+from ..variants import batch_choices
 from . import chunked
 from .candidate import from_plan, order_of_plan, to_plan
 from .local import LocalSearch
@@ -70,6 +71,14 @@ def _budget(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
     return planner_options(JointOptions, options, "joint").budget or min(DEFAULT_BUDGET_S, options.time_budget_s)
 
 
+def _splits(graph: Graph, cluster: Cluster, options: PlanOptions) -> int:
+    """How many (microbatch size, count) splits of ``--global-batch`` the planner layer runs
+    joint on (``variants.plan_for_global_batch``): they share the budget; 1 without one."""
+    if options.global_batch is None:
+        return 1
+    return max(len(batch_choices(options.global_batch, graph, len(cluster))), 1)
+
+
 def result_key(result: SimResult, allow_over: bool) -> float:
     """The scorer's key for a simulated plan: its time if it fits, else OVER + overflow."""
     if allow_over or not result.over_memory:
@@ -79,7 +88,10 @@ def result_key(result: SimResult, allow_over: bool) -> float:
 
 def _local(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOptions, schedules: tuple[str, ...],
            seeds: dict, deadline: float) -> tuple[Plan | None, dict]:
-    """Iterated local search from the seeds and the balanced plans; the best plan and facts."""
+    """Iterated local search from the seeds and the balanced plans; the best plan and facts
+    (no plan when the seed planners used up the budget)."""
+    if time.perf_counter() > deadline:
+        return None, {"complete": False, "evaluations": 0}
     lin = linearize(graph)
     orders, starts = [lin.order], []
     for plan, _ in seeds.values():
@@ -105,7 +117,7 @@ def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     opts = planner_options(JointOptions, options, "joint")
     schedules, chunk_schedules = search_schedules(opts.schedules)
     t0 = time.perf_counter()
-    deadline = t0 + _budget(graph, cluster, options)
+    deadline = t0 + _budget(graph, cluster, options) / _splits(graph, cluster, options)
     small = len(cluster) <= LOCAL_MAX_DEVICES
     seeds = seed_plans(graph, cluster, options, deadline, SEED_PLANNERS if small else LARGE_SEED_PLANNERS)
     if small:
