@@ -161,3 +161,32 @@ def test_interchangeable_devices_make_one_candidate():
     assert canonical(other, classes) != canonical(a, classes)
     rr = make(0, (0, 3, 6), [[1, 3], [5]], replicas="round-robin")
     assert canonical(rr, classes) == rr
+
+
+def test_compare_hands_joint_the_others_plans_and_keeps_them_intact():
+    """In a compare joint runs last and starts from the plans the others just made (not
+    planning them again); the others' rows are left as they were."""
+    from pipeplan.planners import compare
+
+    g, c = load_graph("zoo:bert-large"), load_cluster("v100x4")
+    rows = compare(g, c, ["joint", "spp", "dp"], PlanOptions(microbatches=8, extra=(("joint.budget", "3"),)))
+    by = {r.planner: r for r in rows}
+    assert {r.plan.planner for r in rows} == {"joint", "spp", "dp"} and by["spp"].plan.planner == "spp"
+    facts = by["joint"].plan.extra["joint"]
+    assert facts["seeds"]["spp"] == pytest.approx(by["spp"].iteration_s)
+    assert set(facts["seeds"]) >= {"spp", "dp"} and "joint" not in by["spp"].plan.extra
+    assert by["joint"].iteration_s <= min(by["spp"].iteration_s, by["dp"].iteration_s) * (1 + 1e-9)
+
+
+def test_seed_plans_take_known_plans_for_the_same_inputs_only():
+    import time as _time
+    from pipeplan.planners.joint.seeds import seed_plans
+
+    g, c = load_graph("zoo:bert-large"), load_cluster("v100x4")
+    opts = PlanOptions(microbatches=8)
+    spp = run_planner("spp", g, c, opts)
+    later = _time.perf_counter() + 60
+    got = seed_plans(g, c, PlanOptions(microbatches=8, known_plans={"spp": spp}), later, ("spp",))
+    assert got["spp"] is spp
+    other = seed_plans(g, c, PlanOptions(microbatches=4, known_plans={"spp": spp}), later, ("spp",))
+    assert other["spp"] is not spp and other["spp"][0].microbatches == 4

@@ -12,7 +12,7 @@ import math
 import time
 import types
 import typing
-from dataclasses import MISSING, dataclass, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Callable, TypeVar
 
 import numpy as np
@@ -41,6 +41,10 @@ class PlanOptions:
     allow_over_memory: bool = False
     global_batch: int | None = None  # samples per iteration: the planner layer picks microbatch size and M
     extra: tuple[tuple[str, str], ...] = ()  # planner-specific KEY=VALUE options (-O), see planner_options
+    #: plans other planners already made on these inputs, by planner name (``compare`` gives
+    #: them to a planner registered ``after_others``, which may start from them)
+    known_plans: dict[str, tuple[Plan, SimResult]] | None = field(default=None, compare=False, hash=False,
+                                                                   repr=False)
 
 
 # -- typed planner options -------------------------------------------------------------------
@@ -166,6 +170,7 @@ class PlannerInfo:
     memory_variants: bool = True  # False: the plan is kept as its program returns it, flagged
     estimate: Estimate | None = None  # seconds it may take on an instance (None: well under one)
     in_best: bool = True  # run by ``best`` and a compare without --planners
+    after_others: bool = False  # compare runs it last, with the others' plans as ``known_plans``
 
     def parse_options(self, options: PlanOptions) -> Any:
         return planner_options(self.options, options, self.name)
@@ -180,11 +185,14 @@ REGISTRY: dict[str, PlannerInfo] = {}
 
 
 def register(name: str, description: str, default_schedule: str, options: type | None = None,
-             memory_variants: bool = True, estimate: Estimate | None = None, in_best: bool = True):
+             memory_variants: bool = True, estimate: Estimate | None = None, in_best: bool = True,
+             after_others: bool = False):
     """Register ``fn(graph, cluster, PlanOptions) -> Plan`` under ``name``; ``options``: the
     frozen dataclass of its ``-O`` options (None: it takes none); ``estimate``: how many
     seconds it may take on an instance, for progress bars (None: well under a second);
-    ``in_best``: False for planners run only when named (a yardstick, a learning agent)."""
+    ``in_best``: False for planners run only when named (a yardstick, a learning agent);
+    ``after_others``: it starts from other planners' plans, so ``compare`` runs it last and
+    hands it theirs (``PlanOptions.known_plans``) instead of having it plan them again."""
     if options is not None and not is_dataclass(options):
         raise TypeError(f"planner {name!r}: options must be a dataclass, got {options!r}")
     cls = options or NoOptions
@@ -192,7 +200,7 @@ def register(name: str, description: str, default_schedule: str, options: type |
 
     def deco(fn: Callable[[Graph, Cluster, PlanOptions], Plan]):
         REGISTRY[name] = PlannerInfo(name, description, default_schedule, fn, cls, memory_variants, estimate,
-                                     in_best)
+                                     in_best, after_others)
         return fn
     return deco
 

@@ -127,12 +127,16 @@ def compare(graph: Graph, cluster: Cluster, planners: list[str], options: PlanOp
     instance). So the first row is ``best_row``'s choice. ``progress`` is told each planner
     before it runs, with its estimate (``PlannerInfo.estimate``)."""
     per_planner = options_per_planner(planners, options)  # unknown names and bad options first
-    rows = []
-    for i, name in enumerate(planners):
+    order = sorted(planners, key=lambda n: get_planner(n).after_others)  # stable: the others first
+    rows: list[CompareRow] = []
+    for i, name in enumerate(order):
+        opts = per_planner[name]
+        if get_planner(name).after_others:
+            opts = replace(opts, known_plans={r.planner: (r.plan, r.result) for r in rows if r.result is not None})
         if progress is not None:
-            progress(name, i, len(planners), _estimate(name, graph, cluster, per_planner[name]))
+            progress(name, i, len(planners), _estimate(name, graph, cluster, opts))
         try:
-            plan, result = run_planner(name, graph, cluster, per_planner[name])
+            plan, result = run_planner(name, graph, cluster, opts)
             rows.append(CompareRow(name, plan, result))
         except (PipeplanError, Infeasible) as e:
             rows.append(CompareRow(name, error=str(e)))

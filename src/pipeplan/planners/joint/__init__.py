@@ -11,7 +11,7 @@ converged before its budget ran out."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -112,7 +112,7 @@ def _local(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOpti
 
 @register("joint", "joint search over partition, replication, device subsets, replica mode, recomputation and "
           "schedule, from the other planners' plans (local search; symmetric plans on large clusters)",
-          "1f1b", options=JointOptions, estimate=_budget)
+          "1f1b", options=JointOptions, estimate=_budget, after_others=True)
 def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     opts = planner_options(JointOptions, options, "joint")
     schedules, chunk_schedules = search_schedules(opts.schedules)
@@ -136,8 +136,8 @@ def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
         for variant, done in chunked.simulated_variants(answers[base][0], chunk_schedules, options.allow_over_memory):
             answers[f"{base}+{variant.schedule}x{variant.num_stages // answers[base][0].num_stages}"] = done
     source = min(answers, key=key)
-    plan = answers[source][0]
-    plan.extra = {k: v for k, v in plan.extra.items()}
+    chosen = answers[source][0]  # a copy: a seed's plan may be another planner's answer too (compare)
+    plan = replace(chosen, extra=dict(chosen.extra), prediction={})
     plan.extra["joint"] = {**facts, "from": source, "seconds": time.perf_counter() - t0,
                            "seeds": {k[5:]: answers[k][1].iteration_s for k in answers if k.startswith("seed:")}}
     return plan

@@ -29,9 +29,13 @@ def seed_plans(graph: Graph, cluster: Cluster, options: PlanOptions, deadline: f
     than ``share`` of the time left, or cannot plan the instance."""
     out: dict[str, tuple[Plan, SimResult]] = {}
     multi = any(len(d.resources) > 1 for d in cluster.devices)
-    plain = replace(options, extra=(), global_batch=None)
+    plain = replace(options, extra=(), global_batch=None, known_plans=None)
     for name in planners:
         if name == "resalloc" and not multi:
+            continue
+        known = _known(options, name, graph, cluster)
+        if known is not None:
+            out[name] = known
             continue
         left = deadline - time.perf_counter()
         estimate = get_planner(name).estimate
@@ -61,6 +65,16 @@ def subset_sizes(cluster: Cluster, ranking: list[int], every_up_to: int = 16) ->
     v = len(ranking)
     ends = {i + 1 for i in range(v - 1) if cluster.devices[ranking[i]].server != cluster.devices[ranking[i + 1]].server}
     return sorted({k for k in range(1, v + 1) if k <= every_up_to or k in ends or k == v})
+
+
+def _known(options: PlanOptions, name: str, graph: Graph, cluster: Cluster) -> tuple[Plan, SimResult] | None:
+    """``name``'s plan from ``options.known_plans`` when it is for these very inputs."""
+    known = (options.known_plans or {}).get(name)
+    if known is None:
+        return None
+    plan, result = known
+    same = plan.graph is graph and plan.cluster is cluster and plan.microbatches == options.microbatches
+    return (plan, result) if same else None
 
 
 def balanced_starts(order: int, work_cum: np.ndarray, ranking: list[int], sizes: list[int], max_stages: int,
