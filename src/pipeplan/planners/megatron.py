@@ -8,8 +8,8 @@ chunk j on position j mod p), activation recomputation only when the model does 
 otherwise.
 
 What a practitioner sweeps: every depth p dividing V (at most the number of layers) and, for
-p >= 2, every v from 2 to 8 with the layers divisible by v p (Megatron's rule), with and
-without recomputation; the fastest plan that fits is kept. Stages get equal numbers of
+p >= 2, every v from 2 to 8 with the layers divisible by v p (Megatron's rule), with
+recomputation where the plan does not fit without it; the fastest plan that fits is kept. Stages get equal numbers of
 layers as Megatron counts them (``layer_mask``: the repeated blocks; embeddings, poolers and
 heads are extras that ride with the first or last chunk); where the layers do not divide
 evenly (1F1B's depths), stages differ by one layer.
@@ -108,7 +108,8 @@ def chunk_counts(layers: int, depth: int, schedule: str | None) -> list[int]:
           "stage, identical data-parallel pipelines, 1F1B or interleaved 1F1B; depth and chunks swept", "1f1b")
 def plan_megatron(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """The fastest fitting plan over the depths of ``depths`` x the chunks of
-    ``chunk_counts`` x recomputation off/on (the fastest overall when none fits)."""
+    ``chunk_counts``, each with recomputation only when it does not fit without (the fastest
+    overall when none fits)."""
     best, best_key = None, None
     lin = linearize(graph)
     layers = int(np.count_nonzero(layer_mask(graph, lin)))
@@ -117,9 +118,12 @@ def plan_megatron(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
             for recompute in (False, True):
                 plan = megatron_plan(graph, cluster, options, p, recompute, v)
                 r = simulate(plan, timeline=False)
-                key = (bool(r.over_memory) and not options.allow_over_memory, r.iteration_s, recompute, v)
+                over = bool(r.over_memory) and not options.allow_over_memory
+                key = (over, r.iteration_s, recompute, v)
                 if best_key is None or key < best_key:
                     best, best_key = plan, key
+                if not over:  # recomputation only when the model does not fit otherwise
+                    break
     if best is None:
         raise PipeplanError(f"megatron: schedule {options.schedule} needs a pipeline of at least 2 devices whose "
                             f"number times the chunks divides the {layers} layers; {len(cluster)} device(s)")
