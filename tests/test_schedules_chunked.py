@@ -237,3 +237,10 @@ def test_bounds_hold_for_chunked_plans_on_random_clusters():
         checked += 1
         assert r.efficiency <= 1.0 + 1e-12
     assert checked > 60
+
+
+def test_a_split_cost_below_one_is_noise_and_not_charged():
+    g1, g2 = uniform_chain(2, 1.0, 2.0), uniform_chain(2, 1.0, 2.0)
+    g1.meta["backward_split_cost"] = 0.6
+    assert simulate(pipeline(2, 4, "zb-h1", g1)).iteration_s == pytest.approx(
+        simulate(pipeline(2, 4, "zb-h1", g2)).iteration_s)

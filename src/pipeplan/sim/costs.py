@@ -19,8 +19,9 @@ def split_cost(meta: dict) -> float:
     """What a backward split into I and W costs over the same backward in one pass
     (``graph.meta["backward_split_cost"]``, measured by ``pipeplan profile``: torch's input
     pass walks the autograd graph once more); 1 where not measured (the zoo, PipeDream
-    profiles: I + W = B)."""
-    return float(meta.get("backward_split_cost", 1.0))
+    profiles: I + W = B). Never below 1: I and W compute what B does, so a measured factor
+    under 1 is timing noise, not a saving."""
+    return max(1.0, float(meta.get("backward_split_cost", 1.0)))
 
 
 def assumed_input_fraction(meta: dict) -> float | None:
