@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/pipeplan simulate $(OUT)/demo-plan.json --trace $(OUT)/demo-trace.json --gantt $(OUT)/demo-plan-gantt.png
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_throughput.py --json
