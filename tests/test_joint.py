@@ -190,3 +190,17 @@ def test_seed_plans_take_known_plans_for_the_same_inputs_only():
     assert got["spp"][0] is spp[0] and got["spp"][1] is spp[1]
     other = seed_plans(g, c, PlanOptions(microbatches=4, known_plans={"spp": spp}), later, ("spp",))
     assert other["spp"][0] is not spp[0] and other["spp"][0].microbatches == 4
+
+
+@pytest.mark.parametrize("model", ["bert-large", "bert-48", "xlnet-large", "t5-base", "transformer"])
+def test_zoo_transformers_take_96_layers(model):
+    g = load_graph(f"zoo:{model}?layers=96")
+    blocks = [d for d in g.desc if d]
+    assert len(g) >= 96 and len(set(g.ids)) == len(g) and blocks
+
+
+def test_hier_clusters_up_to_4096_devices_and_no_more():
+    c = load_cluster("hier:servers=512,gpus=8,intra=300GB/s,inter=200Gbps")
+    assert len(c) == 4096 and c.bandwidth.shape == (4096, 4096)
+    with pytest.raises(PipeplanError, match="at most 4,096"):
+        load_cluster("hier:servers=513,gpus=8,intra=300GB/s,inter=200Gbps")
