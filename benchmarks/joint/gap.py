@@ -1,6 +1,6 @@
 """The joint planner's gap to the exact optimum on seeded random small instances.
 
-Instances (``_instances.py``): 3-8 layers, 2-5 devices in 1-3 servers, uneven links,
+Instances (``benchmarks/_instances.py``): 3-8 layers, 2-5 devices in 1-3 servers, uneven links,
 latency 0 / 1 ms / 20 ms, speeds 0.5-1.5, tight memory in 40% of them, M = 2-8. The gap is
 T_joint / T_exact - 1 with joint searching exactly exact's schedules (gpipe, 1f1b, spp-pe),
 so both search the same space; SPP's gap is given beside it, and joint's time with every
@@ -24,9 +24,8 @@ from pipeplan.errors import PipeplanError
 from pipeplan.planners import PlanOptions, run_planner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _instances import joint_instance  # noqa: E402
 from _results import add_out_argument, write_json, write_markdown  # noqa: E402
-from _instances import instance  # noqa: E402
 
 EXACT_SCHEDULES = "gpipe,1f1b,spp-pe"
 TARGETS = {"median_gap": 0.01, "p90_gap": 0.03, "worst_gap": 0.10}
@@ -105,7 +104,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     rows: list[dict] = []
     while len(rows) < args.instances:
-        row = run_instance(*instance(rng))
+        row = run_instance(*joint_instance(rng))
         if row is not None:
             rows.append(row)
             print(len(rows), {k: row[k] for k in ("layers", "devices", "exact_s", "joint_s")}, flush=True)

@@ -25,22 +25,14 @@ from pipeplan.graph import Graph
 from pipeplan.planners import PlanOptions, run_planner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
+from _instances import random_chain, uneven_links  # noqa: E402
 from _results import add_out_argument, save_figure, write_json, write_markdown  # noqa: E402
-
-Gbps = 1e9 / 8
 
 
 def instance(rng: np.random.Generator) -> tuple[Graph, Cluster, int]:
-    layers = int(rng.integers(3, 9))
-    f = rng.uniform(2e-3, 20e-3, layers)
-    g = Graph.chain("rand", f, f * rng.uniform(1.5, 2.5, layers),
-                    params=rng.uniform(0, 60e6, layers) * (rng.random(layers) < 0.7),
-                    act=rng.uniform(1e6, 80e6, layers))
-    v = int(rng.integers(2, 6))
-    servers = np.sort(rng.integers(0, min(3, v), v))
-    bw = np.where(servers[:, None] == servers[None, :], rng.uniform(64, 200, (v, v)),
-                  rng.uniform(5, 40, (v, v))) * Gbps
-    bw = np.minimum(bw, bw.T)
+    g = random_chain(rng)
+    servers, bw = uneven_links(rng)
+    v = servers.size
     devs = [Device(f"d{i}", speed=float(rng.uniform(0.8, 1.2)), server=f"s{servers[i]}") for i in range(v)]
     return g, Cluster("rand", devs, bw, np.zeros((v, v))), int(rng.integers(2, 9))
 
