@@ -79,7 +79,7 @@ def check_compare(res: dict, planners: set[str] = DEFAULT_PLANNERS) -> None:
 def test_profiles_on_every_preset(name, capsys):
     path = str(profile_path(name))
     for preset in PRESETS:  # joint on one preset (benchmarks/joint/never_slower.py runs it on all)
-        planners = DEFAULT_PLANNERS if preset == "spp-sim" else DEFAULT_PLANNERS - {"joint"}
+        planners = DEFAULT_PLANNERS if preset == "1080ti-4x2" else DEFAULT_PLANNERS - {"joint"}
         check_compare(run_json(capsys, "compare", "--model", path, "--cluster", preset, "--microbatches", "8",
                                "--planners", ",".join(sorted(planners)),
                                *(JOINT_QUICK if "joint" in planners else ())), planners)
@@ -95,7 +95,7 @@ def test_every_zoo_model_on_every_preset(capsys):
     for model in models:
         for preset in ("v100x4", "1080ti-4x2", "automap-c"):  # one server, two servers, heterogeneous links
             # joint (which starts from the others' plans) on one preset per model, to keep the suite quick
-            planners = DEFAULT_PLANNERS if preset == "automap-c" else DEFAULT_PLANNERS - {"joint"}
+            planners = DEFAULT_PLANNERS if preset == "v100x4" else DEFAULT_PLANNERS - {"joint"}
             code = main(["compare", "--model", f"zoo:{model}", "--cluster", preset, "--microbatches", "4", "--json",
                          "--planners", ",".join(sorted(planners)), *(JOINT_QUICK if "joint" in planners else ())])
             out = capsys.readouterr()
