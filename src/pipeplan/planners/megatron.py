@@ -27,6 +27,7 @@ from ..graph import Graph, linearize
 from ..graph.linearize import Linearization
 from ..plan import Plan, Stage
 from ..schedule import SCHEDULES
+from ..schedule.layout import placement_positions
 from ..sim import simulate
 from .base import PlanOptions, register
 
@@ -60,13 +61,6 @@ def layer_bounds(graph: Graph, lin: Linearization, count: int) -> np.ndarray:
     return bounds
 
 
-def _position(j: int, depth: int, placement: str) -> int:
-    """The pipeline position (device group) of stage j."""
-    if placement == "v":
-        return min(j, 2 * depth - 1 - j)
-    return j % depth
-
-
 def megatron_plan(graph: Graph, cluster: Cluster, options: PlanOptions, depth: int, recompute: bool,
                   chunks: int = 1) -> Plan:
     """Megatron's plan of pipeline depth ``depth`` (a divisor of the device count) with
@@ -80,8 +74,7 @@ def megatron_plan(graph: Graph, cluster: Cluster, options: PlanOptions, depth: i
     bounds = layer_bounds(graph, lin, count)
     names = cluster.names
     stages = []
-    for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-        s = _position(j, depth, placement)
+    for (a, b), s in zip(zip(bounds[:-1], bounds[1:]), placement_positions(placement, count, depth)):
         stages.append(Stage([graph.ids[u] for u in lin.interval(a, b)], names[s * d:(s + 1) * d]))
     return Plan(graph, cluster, stages, options.microbatches, schedule=schedule,
                 optimizer=options.optimizer, replicas="round-robin",

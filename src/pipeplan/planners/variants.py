@@ -49,7 +49,7 @@ def _variant(plan: Plan, schedule: str, recompute: list[bool]) -> Plan:
                    prediction={}, extra=dict(plan.extra))
 
 
-def _overflowing(result: SimResult) -> list[int]:
+def overflowing_stages(result: SimResult) -> list[int]:
     """Stages with a device over its memory."""
     return sorted({s for i, (m, lim) in enumerate(zip(result.memory_bytes, result.memory_limit)) if m > lim
                    for s in result.stages_of(i)})
@@ -85,7 +85,7 @@ def recompute_payoffs(plan: Plan, result: SimResult, stages: list[int]) -> dict[
     (measured by one simulation with all of them on); None if one of them overflows even so."""
     rec = [plan.recomputes(s) or s in stages for s in range(plan.num_stages)]
     on = simulate(_variant(plan, plan.schedule, rec), timeline=False)
-    if set(_overflowing(on)) & set(stages):
+    if set(overflowing_stages(on)) & set(stages):
         return None
     out = {}
     for s in stages:
@@ -103,7 +103,7 @@ def greedy_recompute(plan: Plan, result: SimResult | None = None) -> tuple[Plan,
     result = result or simulate(plan, timeline=False)
     payoff: dict[int, float] = {}
     while result.over_memory:
-        over = [s for s in _overflowing(result) if not plan.recomputes(s)]
+        over = [s for s in overflowing_stages(result) if not plan.recomputes(s)]
         if not over:
             return None
         missing = [s for s in over if s not in payoff]

@@ -51,11 +51,13 @@ def positions(stage_devices: list[list[int]]) -> Layout:
                                        for grp in groups))
 
 
-def _expected(placement: str, s_count: int, p: int) -> list[int]:
-    """The position of each stage under ``placement`` with p positions."""
-    if placement == "loop":
-        return [j % p for j in range(s_count)]
-    return [min(j, 2 * p - 1 - j) for j in range(s_count)]
+def placement_positions(placement: str, s_count: int, p: int) -> list[int]:
+    """The position (device group) of each of ``s_count`` stages under ``placement`` with p
+    positions: stage j on j mod p (one stage each, or chunks in a loop), or a V (j, then
+    2p-1-j)."""
+    if placement == "v":
+        return [min(j, 2 * p - 1 - j) for j in range(s_count)]
+    return [j % p for j in range(s_count)]
 
 
 def _refuse(name: str, placement: str, s_count: int, p: int) -> None:
@@ -85,7 +87,7 @@ def layout(name: str, stage_devices: tuple[tuple[int, ...], ...], placement: str
                                 "(model chunks run under interleaved-1f1b or zb-v)")
         return Layout(tuple(groups), tuple((s,) for s in range(s_count)))
     _refuse(name, placement, s_count, p)
-    pos = _expected(placement, s_count, p)
+    pos = placement_positions(placement, s_count, p)
     for j, g in enumerate(stage_devices):
         if g != groups[pos[j]]:
             where = "j mod p" if placement == "loop" else "min(j, 2p-1-j)"

@@ -20,7 +20,7 @@ from ...errors import PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan
 from ...schedule import SCHEDULES
-from ...sim import SimResult, simulate
+from ...sim import simulate
 from ..base import PlanOptions, planner_options, register
 from ..exact import device_classes
 from ..variants import batch_choices
@@ -28,7 +28,7 @@ from . import chunked
 from .candidate import from_plan, order_of_plan, to_plan
 from .local import LocalSearch
 from .moves import Space
-from .score import OVER, Scorer
+from .score import Scorer, result_key
 from .seeds import LARGE_SEED_PLANNERS, SEED_PLANNERS, balanced_starts, device_ranking, seed_plans, subset_sizes
 from .symmetric import symmetric_search
 
@@ -77,13 +77,6 @@ def _splits(graph: Graph, cluster: Cluster, options: PlanOptions) -> int:
     if options.global_batch is None:
         return 1
     return max(len(batch_choices(options.global_batch, graph, len(cluster))), 1)
-
-
-def result_key(result: SimResult, allow_over: bool) -> float:
-    """The scorer's key for a simulated plan: its time if it fits, else OVER + overflow."""
-    if allow_over or not result.over_memory:
-        return result.iteration_s
-    return OVER + float((result.memory_bytes / result.memory_limit).max())
 
 
 def _local(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOptions, schedules: tuple[str, ...],

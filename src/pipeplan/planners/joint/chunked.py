@@ -11,18 +11,16 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...errors import Infeasible, PipeplanError
+from ...errors import PipeplanError
 from ...graph import linearize
 from ...plan import Plan, Stage
 from ...schedule import SCHEDULES
-from ...sim import SimResult, simulate
+from ...schedule.layout import placement_positions
+from ...sim import SimResult
 from .candidate import balanced_bounds
+from .score import simulate_fitting
 
 MAX_CHUNKS = 4
-
-
-def _position(j: int, p: int, placement: str) -> int:
-    return min(j, 2 * p - 1 - j) if placement == "v" else j % p
 
 
 def chunked(plan: Plan, schedule: str, chunks: int) -> Plan:
@@ -30,14 +28,12 @@ def chunked(plan: Plan, schedule: str, chunks: int) -> Plan:
     placement = SCHEDULES[schedule].placement
     groups = plan.stage_devices()
     p, lin = len(groups), linearize(plan.graph)
-    count = p * chunks
-    speed = plan.cluster.speed
-    weights = np.array([speed[groups[_position(j, p, placement)]].sum() for j in range(count)])
+    where = [groups[s] for s in placement_positions(placement, p * chunks, p)]
+    weights = np.array([plan.cluster.speed[g].sum() for g in where])
     bounds = balanced_bounds(lin.fwd_cum + lin.bwd_cum, weights)
     names = plan.cluster.names
-    stages = [Stage([plan.graph.ids[u] for u in lin.interval(a, b)],
-                    [names[d] for d in groups[_position(j, p, placement)]])
-              for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    stages = [Stage([plan.graph.ids[u] for u in lin.interval(a, b)], [names[d] for d in g])
+              for g, a, b in zip(where, bounds[:-1], bounds[1:])]
     return replace(plan, stages=stages, schedule=schedule, recompute=None, allocation=None, prediction={}, extra={})
 
 
@@ -67,18 +63,3 @@ def simulated_variants(plan: Plan, schedules: tuple[str, ...],
         if done is not None:
             out.append((v, done))
     return out
-
-
-def simulate_fitting(plan: Plan, allow_over: bool) -> tuple[Plan, SimResult] | None:
-    """The plan simulated; when it overflows, again with its overflowing stages re-materialized."""
-    try:
-        r = simulate(plan, timeline=False)
-        if r.over_memory and not allow_over:
-            over = set(r.over_memory)
-            fixed = replace(plan, recompute=[any(d in over for d in st.devices) for st in plan.stages])
-            r2 = simulate(fixed, timeline=False)
-            if not r2.over_memory or r2.iteration_s < r.iteration_s:
-                plan, r = fixed, r2
-        return plan, r
-    except (PipeplanError, Infeasible):
-        return None

@@ -5,21 +5,50 @@ A candidate that overflows is scored again with re-materialization (GPipe §2.3)
 exactly the stages that overflow (the best recompute setting when a stage's memory depends
 only on its own flag, ``planners/variants.py``), and stands for that repaired candidate.
 Score: the iteration time of a plan that fits; ``OVER`` plus its overflow ratio otherwise
-(so any fitting plan beats any overflowing one, and less overflow beats more)."""
+(so any fitting plan beats any overflowing one, and less overflow beats more). The same
+repair and score for a single plan, simulated: ``simulate_fitting``, ``result_key``."""
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 
 from ...cluster import Cluster
 from ...graph import Graph
+from ...errors import Infeasible, PipeplanError
+from ...plan import Plan
+from ...sim import SimResult, simulate
 from ...sim.batch import BatchEvaluator
+from ..variants import overflow_ratio, overflowing_stages
 from .candidate import Candidate, canonical
 
 OVER = 1e9
+
+
+def result_key(result: SimResult, allow_over: bool) -> float:
+    """The score of a simulated plan: its time if it fits, else OVER + its overflow ratio."""
+    if allow_over or not result.over_memory:
+        return result.iteration_s
+    return OVER + overflow_ratio(result)
+
+
+def simulate_fitting(plan: Plan, allow_over: bool) -> tuple[Plan, SimResult] | None:
+    """The plan simulated; when it overflows, again with re-materialization added on the
+    stages whose devices overflow, kept if it then fits or is faster. None if it cannot run."""
+    try:
+        r = simulate(plan, timeline=False)
+        if r.over_memory and not allow_over:
+            over = set(overflowing_stages(r))
+            fixed = replace(plan, recompute=[plan.recomputes(s) or s in over for s in range(plan.num_stages)])
+            r2 = simulate(fixed, timeline=False)
+            if not r2.over_memory or r2.iteration_s < r.iteration_s:
+                plan, r = fixed, r2
+        return plan, r
+    except (PipeplanError, Infeasible):
+        return None
 
 
 class Scorer:
@@ -50,7 +79,7 @@ class Scorer:
             elif self.allow_over or not self._overflows(mem):
                 self.memo[c] = (it, c)
             else:
-                self.memo[c] = (OVER + float((mem / self.cluster.memory).max()), c)
+                self.memo[c] = (OVER + float((mem / self.cluster.memory).max()), c)  # result_key's overflow
                 fixed = c.with_recompute(self._overflowing_stages(c, mem))
                 if fixed != c:
                     repairs[c] = fixed

@@ -22,11 +22,12 @@ import numpy as np
 
 from ...cluster import Cluster
 from ...costmodel import allreduce_time, transfer_time
-from ...errors import Infeasible, PipeplanError
+from ...errors import Infeasible
 from ...graph import Graph, Linearization, linearize
 from ...plan import Plan, Stage
-from ...sim import SimResult, simulate
+from ...sim import SimResult
 from ..base import PlanOptions
+from .score import result_key, simulate_fitting
 from .seeds import device_ranking
 
 LAYOUTS = ("stage-major", "pipeline-major")
@@ -145,22 +146,15 @@ class _Runner:
         self.best: tuple[float, Config, SimResult] | None = None
         self.simulations = 0
 
-    def key(self, r: SimResult) -> float:
-        if self.space.options.allow_over_memory or not r.over_memory:
-            return r.iteration_s
-        return 1e9 + float((r.memory_bytes / r.memory_limit).max())
-
     def run(self, c: Config) -> float:
-        try:
-            r = simulate(self.space.plan(c), timeline=False)
-        except (PipeplanError, Infeasible):
+        allow_over = self.space.options.allow_over_memory
+        done = simulate_fitting(self.space.plan(c), allow_over)
+        if done is None:
             return np.inf
+        plan, r = done
         self.simulations += 1
-        if r.over_memory and not self.space.options.allow_over_memory and not all(c.recompute or [False]):
-            over = {s for s, mem, lim in zip(r.stage_of_device, r.memory_bytes, r.memory_limit) if mem > lim}
-            rec = tuple((c.recompute[s] if c.recompute else False) or s in over for s in range(len(c.groups)))
-            return self.run(replace(c, recompute=rec))
-        key = self.key(r)
+        c = replace(c, recompute=tuple(plan.recompute or ()))
+        key = result_key(r, allow_over)
         if self.best is None or key < self.best[0]:
             self.best = (key, c, r)
         return key
