@@ -213,9 +213,8 @@ def _links_from_dict(d: dict, devices: list[Device]) -> tuple[np.ndarray, np.nda
     if "server_links" not in d:
         return np.array(d["bandwidth_matrix"], dtype=float), np.array(d["latency_matrix"], dtype=float)
     s = d["server_links"]
-    order = list(dict.fromkeys(x.server for x in devices))
-    idx = np.array([order.index(x.server) for x in devices]) if len(order) < 64 else \
-        np.array([{name: i for i, name in enumerate(order)}[x.server] for x in devices])
+    rank = {name: i for i, name in enumerate(dict.fromkeys(x.server for x in devices))}
+    idx = np.array([rank[x.server] for x in devices])
     out = []
     for key in ("bandwidth", "latency"):
         m = np.array(s[key], dtype=float)[np.ix_(idx, idx)]
