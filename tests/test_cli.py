@@ -93,7 +93,7 @@ def test_every_zoo_model_on_every_preset(capsys):
     models = [m["name"] for m in run_json(capsys, "models")["models"]]
     assert len(models) >= 15
     for model in models:
-        for preset in ("v100x4", "1080ti-4x2", "automap-c"):  # one server, two servers, heterogeneous links
+        for preset in ("v100x4", "automap-c"):  # one server; several servers, heterogeneous links
             # joint (which starts from the others' plans) on one preset per model, to keep the suite quick
             planners = DEFAULT_PLANNERS if preset == "v100x4" else DEFAULT_PLANNERS - {"joint"}
             code = main(["compare", "--model", f"zoo:{model}", "--cluster", preset, "--microbatches", "4", "--json",
