@@ -47,3 +47,12 @@ def joint_instance(rng: np.random.Generator) -> tuple[Graph, Cluster, int]:
     devs = [Device(f"d{i}", speed=float(rng.uniform(0.5, 1.5)), server=f"s{servers[i]}", memory=memory)
             for i in range(v)]
     return g, Cluster("rand", devs, bw, lat), m
+
+
+def tiny_instance(rng: np.random.Generator) -> tuple[Graph, Cluster, int]:
+    """``joint_instance`` at sizes an enumeration of every plan covers in seconds: 2-5 layers
+    on 2-3 devices, or 2-3 layers on 4 devices."""
+    while True:
+        g, c, m = joint_instance(rng)
+        if len(c) <= 3 and len(g) <= 5 or len(c) == 4 and len(g) <= 3:
+            return g, c, m

@@ -133,10 +133,10 @@ def test_candidates_that_cannot_run_are_error_rows(capsys, tmp_path):
 
 
 def test_compare_reports_each_planner_before_it_runs_with_its_estimate():
-    """dp: no estimate (well under a second); spp: its size model; exact: its budget."""
+    """dp: no estimate (well under a second); spp: its size model; exact: its wall-clock cap."""
     from pipeplan.planners.spp import spp_seconds
 
     g, c = load_graph("zoo:alexnet"), load_cluster("v100x4")
     seen = []
-    compare(g, c, ["dp", "spp", "exact"], PlanOptions(microbatches=4, time_budget_s=7.0), lambda *a: seen.append(a))
+    compare(g, c, ["dp", "spp", "exact"], PlanOptions(microbatches=4, extra=(("exact.budget", "7"),)), lambda *a: seen.append(a))
     assert seen == [("dp", 0, 3, None), ("spp", 1, 3, spp_seconds(len(g), len(c))), ("exact", 2, 3, 7.0)]

@@ -1,14 +1,13 @@
-"""``exact`` equals an independent brute force: every interval partition of the linearized
-layers x every assignment of disjoint non-empty device sets to the stages (devices may stay
-idle) x replica mode x every order of each round-robin stage's devices x schedule, each
-simulated with ``simulate``; a candidate that overflows is simulated again with
-re-materialization on the stages that overflowed (the planner's space, docs/spp.md); the
-fastest that fits. Plain itertools over device labels, no symmetry reduction, no bounds."""
+"""``exact`` equals an independent brute force (``benchmarks/_bruteforce.py``: every plan of
+the planner's space simulated with ``simulate``, plain itertools, no symmetry reduction, no
+bounds; docs/spp.md); the fastest that fits."""
 
 from __future__ import annotations
 
 import itertools
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,54 +15,15 @@ import pytest
 from pipeplan.cluster import Cluster, hierarchical
 from pipeplan.costmodel import state_bytes
 from pipeplan.errors import Infeasible, PipeplanError
-from pipeplan.graph import Graph, linearize
+from pipeplan.graph import Graph
 from pipeplan.plan import Plan, Stage
 from pipeplan.planners import PlanOptions, get_planner
 from pipeplan.sim import simulate
 
 from randomplans import random_cluster, random_graph
 
-SCHEDULES = ("gpipe", "1f1b", "spp-pe")
-
-
-def fitting_time(plan: Plan) -> tuple[float, bool, bool]:
-    """(iteration, fits, re-materialized): the plan, or when it overflows the plan with
-    re-materialization on the stages whose devices overflow."""
-    try:
-        r = simulate(plan, timeline=False)
-        if not r.over_memory:
-            return r.iteration_s, True, False
-        over = {s for s, b, lim in zip(r.stage_of_device, r.memory_bytes, r.memory_limit) if b > lim}
-        r = simulate(replace(plan, recompute=[s in over for s in range(plan.num_stages)]), timeline=False)
-        return r.iteration_s, not r.over_memory, True
-    except Infeasible:
-        return np.inf, False, False
-
-
-def brute_force(graph: Graph, cluster: Cluster, m: int) -> dict:
-    """The fastest fitting candidate's time (inf when none fits), and what it needed."""
-    ids = [graph.ids[u] for u in linearize(graph).order]
-    n, v = len(ids), len(cluster)
-    out = {"time": np.inf, "mode": None, "recompute": False, "overflowing": 0}
-    for s_count in range(1, min(n, v) + 1):
-        for cuts in itertools.combinations(range(1, n), s_count - 1):
-            bounds = (0, *cuts, n)
-            layers = [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-            for labels in itertools.product(range(-1, s_count), repeat=v):  # -1: idle
-                sets = [[cluster.names[d] for d in range(v) if labels[d] == s] for s in range(s_count)]
-                if not all(sets):
-                    continue
-                for mode in ("split", "round-robin"):
-                    orders = [sets] if mode == "split" else itertools.product(*map(itertools.permutations, sets))
-                    for devs in orders:
-                        stages = [Stage(ls, list(ds)) for ls, ds in zip(layers, devs)]
-                        for sched in SCHEDULES:
-                            t, fits, rec = fitting_time(Plan(graph, cluster, stages, m, schedule=sched, replicas=mode))
-                            out["overflowing"] += rec
-                            if fits and t < out["time"]:
-                                out.update(time=t, mode=mode, recompute=rec)
-    return out
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from _bruteforce import EXACT_SCHEDULES as SCHEDULES, brute_force  # noqa: E402
 
 def _instance(rng: np.random.Generator, layers: int, devices: int):
     """Random graph and cluster (randomplans: skip edges, fixed times, optimizer step, mixed

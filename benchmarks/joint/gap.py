@@ -32,7 +32,7 @@ TARGETS = {"median_gap": 0.01, "p90_gap": 0.03, "worst_gap": 0.10}
 
 
 def run_instance(g, c, m: int) -> dict | None:
-    opts = PlanOptions(microbatches=m, time_budget_s=120)
+    opts = PlanOptions(microbatches=m)
     try:
         ex, ex_r = run_planner("exact", g, c, opts)
     except PipeplanError:

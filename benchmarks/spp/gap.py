@@ -47,7 +47,7 @@ def main() -> None:
     rows = []
     while len(rows) < args.instances:
         g, c, m = instance(rng)
-        opts = PlanOptions(microbatches=m, time_budget_s=120)
+        opts = PlanOptions(microbatches=m)
         try:
             ex, ex_r = run_planner("exact", g, c, opts)
             sp, sp_r = run_planner("spp", g, c, opts)

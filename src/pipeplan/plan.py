@@ -86,6 +86,15 @@ class Plan:
         best found, not the best there is. Planners say so as ``extra[name]["complete"]``."""
         return not any(isinstance(v, dict) and v.get("complete") is False for v in self.extra.values())
 
+    @property
+    def incomplete(self) -> str | None:
+        """Why the search is incomplete, in words, as the planner says it
+        (``extra[name]["incomplete"]``); None when it is complete."""
+        if self.search_complete:
+            return None
+        said = [v.get("incomplete") for v in self.extra.values() if isinstance(v, dict) and v.get("complete") is False]
+        return next((str(w) for w in said if w), "its budget ran out")
+
     def to_dict(self, embed: bool = True) -> dict:
         d: dict[str, Any] = {
             "format": FORMAT, "planner": self.planner, "schedule": self.schedule,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .plan import Plan
@@ -79,8 +80,8 @@ def print_prediction(result: SimResult, console: Console, plan: Plan | None = No
         search = f"; search took {fmt_time(plan.search_s)}" if searched else ""
         console.print(f"bottleneck: {bottleneck(plan, result)}{search}"
                       + ("" if plan.search_complete else
-                         " [yellow](search incomplete: the time budget ran out; the best plan found, not proven "
-                         "best)[/yellow]"))
+                         f" [yellow](search incomplete: {escape(plan.incomplete or '')}; the best plan found, "
+                         "not proven best)[/yellow]"))
     if result.over_memory:
         console.print(f"[red]over memory:[/red] {', '.join(result.over_memory)}")
     variant = (plan.extra.get("memory_variant") if plan is not None else None)
@@ -110,7 +111,8 @@ def _gap_cell(row: dict) -> str:
 def print_compare(rows: list[dict], title: str, console: Console | None = None) -> None:
     """The rows of ``CompareRow.to_dict``, one line each (a time column in one unit): a plan
     that does not fit names its worst device and by how much; a planner that could not plan
-    has its reason below the table, and the dp column says why it is empty."""
+    has its reason below the table, as has a search that is incomplete, and the dp column says
+    why it is empty."""
     console = console or make_console(170)
     table = Table(title=title)
     gap = any(r.get("gap_vs_exact") is not None for r in rows)
@@ -130,7 +132,10 @@ def print_compare(rows: list[dict], title: str, console: Console | None = None) 
             table.add_row("-", r["planner"], *["-"] * (len(cols) - 3), f"[red]no plan ({len(notes)})[/red]")
             continue
         rep = r["replication"]
-        incomplete = "" if r.get("search_complete", True) else f", incomplete after {r['search_s']:.3g} s"
+        incomplete = ""
+        if not r.get("search_complete", True):
+            notes.append(f"{r['planner']}: search incomplete: {r.get('incomplete') or 'its budget ran out'}")
+            incomplete = f", incomplete ({len(notes)})"
         mode = f" {r['plan']['replicas']}" if max(rep) > 1 else ""
         table.add_row(str(k), f"{r['planner']} ({r['plan']['schedule']}{incomplete})", str(len(rep)),
                       ("-".join(map(str, rep)) if len(rep) <= 12 else f"{'-'.join(map(str, rep[:12]))}-..") + mode,

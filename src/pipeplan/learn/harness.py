@@ -1,5 +1,5 @@
-"""What every learning planner's training loop shares: a budget (wall-clock and/or
-evaluations), seeding, the learning curve (CSV and PNG), checkpoints (``.pt`` with the
+"""What every learning planner's training loop shares: a budget (evaluations, wall-clock
+only as a cap: ``budget.py``), seeding, the learning curve (CSV and PNG), checkpoints (``.pt`` with the
 agent's config and the pipeplan version) and progress reports.
 
 The loop of an agent lives in its own module; it calls ``Budget.left``, ``Curve.add`` and
@@ -12,14 +12,14 @@ from __future__ import annotations
 import csv
 import io
 import random
-import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from ..budget import Budget  # noqa: F401  (the learning loops' budget)
 from ..errors import PipeplanError
 
 
@@ -35,42 +35,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-@dataclass
-class Budget:
-    """Stop after ``seconds`` of wall-clock or ``evaluations`` plans scored, whichever comes
-    first (None: no limit of that kind; at least one must be set)."""
-
-    seconds: float | None = None
-    evaluations: int | None = None
-    t0: float = field(default_factory=time.perf_counter)
-
-    def __post_init__(self) -> None:
-        if self.seconds is None and self.evaluations is None:
-            raise PipeplanError("a training budget needs seconds or evaluations")
-        if (self.seconds is not None and not self.seconds > 0) or (self.evaluations is not None and self.evaluations < 1):
-            raise PipeplanError(f"a training budget must be positive, got {self.seconds} s / {self.evaluations} "
-                                "evaluations")
-
-    @property
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def left(self, evaluations: int) -> bool:
-        """True while neither limit is reached."""
-        if self.seconds is not None and self.elapsed >= self.seconds:
-            return False
-        return self.evaluations is None or evaluations < self.evaluations
-
-    def fraction(self, evaluations: int) -> float:
-        """How much of the budget is spent, in [0, 1]."""
-        parts = []
-        if self.seconds is not None:
-            parts.append(self.elapsed / self.seconds)
-        if self.evaluations is not None:
-            parts.append(evaluations / self.evaluations)
-        return min(1.0, max(parts))
 
 
 @dataclass

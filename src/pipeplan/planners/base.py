@@ -35,7 +35,6 @@ class PlanOptions:
     schedule: str | None = None  # None: the planner's own default
     optimizer: str = "adam"
     seed: int = 0
-    time_budget_s: float = 60.0
     #: what-if runs: planners ignore memory when they choose, and no fitting variant is
     #: looked for (the plan is still flagged when it overflows)
     allow_over_memory: bool = False

@@ -71,7 +71,8 @@ class CompareRow:
                 "over_memory": self.over_memory, "memory_over_bytes": self.memory_over_bytes,
                 "memory": self.memory_verdict, "speedup_vs_dp": self.speedup_vs_dp,
                 "gap_vs_exact": self.gap_vs_exact, "gap_is_bound": self.gap_is_bound,
-                "search_complete": self.plan.search_complete, "plan": self.plan.to_dict(embed=False)}
+                "search_complete": self.plan.search_complete, "incomplete": self.plan.incomplete,
+                "plan": self.plan.to_dict(embed=False)}
 
 
 def default_planners(cluster: Cluster) -> list[str]:

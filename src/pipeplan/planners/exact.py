@@ -54,19 +54,22 @@ duration, and a stage's memory depends only on its own setting (``tests/test_exa
 On a half-duplex cluster or with contention the engine's arbitration can make extra
 recomputation a few percent faster; exact does not search that (docs/spp.md).
 
-The search starts from the SPP plan (an incumbent only). A time budget stops it; the plan
-then says ``complete: false``. ``tests/test_exact.py`` checks it against a brute force.
+The search starts from the SPP plan (an incumbent only). Its budget counts simulations
+(``-O evaluations``, so the same command gives the same plan on any machine), with wall-clock
+seconds only as an optional cap (``-O budget``); when either stops it the plan says
+``complete: false`` and why. ``tests/test_exact.py`` checks it against a brute force, and
+``benchmarks/joint/optimality.py`` against an enumeration that shares none of its code.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
 
+from ..budget import Budget
 from ..cluster import Cluster
 from ..costmodel import state_bytes
 from ..errors import Infeasible, PipeplanError
@@ -80,6 +83,9 @@ MAX_LAYERS, MAX_DEVICES = 12, 8
 SCHEDULES = ("gpipe", "1f1b", "spp-pe")
 MODES = ("split", "round-robin")
 SLACK = 1e-9  # relative: prune only what the bound beats by more than float noise
+#: Simulations the search may run by default: every instance of ``benchmarks/joint/gap.py``
+#: (up to 8 layers, 5 devices) completes within a few thousand.
+DEFAULT_EVALUATIONS = 200_000
 
 
 def device_classes(cluster: Cluster) -> list[list[int]]:
@@ -212,8 +218,8 @@ class _Search:
     graph: Graph
     cluster: Cluster
     options: PlanOptions
-    budget: float
-    t0: float = field(default_factory=time.perf_counter)
+    budget: Budget
+    schedules: tuple[str, ...] = SCHEDULES
     best: _Best = field(default_factory=_Best)
 
     def __post_init__(self) -> None:
@@ -230,8 +236,10 @@ class _Search:
         self.stats = {"candidates": 0, "simulated": 0, "complete": True, "device_classes": len(self.classes)}
 
     def out_of_time(self) -> bool:
-        if time.perf_counter() - self.t0 > self.budget:
-            self.stats["complete"] = False
+        """True (and the search marked incomplete, with why) once the budget is spent."""
+        why = self.budget.why_stopped(self.stats["simulated"])
+        if why is not None and self.stats["complete"]:
+            self.stats.update(complete=False, incomplete=why)
         return not self.stats["complete"]
 
     def simulate_fit(self, plan: Plan) -> None:
@@ -264,7 +272,7 @@ class _Search:
                 if mode != "split" and max(bound[1], self.order_bound(parts, devs)) * (1 - SLACK) >= self.best.time:
                     continue
                 stages = [Stage(ls, [cl.devices[d].name for d in ds]) for ls, ds in zip(layers, devs)]
-                for sched in SCHEDULES:
+                for sched in self.schedules:
                     self.simulate_fit(Plan(g, cl, stages, m, schedule=sched, optimizer=self.options.optimizer,
                                            replicas=mode))
 
@@ -323,29 +331,51 @@ class _Search:
                     self.search(end, rest, devs, here, bound, through + per_micro)
 
 
-def _seed(graph: Graph, cluster: Cluster, options: PlanOptions, best: _Best) -> None:
-    """SPP's plan as the first incumbent, when it lies in the searched space."""
+def _spp_incumbent(graph: Graph, cluster: Cluster, options: PlanOptions) -> list[tuple[Plan, SimResult]]:
+    """SPP's plan, simulated, as the first incumbent when it lies in the searched space."""
     from .spp import plan_spp
 
     try:
         seed = plan_spp(graph, cluster, replace(options, extra=()))  # exact's -O options are not SPP's
         if seed.schedule in SCHEDULES and not any(seed.recompute or []):
-            best.offer(seed, simulate(seed, timeline=False), options.allow_over_memory)
+            return [(seed, simulate(seed, timeline=False))]
     except (PipeplanError, Infeasible):
         pass
+    return []
+
+
+def within_limits(graph: Graph, cluster: Cluster) -> bool:
+    return len(graph) <= MAX_LAYERS and len(cluster) <= MAX_DEVICES
+
+
+def search_exhaustively(graph: Graph, cluster: Cluster, options: PlanOptions, budget: Budget,
+                        schedules: tuple[str, ...] = SCHEDULES,
+                        incumbents: list[tuple[Plan, SimResult]] = ()) -> tuple[Plan | None, dict]:
+    """The best plan of the space the module docstring names (with ``schedules``), or the
+    overflowing plan that overflows least when nothing fits (None: no plan runs), and the
+    search's facts: ``complete`` is True only when the whole space was searched or bounded.
+    ``incumbents`` (simulated plans, in the space or not) only prune: an answer is never
+    worse than the best of them that fits, and may be one of them."""
+    s = _Search(graph, cluster, options, budget, tuple(schedules))
+    for plan, r in incumbents:
+        s.best.offer(plan, r, options.allow_over_memory)
+    s.search(0, [len(c) for c in s.classes], None, [], np.zeros(2), np.zeros(2))
+    s.stats["seconds"] = budget.elapsed
+    return s.best.plan or s.best.over_plan, s.stats
 
 
 @dataclass(frozen=True)
 class ExactOptions:
-    budget: float | None = field(default=None, metadata={"above": 0,
-        "help": "seconds the search may take (default: the planner time budget); when it runs out "
-                "the plan says complete: false"})
+    evaluations: int = field(default=DEFAULT_EVALUATIONS, metadata={"min": 1, "help": (
+        "simulations the search may run; when they run out the plan says complete: false")})
+    budget: float | None = field(default=None, metadata={"above": 0, "help": (
+        "a wall-clock cap in seconds (default: none, so that the same command gives the same plan on any "
+        "machine); when it stops the search the plan says complete: false")})
 
 
-def _budget_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
-    """The seconds the search may take: ``-O budget`` or the planner time budget."""
-    budget = planner_options(ExactOptions, options, "exact").budget
-    return options.time_budget_s if budget is None else budget
+def _budget_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float | None:
+    """The seconds the search may take, for progress bars: its cap (None: no cap)."""
+    return planner_options(ExactOptions, options, "exact").budget
 
 
 @register("exact", "exhaustive search over partitions, replication, mapping, replica order and "
@@ -354,16 +384,14 @@ def _budget_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
 def plan_exact(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """The best simulated plan of a small instance (module docstring)."""
     n, v = len(graph), len(cluster)
-    if n > MAX_LAYERS or v > MAX_DEVICES:
+    if not within_limits(graph, cluster):
         raise PipeplanError(f"exact: instance too large ({n} layers, {v} devices; "
                             f"at most {MAX_LAYERS} and {MAX_DEVICES})")
-    s = _Search(graph, cluster, options, _budget_s(graph, cluster, options))
-    _seed(graph, cluster, options, s.best)
-    s.search(0, [len(c) for c in s.classes], None, [], np.zeros(2), np.zeros(2))
-    plan = s.best.plan or s.best.over_plan
+    opts = planner_options(ExactOptions, options, "exact")
+    plan, stats = search_exhaustively(graph, cluster, options, Budget(opts.budget, opts.evaluations),
+                                      incumbents=_spp_incumbent(graph, cluster, options))
     if plan is None:
         raise Infeasible("exact: no plan fits in memory: the weights, gradients and optimizer state "
                          "alone overflow every device set")
-    s.stats["seconds"] = time.perf_counter() - s.t0
-    plan.extra = {"exact": s.stats}
+    plan.extra = {"exact": stats}
     return plan

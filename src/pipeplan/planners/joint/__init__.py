@@ -2,27 +2,35 @@
 devices), replica mode, per-stage re-materialization and schedule, scored by the batched
 evaluator, started from the other planners' plans (docs/joint.md).
 
-Up to ``LOCAL_MAX_DEVICES`` devices: iterated local search over single changes
-(``local.py``, ``moves.py``). Larger clusters: a search over the symmetric plans of their
-identical servers (``symmetric.py``). Either way the answer is the best of the search and
-of the seeds, simulated in full; ``extra["joint"]["complete"]`` says whether the search
-converged before its budget ran out."""
+On instances within ``exact``'s limits an exhaustive phase first searches exact's space with
+joint's schedules (every contiguous partition of the linearized layers x device subsets x
+replica mode x round-robin replica order x schedule, re-materializing the stages that
+overflow), the seeds as incumbents. Up to ``LOCAL_MAX_DEVICES`` devices an iterated local
+search over single changes follows (``local.py``, ``moves.py``); larger clusters get a search
+over the symmetric plans of their identical servers (``symmetric.py``). The answer is the
+best of the searches and of the seeds, simulated in full.
+
+The budget counts evaluations (``-O evaluations``), so the same command gives the same plan
+on any machine; wall-clock seconds are only an optional cap (``-O budget``). The seed planners
+run by a fixed rule (their own size model, not the clock) outside it, so they cannot starve
+the search. ``extra["joint"]["complete"]`` is True only when the exhaustive phase searched its
+whole space; otherwise ``incomplete`` says what was not searched."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ...budget import Budget
 from ...cluster import Cluster
 from ...errors import PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan
 from ...schedule import SCHEDULES
-from ...sim import simulate
+from ...sim import SimResult, simulate
 from ..base import PlanOptions, planner_options, register
-from ..exact import device_classes
+from ..exact import MAX_DEVICES, MAX_LAYERS, device_classes, search_exhaustively, within_limits
 from ..variants import batch_choices
 from . import chunked
 from .candidate import from_plan, order_of_plan, to_plan
@@ -39,16 +47,25 @@ SEARCH_SCHEDULES = ("1f1b", "gpipe", "spp-pe", "zb-h1")
 CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v")
 MODES = ("split", "round-robin")
 LOCAL_MAX_DEVICES = 64
-#: Seconds the search takes by default (at most the planner time budget): small instances
-#: converge well within it (benchmarks/joint/gap.py), tens of devices get its best.
-DEFAULT_BUDGET_S = 10.0
+#: Evaluations by default: small instances converge well within them (benchmarks/joint/gap.py),
+#: tens of devices get their best in seconds (docs/joint.md).
+DEFAULT_EVALUATIONS = 30_000
+#: At most this share of the evaluations goes to the exhaustive phase (full simulations);
+#: the local search has the rest.
+EXHAUSTIVE_SHARE = 0.5
+#: Evaluations per second the progress bar expects (the batched evaluator on this project's
+#: 2-core machine, benchmarks/joint/speed.py).
+EVALUATIONS_PER_S = 4000.0
 
 
 @dataclass(frozen=True)
 class JointOptions:
-    budget: float | None = field(default=None, metadata={
-        "help": f"seconds the search may take, the seed planners included (default: {DEFAULT_BUDGET_S:g}, "
-                "at most the planner time budget); when it runs out the plan says complete: false", "above": 0})
+    evaluations: int = field(default=DEFAULT_EVALUATIONS, metadata={"min": 1, "help": (
+        "plans the search may score (the exhaustive phase's simulations and the local search's evaluations; "
+        "the seed planners run apart from them)")})
+    budget: float | None = field(default=None, metadata={"above": 0, "help": (
+        "a wall-clock cap in seconds, the seed planners included (default: none, so that the same command gives "
+        "the same plan on any machine); a plan it stops says complete: false")})
     schedules: str = field(default="auto", metadata={
         "help": "comma-separated schedules to search (auto: " + ", ".join(SEARCH_SCHEDULES) + " where built)"})
     patience: int = field(default=16, metadata={"help": "kicks in a row without improvement before the "
@@ -67,8 +84,11 @@ def search_schedules(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return single, tuple(s for s in names if s in CHUNK_SCHEDULES)
 
 
-def _budget(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
-    return planner_options(JointOptions, options, "joint").budget or min(DEFAULT_BUDGET_S, options.time_budget_s)
+def _estimate_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
+    """Seconds the search may take, for progress bars: its cap, else its evaluations at the
+    expected rate."""
+    opts = planner_options(JointOptions, options, "joint")
+    return opts.budget if opts.budget is not None else opts.evaluations / EVALUATIONS_PER_S
 
 
 def _splits(graph: Graph, cluster: Cluster, options: PlanOptions) -> int:
@@ -79,15 +99,43 @@ def _splits(graph: Graph, cluster: Cluster, options: PlanOptions) -> int:
     return max(len(batch_choices(options.global_batch, graph, len(cluster))), 1)
 
 
+def _budget(opts: JointOptions, splits: int) -> Budget:
+    cap = None if opts.budget is None else opts.budget / splits
+    return Budget(cap, max(opts.evaluations // splits, 1))
+
+
+def _rest(budget: Budget, spent: int) -> Budget | None:
+    """What is left of ``budget`` after ``spent`` evaluations (None: nothing)."""
+    if not budget.left(spent):
+        return None
+    cap = None if budget.seconds is None else budget.seconds - budget.elapsed
+    return Budget(cap, None if budget.evaluations is None else budget.evaluations - spent)
+
+
+def _exhaustive(graph: Graph, cluster: Cluster, options: PlanOptions, schedules: tuple[str, ...],
+                budget: Budget, seeds: dict) -> tuple[Plan | None, dict]:
+    """Exact's space with joint's schedules, the seeds as incumbents (module docstring)."""
+    if not within_limits(graph, cluster):
+        return None, {"complete": False, "simulated": 0, "incomplete": (
+            f"exhaustive phase skipped: it searches at most {MAX_LAYERS} layers and {MAX_DEVICES} devices "
+            f"(here {len(graph)} and {len(cluster)}); the local search is not exhaustive")}
+    share = Budget(budget.seconds, max(int((budget.evaluations or 0) * EXHAUSTIVE_SHARE), 1))
+    share.t0 = budget.t0
+    plan, stats = search_exhaustively(graph, cluster, options, share, schedules, list(seeds.values()))
+    if not stats["complete"]:
+        stats["incomplete"] = f"exhaustive phase stopped: {stats['incomplete']}"
+    return plan, stats
+
+
 def _local(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOptions, schedules: tuple[str, ...],
-           seeds: dict, deadline: float) -> tuple[Plan | None, dict]:
-    """Iterated local search from the seeds and the balanced plans; the best plan and facts
-    (no plan when the seed planners used up the budget)."""
-    if time.perf_counter() > deadline:
-        return None, {"complete": False, "evaluations": 0}
+           starts_from: list[Plan], budget: Budget | None) -> tuple[Plan | None, dict]:
+    """Iterated local search from ``starts_from`` (seeds, the exhaustive phase's answer) and
+    the balanced plans; the best plan and facts (no plan when no budget is left)."""
+    if budget is None:
+        return None, {"converged": False, "evaluations": 0}
     lin = linearize(graph)
     orders, starts = [lin.order], []
-    for plan, _ in seeds.values():
+    for plan in starts_from:
         if plan.allocation is None and plan.schedule in schedules:
             orders.append(order_of_plan(plan, lin.order))
             starts.append(from_plan(plan, len(orders) - 1, orders[-1]))
@@ -95,31 +143,48 @@ def _local(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOpti
     ranking = device_ranking(cluster)
     starts += balanced_starts(0, works[0], ranking, subset_sizes(cluster, ranking), 16, schedules[0], MODES)
     scorer = Scorer(graph, cluster, orders, options.microbatches, options.optimizer, options.allow_over_memory,
-                    deadline, device_classes(cluster))
+                    budget, device_classes(cluster))
     space = Space(len(cluster), cluster.speed, works, schedules, MODES)
     search = LocalSearch(scorer, space, np.random.default_rng(opts.seed))
     _, best, converged = search.run(scorer.score(starts), climbs=8, patience=opts.patience)
     plan = to_plan(best, orders[best.order], graph, cluster, options.microbatches, options.optimizer)
-    return plan, {"complete": converged, "evaluations": scorer.evaluations}
+    return plan, {"converged": converged, "evaluations": scorer.evaluations}
+
+
+def _search(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOptions, schedules: tuple[str, ...],
+            budget: Budget, seeds: dict) -> tuple[dict[str, Plan], dict]:
+    """The searches' plans, by name, and their facts (``complete``, ``incomplete``)."""
+    if len(cluster) > LOCAL_MAX_DEVICES:
+        found, facts = symmetric_search(graph, cluster, options, schedules, budget)
+        return ({"search": found} if found is not None else {}), facts
+    plans: dict[str, Plan] = {}
+    exhaustive, ex = _exhaustive(graph, cluster, options, schedules, budget, seeds)
+    if exhaustive is not None:
+        plans["exhaustive"] = exhaustive
+    local, lo = _local(graph, cluster, options, opts, schedules,
+                       [p for p, _ in seeds.values()] + list(plans.values()), _rest(budget, ex["simulated"]))
+    if local is not None:
+        plans["search"] = local
+    facts = {"complete": ex["complete"], "evaluations": ex["simulated"] + lo["evaluations"],
+             "exhaustive": {k: ex[k] for k in ("complete", "simulated", "candidates") if k in ex},
+             "local_converged": lo["converged"]}
+    if not ex["complete"]:
+        facts["incomplete"] = ex["incomplete"]
+    return plans, facts
 
 
 @register("joint", "joint search over partition, replication, device subsets, replica mode, recomputation and "
-          "schedule, from the other planners' plans (local search; symmetric plans on large clusters)",
-          "1f1b", options=JointOptions, estimate=_budget, after_others=True)
+          "schedule, from the other planners' plans (exhaustive on small instances, then local search; symmetric "
+          "plans on large clusters)", "1f1b", options=JointOptions, estimate=_estimate_s, after_others=True)
 def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     opts = planner_options(JointOptions, options, "joint")
     schedules, chunk_schedules = search_schedules(opts.schedules)
-    t0 = time.perf_counter()
-    deadline = t0 + _budget(graph, cluster, options) / _splits(graph, cluster, options)
-    small = len(cluster) <= LOCAL_MAX_DEVICES
-    seeds = seed_plans(graph, cluster, options, deadline, SEED_PLANNERS if small else LARGE_SEED_PLANNERS)
-    if small:
-        found, facts = _local(graph, cluster, options, opts, schedules, seeds, deadline)
-    else:
-        found, facts = symmetric_search(graph, cluster, options, schedules, deadline)
-    answers = {f"seed:{name}": pr for name, pr in seeds.items()}
-    if found is not None:
-        answers["search"] = (found, simulate(found, timeline=False))
+    budget = _budget(opts, _splits(graph, cluster, options))
+    seeds = seed_plans(graph, cluster, options, budget,
+                       SEED_PLANNERS if len(cluster) <= LOCAL_MAX_DEVICES else LARGE_SEED_PLANNERS)
+    found, facts = _search(graph, cluster, options, opts, schedules, budget, seeds)
+    answers: dict[str, tuple[Plan, SimResult]] = {f"seed:{name}": pr for name, pr in seeds.items()}
+    answers.update((name, (p, simulate(p, timeline=False))) for name, p in found.items())
     if not answers:
         raise PipeplanError("joint: no plan found (no seed planner could plan this and the search found none)")
     key = lambda k: result_key(answers[k][1], options.allow_over_memory)  # noqa: E731
@@ -131,6 +196,6 @@ def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     source = min(answers, key=key)
     chosen = answers[source][0]  # a copy: a seed's plan may be another planner's answer too (compare)
     plan = replace(chosen, extra=dict(chosen.extra), prediction={})
-    plan.extra["joint"] = {**facts, "from": source, "seconds": time.perf_counter() - t0,
+    plan.extra["joint"] = {**facts, "from": source, "seconds": budget.elapsed,
                            "seeds": {k[5:]: answers[k][1].iteration_s for k in answers if k.startswith("seed:")}}
     return plan

@@ -1,7 +1,7 @@
 """Iterated local search over candidates (docs/joint.md): hill climbing on the
 neighbourhood (``moves.py``), scored in batches; then kicks (a few random
 moves from the best plan) followed by climbs, until ``patience`` kicks in a row find
-nothing better or the clock runs out."""
+nothing better or the budget is spent."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class LocalSearch:
         return neighbours(c, self.space)
 
     def climb(self, start: Candidate, score: float, chunk: int = 256) -> tuple[float, Candidate]:
-        """Descent from ``start`` to a local optimum (or the deadline): the neighbours in a
+        """Descent from ``start`` to a local optimum (or the end of the budget): the neighbours in a
         random order, scored ``chunk`` at a time; the best of the first chunk holding an
         improvement is taken (so a step costs one chunk while improvements are easy to find,
         and the whole neighbourhood only at the optimum)."""
@@ -49,7 +49,7 @@ class LocalSearch:
 
     def run(self, starts: list[tuple[float, Candidate]], climbs: int, patience: int) -> tuple[float, Candidate, bool]:
         """Climb from the ``climbs`` best starts, then kick the best until ``patience`` kicks
-        in a row fail. Returns (score, candidate, converged: False when the clock stopped it)."""
+        in a row fail. Returns (score, candidate, converged: False when the budget stopped it)."""
         starts = sorted(starts, key=lambda t: t[0])
         best_score, best = starts[0]
         for score, c in starts[:climbs]:

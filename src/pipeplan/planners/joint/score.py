@@ -1,5 +1,5 @@
 """Scores candidates with the batched evaluator (``sim/batch.py``: every figure equals
-``simulate``), grouped by shape, memoized, counting evaluations and watching the clock.
+``simulate``), grouped by shape, memoized, counting evaluations against the budget.
 
 A candidate that overflows is scored again with re-materialization (GPipe §2.3) added on
 exactly the stages that overflow (the best recompute setting when a stage's memory depends
@@ -10,12 +10,12 @@ repair and score for a single plan, simulated: ``simulate_fitting``, ``result_ke
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from dataclasses import replace
 
 import numpy as np
 
+from ...budget import Budget
 from ...cluster import Cluster
 from ...graph import Graph
 from ...errors import Infeasible, PipeplanError
@@ -53,19 +53,20 @@ def simulate_fitting(plan: Plan, allow_over: bool) -> tuple[Plan, SimResult] | N
 
 class Scorer:
     def __init__(self, graph: Graph, cluster: Cluster, orders: list[np.ndarray], microbatches: int,
-                 optimizer: str, allow_over_memory: bool, deadline: float,
+                 optimizer: str, allow_over_memory: bool, budget: Budget,
                  classes: list[list[int]] | None = None) -> None:
         self.graph, self.cluster, self.orders = graph, cluster, orders
         self.microbatches, self.optimizer = microbatches, optimizer
         self.allow_over = allow_over_memory
-        self.deadline = deadline
+        self.budget = budget
         self.memo: dict[Candidate, tuple[float, Candidate]] = {}
         self.evaluators: dict[tuple, BatchEvaluator] = {}
         self.evaluations = 0
         self.classes = [k for k in classes or [] if len(k) > 1]
 
     def out_of_time(self) -> bool:
-        return time.perf_counter() > self.deadline
+        """The budget is spent (its evaluations, or its wall-clock cap)."""
+        return not self.budget.left(self.evaluations)
 
     def score(self, cands: list[Candidate]) -> list[tuple[float, Candidate]]:
         """(score, the candidate it stands for: itself up to swaps of interchangeable

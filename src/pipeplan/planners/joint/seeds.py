@@ -1,13 +1,13 @@
 """Where the joint search starts: the other planners' plans (each run as it runs on its
-own, while the budget allows) and balanced plans of every stage count."""
+own) and balanced plans of every stage count."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import numpy as np
 
+from ...budget import Budget
 from ...cluster import Cluster
 from ...errors import Infeasible, PipeplanError
 from ...graph import Graph
@@ -16,17 +16,21 @@ from ...sim import SimResult
 from ..base import PlanOptions, get_planner, run_planner
 from .candidate import Candidate, balanced_bounds, make
 
-#: Planners whose plans seed the search (each skipped when its estimate exceeds what is left).
+#: Planners whose plans seed the search (each skipped when its estimate exceeds SEED_LIMIT_S).
 SEED_PLANNERS = ("spp", "pipedream", "megatron", "hetpipe", "dp", "gpipe", "resalloc")
 #: On large clusters: those that plan in about a second there (spp's device ordering grows as
 #: V^3.9; megatron's plans are among the symmetric search's configurations).
 LARGE_SEED_PLANNERS = ("pipedream", "hetpipe", "dp", "gpipe")
+#: A seed planner whose own size model (``PlannerInfo.estimate``) says it takes longer is
+#: skipped: a rule on the instance, not on the clock, so every machine runs the same seeds.
+SEED_LIMIT_S = 60.0
 
 
-def seed_plans(graph: Graph, cluster: Cluster, options: PlanOptions, deadline: float,
+def seed_plans(graph: Graph, cluster: Cluster, options: PlanOptions, budget: Budget,
                planners: tuple[str, ...] = SEED_PLANNERS, share: float = 0.5) -> dict[str, tuple[Plan, SimResult]]:
-    """Each seed planner's plan and simulation; one is skipped when it says it may take more
-    than ``share`` of the time left, or cannot plan the instance."""
+    """Each seed planner's plan and simulation. One is skipped when its estimate exceeds
+    ``SEED_LIMIT_S`` or, under a wall-clock cap, ``share`` of the time left, or when it cannot
+    plan the instance."""
     out: dict[str, tuple[Plan, SimResult]] = {}
     multi = any(len(d.resources) > 1 for d in cluster.devices)
     plain = replace(options, extra=(), global_batch=None, known_plans=None)
@@ -37,9 +41,10 @@ def seed_plans(graph: Graph, cluster: Cluster, options: PlanOptions, deadline: f
         if known is not None:
             out[name] = known
             continue
-        left = deadline - time.perf_counter()
         estimate = get_planner(name).estimate
-        if left <= 0 or (estimate is not None and estimate(graph, cluster, plain) > share * left):
+        seconds = 0.0 if estimate is None else float(estimate(graph, cluster, plain) or 0.0)
+        if budget.out_of_time() or seconds > SEED_LIMIT_S or (
+                budget.seconds is not None and seconds > share * (budget.seconds - budget.elapsed)):
             continue
         try:
             out[name] = run_planner(name, graph, cluster, plain)

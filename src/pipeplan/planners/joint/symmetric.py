@@ -15,11 +15,11 @@ busiest stage while that helps. The work grows with the number of depths, not of
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ...budget import Budget
 from ...cluster import Cluster
 from ...costmodel import allreduce_time, transfer_time
 from ...errors import Infeasible
@@ -141,8 +141,8 @@ class _Runner:
     """Simulates configurations (each overflowing one again with its overflowing stages
     re-materialized), keeps the best and counts."""
 
-    def __init__(self, space: _Space, deadline: float) -> None:
-        self.space, self.deadline = space, deadline
+    def __init__(self, space: _Space, budget: Budget) -> None:
+        self.space, self.budget = space, budget
         self.best: tuple[float, Config, SimResult] | None = None
         self.simulations = 0
 
@@ -160,12 +160,13 @@ class _Runner:
         return key
 
     def out_of_time(self) -> bool:
-        return time.perf_counter() > self.deadline
+        """The budget is spent (each full simulation is one evaluation)."""
+        return not self.budget.left(self.simulations)
 
 
 def _refine(runner: _Runner, space: _Space) -> bool:
     """Move one node off the busiest stage to a neighbour while that helps; True when it
-    stopped because nothing helped (not the clock or the move limit)."""
+    stopped because nothing helped (not the budget or the move limit)."""
     for _ in range(MAX_REFINE):
         if runner.out_of_time():
             return False
@@ -185,10 +186,11 @@ def _refine(runner: _Runner, space: _Space) -> bool:
 
 
 def symmetric_search(graph: Graph, cluster: Cluster, options: PlanOptions, schedules: tuple[str, ...],
-                     deadline: float) -> tuple[Plan | None, dict]:
-    """The best symmetric plan found and the search's facts (module docstring)."""
+                     budget: Budget) -> tuple[Plan | None, dict]:
+    """The best symmetric plan found and the search's facts (module docstring). Never
+    ``complete``: only the configurations best by the closed form are simulated."""
     space = _Space(graph, cluster, options)
-    runner = _Runner(space, deadline)
+    runner = _Runner(space, budget)
     configs = space.configs(schedules[0])
     estimates = np.array([space.estimate(c) for c in configs])
     ranked = [configs[i] for i in np.argsort(estimates, kind="stable") if np.isfinite(estimates[i])]
@@ -196,12 +198,18 @@ def symmetric_search(graph: Graph, cluster: Cluster, options: PlanOptions, sched
         if runner.out_of_time():
             break
         runner.run(c)
+    facts = {"complete": False, "simulations": runner.simulations, "evaluations": runner.simulations,
+             "configurations": len(configs), "incomplete": (
+                 f"symmetric search: {min(SIMULATED, len(ranked))} of {len(configs)} symmetric configurations "
+                 "simulated (the best by a closed-form estimate); asymmetric plans not searched")}
     if runner.best is None:
-        return None, {"complete": not runner.out_of_time(), "simulations": runner.simulations}
+        return None, facts
     for sch in schedules[1:]:
         if not runner.out_of_time():
             runner.run(replace(runner.best[1], schedule=sch, recompute=()))
-    converged = _refine(runner, space)
-    facts = {"complete": converged, "simulations": runner.simulations, "configurations": len(configs),
-             "layout": runner.best[1].layout}
+    facts.update(converged=_refine(runner, space), simulations=runner.simulations, evaluations=runner.simulations,
+                 layout=runner.best[1].layout)
+    why = budget.why_stopped(runner.simulations)
+    if why is not None:
+        facts["incomplete"] += f"; {why}"
     return space.plan(runner.best[1]), facts

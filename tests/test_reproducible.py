@@ -1,0 +1,61 @@
+"""Searches budgeted in evaluations give the same plan on an idle machine and beside a CPU
+hog: the same ``pipeplan plan`` command twice, the second time with busy processes on every
+core."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+
+import pytest
+
+from pipeplan.cli import main
+
+
+def _spin(stop) -> None:
+    while not stop.is_set():
+        sum(i * i for i in range(10_000))
+
+
+class CpuHog:
+    """Busy processes, one per core plus one, for the ``with`` block."""
+
+    def __enter__(self):
+        ctx = multiprocessing.get_context("spawn")
+        self.stop = ctx.Event()
+        self.procs = [ctx.Process(target=_spin, args=(self.stop,), daemon=True) for _ in range((os.cpu_count() or 1) + 1)]
+        for p in self.procs:
+            p.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+
+def _plan(tmp_path, name: str, argv: list[str]) -> dict:
+    out = tmp_path / name
+    assert main(["plan", *argv, "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    return {k: d[k] for k in ("planner", "schedule", "microbatches", "replicas", "stages", "iteration_s")} | {
+        "recompute": d.get("recompute"), "search_complete": d.get("search_complete", True)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [
+    ["--model", "zoo:bert-large", "--cluster", "v100x4", "--microbatches", "8", "--planner", "joint",
+     "-O", "evaluations=1500"],
+    ["--model", "zoo:alexnet", "--cluster", "1080ti-4x2", "--microbatches", "8", "--planner", "joint",
+     "-O", "evaluations=1500"],
+    ["--model", "zoo:alexnet", "--cluster", "hier:servers=2,gpus=2,intra=100Gbps,inter=10Gbps",
+     "--microbatches", "4", "--planner", "exact", "-O", "evaluations=300"],
+], ids=["joint-bert", "joint-alexnet", "exact"])
+def test_same_plan_idle_and_beside_a_cpu_hog(tmp_path, capsys, argv):
+    idle = _plan(tmp_path, "idle.json", argv)
+    with CpuHog():
+        loaded = _plan(tmp_path, "loaded.json", argv)
+    assert loaded == idle
