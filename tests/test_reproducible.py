@@ -53,7 +53,9 @@ def _plan(tmp_path, name: str, argv: list[str]) -> dict:
      "-O", "evaluations=1500"],
     ["--model", "zoo:alexnet", "--cluster", "hier:servers=2,gpus=2,intra=100Gbps,inter=10Gbps",
      "--microbatches", "4", "--planner", "exact", "-O", "evaluations=300"],
-], ids=["joint-bert", "joint-alexnet", "exact"])
+    ["--model", "zoo:alexnet", "--cluster", "v100x4", "--microbatches", "4", "--planner", "drl-pp",
+     "-O", "evaluations=120", "-O", "samples=4"],
+], ids=["joint-bert", "joint-alexnet", "exact", "drl-pp"])
 def test_same_plan_idle_and_beside_a_cpu_hog(tmp_path, capsys, argv):
     idle = _plan(tmp_path, "idle.json", argv)
     with CpuHog():

@@ -103,6 +103,9 @@ def cmd_plan(args) -> int:
 
 
 LEARNING_PLANNERS = ("drl-pp", "automap-infer")
+#: ``train``'s budget by default: plans scored (drl-pp, about 5 minutes here) or episodes
+#: (automap-infer: what rebuilds the shipped agent, docs/automap.md).
+TRAIN_EVALUATIONS = {"drl-pp": 20_000, "automap-infer": 30_000}
 
 
 def _note_assumed_split(plans: list) -> None:
@@ -143,7 +146,8 @@ def cmd_train(args) -> int:
     if args.planner_option or args.global_batch:
         raise PipeplanError("train: -O and --global-batch are options of plan and compare, not of train")
     seconds = parse_duration(args.budget, "--budget") if args.budget else None
-    budget = Budget(seconds=seconds if seconds or args.evaluations else 300.0, evaluations=args.evaluations)
+    evaluations = args.evaluations or (None if seconds else TRAIN_EVALUATIONS[args.agent])
+    budget = Budget(seconds=seconds, evaluations=evaluations)
     command = shlex.join(["pipeplan", "train", *(args.argv or [])])
     if args.agent == "automap-infer":
         return _train_automap_infer(args, outs, budget, command)
@@ -601,10 +605,12 @@ def _add_train_parser(sub) -> None:
                     help="automap-infer's training problems: generated and zoo models (mix, the default), "
                          "generated only, or the zoo's CNNs (the paper's CNN fine-tuning)")
     sp.add_argument("--schedule", default=None, help=f"{', '.join(_schedule_names())} (default 1f1b)")
-    sp.add_argument("--budget", default=None, help="wall-clock budget, e.g. 90s, 3m, 1h (default 5m unless "
-                                                   "--evaluations is given)")
+    sp.add_argument("--budget", default=None, help="a wall-clock cap, e.g. 90s, 3m, 1h (alone: the only limit; "
+                                                   "not reproducible across machines)")
     sp.add_argument("--evaluations", type=_positive_int, default=None,
-                    help="budget in plans scored (reproducible, unlike wall-clock)")
+                    help="the budget: plans scored (drl-pp) or episodes (automap-infer), reproducible on any "
+                         f"machine (default {', '.join(f'{v:,} for {k}' for k, v in TRAIN_EVALUATIONS.items())} "
+                         "unless --budget alone is given)")
     sp.add_argument("--seed", type=int, default=0, help="seed of the weights and samples (default 0)")
     sp.add_argument("--init", help="start from this checkpoint (fine-tune) instead of from scratch")
     sp.add_argument("--out", help="write the checkpoint (.pt) here, and its learning curve as .csv and .png beside it")

@@ -108,7 +108,7 @@ def _better(it: float, fits: bool, best: tuple[float, bool]) -> bool:
 
 def train_online(problem: CutProblem, budget: Budget, cfg: Config | None = None,
                  progress: Progress | None = None) -> Online:
-    """DQN episodes on ``problem`` until converged or ``budget`` is spent."""
+    """DQN episodes on ``problem`` until converged or ``budget`` (in episodes) is spent."""
     import torch
 
     torch.set_num_threads(1)  # a small MLP: one thread is fastest and reproducible
@@ -121,7 +121,7 @@ def train_online(problem: CutProblem, budget: Budget, cfg: Config | None = None,
     best_s = 0.0
     greedy: list[int] = []
     streak, since, converged, episode, returns = 0, 0.0, None, 0, []
-    while budget.left(len(problem.cache)) and converged is None:
+    while budget.left(episode) and converged is None:
         ret, _, info = run_episode(env, agent)
         episode += 1
         returns.append(ret)
@@ -138,6 +138,6 @@ def train_online(problem: CutProblem, budget: Budget, cfg: Config | None = None,
         curve.add(Point(episode, budget.elapsed, len(problem.cache), float(np.mean(returns[-CHECK_EVERY:])),
                         g_ret, best[0]))
         if progress is not None:
-            progress(curve.points[-1], budget.fraction(len(problem.cache)))
+            progress(curve.points[-1], budget.fraction(episode))
     return Online(best_cuts, best[0], best[1], greedy, converged, best_s, budget.elapsed, episode, agent.steps,
                   len(problem.cache), curve)

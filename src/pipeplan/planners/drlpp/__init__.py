@@ -2,30 +2,39 @@
 compressing branches and places the partitions on accelerators (``ppo.py``).
 
 As a planner it plans with a checkpoint (``-O checkpoint=ck.pt``: sample schemes and keep
-the best scored plan), fine-tunes one (``checkpoint`` and ``budget``), or trains on the spot
-within ``-O budget=SECONDS`` (default 60 s); training counts as planning time. torch is
-imported only when the planner runs.
+the best scored plan), fine-tunes one (``checkpoint`` and ``evaluations``), or trains on the
+spot for ``-O evaluations=N`` plans scored (default 4,000, about a minute here), so that the
+same command gives the same plan on any machine; ``-O budget=SECONDS`` caps the wall-clock.
+Training counts as planning time. torch is imported only when the planner runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...budget import Budget
 from ...cluster import Cluster
 from ...graph import Graph
 from ...plan import Plan
 from ..base import PlanOptions, planner_options, register
 
-DEFAULT_BUDGET_S = 60.0
+DEFAULT_EVALUATIONS = 4000
+#: Plans the training scores per second (benchmarks/results/drlpp/evaluate.md: 702 in 10.3 s),
+#: for progress bars.
+EVALUATIONS_PER_S = 70.0
 
 
 @dataclass(frozen=True)
 class DrlppOptions:
     checkpoint: str | None = field(default=None, metadata={
-        "help": "a checkpoint from `pipeplan train drl-pp` to plan with (no training unless budget is given)"})
+        "help": "a checkpoint from `pipeplan train drl-pp` to plan with (no training unless evaluations or budget "
+                "is given)"})
+    evaluations: int | None = field(default=None, metadata={"min": 1, "help": (
+        f"plans scored in training (from the checkpoint if given); default {DEFAULT_EVALUATIONS:,} without a "
+        "checkpoint, none with one")})
     budget: float | None = field(default=None, metadata={"above": 0, "help": (
-        f"seconds of training (from the checkpoint if given); default {DEFAULT_BUDGET_S:g} without a checkpoint, "
-        "none with one")})
+        "a wall-clock cap on training, in seconds (default: none, so that the same command gives the same plan "
+        "on any machine)")})
     seed: int = field(default=0, metadata={"min": 0, "help": "seed of the agent's weights and samples"})
     replicas: str = field(default="round-robin", metadata={"choices": ("round-robin", "split"), "help": (
         "how a partition's accelerators share the microbatches: whole ones in turn (PipeDream's, the paper's) "
@@ -34,21 +43,30 @@ class DrlppOptions:
         "partition schemes sampled from the trained agent (each with its placements); the best scored is kept")})
 
 
-def _budget_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float | None:
-    opts = planner_options(DrlppOptions, options, "drl-pp")
-    if opts.budget is not None:
-        return opts.budget
-    return None if opts.checkpoint else DEFAULT_BUDGET_S
+def training_budget(opts: DrlppOptions) -> Budget | None:
+    """The training's budget (None: no training, only samples from the checkpoint)."""
+    if opts.checkpoint and opts.evaluations is None and opts.budget is None:
+        return None
+    evaluations = opts.evaluations if opts.evaluations is not None or opts.budget is not None else DEFAULT_EVALUATIONS
+    return Budget(opts.budget, evaluations)
+
+
+def _estimate_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float | None:
+    """Seconds of training, for progress bars: the cap, else the evaluations at the expected rate."""
+    budget = training_budget(planner_options(DrlppOptions, options, "drl-pp"))
+    if budget is None:
+        return None
+    return budget.seconds if budget.evaluations is None else budget.evaluations / EVALUATIONS_PER_S
 
 
 @register("drl-pp", "DRL-PP: PPO agent (GCN encoder, recurrent DAG partitioner without branch compression, "
           "accelerator scheduler); trains on the spot or plans with -O checkpoint=", "1f1b",
-          options=DrlppOptions, estimate=_budget_s, in_best=False)
+          options=DrlppOptions, estimate=_estimate_s, in_best=False)
 def plan_drlpp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """Train (or load) the agent, then sample plans from it; the best scored plan seen,
     training included."""
     from .run import plan_with_agent
 
     opts = planner_options(DrlppOptions, options, "drl-pp")
-    return plan_with_agent(graph, cluster, options, opts.checkpoint, _budget_s(graph, cluster, options),
-                           opts.seed, opts.samples, opts.replicas)
+    return plan_with_agent(graph, cluster, options, opts.checkpoint, training_budget(opts), opts.seed, opts.samples,
+                           opts.replicas)

@@ -78,19 +78,23 @@ def _plan(inst: Instance, best: Best) -> Plan:
 
 
 def plan_with_agent(graph: Graph, cluster: Cluster, options: PlanOptions, path: str | None,
-                    budget_s: float | None, seed: int, samples: int, replicas: str = REPLICAS) -> Plan:
-    """The planner: train from scratch or fine-tune within ``budget_s``, or only sample from
-    the checkpoint ``path``; then ``samples`` schemes from the agent. The best scored plan
-    seen wins; its ``extra`` says how it was found."""
+                    budget: Budget | None, seed: int, samples: int, replicas: str = REPLICAS) -> Plan:
+    """The planner: train from scratch or fine-tune within ``budget``, or only sample from
+    the checkpoint ``path`` (no budget); then ``samples`` schemes from the agent. The best
+    scored plan seen wins; its ``extra`` says how it was found."""
     torch.set_num_threads(1)
-    best, updates = Best(), 0
-    if budget_s is not None:
-        trained = train_agent(graph, cluster, options, Budget(seconds=budget_s), seed, path, replicas=replicas)
+    best, updates, trained_s = Best(), 0, 0.0
+    if budget is not None:
+        trained = train_agent(graph, cluster, options, budget, seed, path, replicas=replicas)
         agent, inst, best, updates = trained.agent, trained.instance, trained.best, len(trained.curve.points)
+        trained_s = budget.elapsed
     else:
         agent, inst = load_agent(path, len(cluster), seed), instance(graph, cluster, options, replicas)
     best = sample_best(agent, inst, samples, best)
     plan = _plan(inst, best)
-    plan.extra = {"drl-pp": {"checkpoint": path, "trained_s": budget_s or 0.0, "updates": updates,
-                             "evaluations": inst.scorer.evaluations}}
+    stopped = budget.why_stopped(inst.scorer.evaluations) if budget is not None else None
+    plan.extra = {"drl-pp": {"checkpoint": path, "trained_s": trained_s, "updates": updates,
+                             "evaluations": inst.scorer.evaluations, "complete": False,
+                             "incomplete": f"the best of a learned policy's samples{f' ({stopped})' if stopped else ''}"
+                                           ", not an exhaustive search"}}
     return plan
