@@ -611,8 +611,21 @@ def _add_train_parser(sub) -> None:
     sp.set_defaults(fn=cmd_train)
 
 
+def _version() -> str:
+    """The installed package's version (its metadata), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    try:
+        return version("pipeplan")
+    except PackageNotFoundError:
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="pipeplan", description="Plan pipeline-parallel DNN training.")
+    p.add_argument("--version", action="version", version=f"pipeplan {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     sp = sub.add_parser("plan", help="plan one model on one cluster", epilog=_planner_epilog(),
