@@ -75,6 +75,7 @@ def cmd_plan(args) -> int:
     from .planners.base import overflow_text
     from .planners.compare import best, default_planners
     from .report import print_plan
+    from .units import fmt_time
 
     outs = Outputs()
     outs.want("--out", args.out, "json")
@@ -91,8 +92,8 @@ def cmd_plan(args) -> int:
     if result.over_memory:
         names = default_planners(cluster) if args.planner == "best" else [args.planner]
         way_out = _way_out(args, graph, cluster, names, [result])
-        print(f"pipeplan: warning: the plan does not fit in memory: {overflow_text(result)}; {way_out}",
-              file=sys.stderr)
+        print(f"pipeplan: warning: the plan does not fit in memory: {overflow_text(result)} ({plan.planner}, "
+              f"{fmt_time(result.iteration_s)} per iteration); {way_out}", file=sys.stderr)
     if args.json:
         print(json.dumps(plan.to_dict()))
     else:
@@ -315,7 +316,8 @@ def _way_out(args, graph, cluster, names: list[str], results: list) -> str:
     fix = what_would_fit(lambda g, c, o: compare(g, c, names, o), graph, cluster, _options(args), results)
     if fix is None:
         return "neither SGD, smaller microbatches, more memory nor 4x the devices makes one fit"
-    return f"one would with {fix.change}: {fix.flags} ({fix.planner}, {fmt_time(fix.iteration_s)} per iteration)"
+    return f"one would with {fix.change}: {fix.flags}, with which {fix.planner} plans {fmt_time(fix.iteration_s)} " \
+           "per iteration"
 
 
 def cmd_profile(args) -> int:
