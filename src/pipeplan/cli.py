@@ -89,6 +89,7 @@ def cmd_plan(args) -> int:
     outs.set("--out", plan.save)
     outs.write_all()
     _note_assumed_split([plan])
+    _note_linearized([plan])
     if result.over_memory:
         names = default_planners(cluster) if args.planner == "best" else [args.planner]
         way_out = _way_out(args, graph, cluster, names, [result])
@@ -121,6 +122,19 @@ def _note_assumed_split(plans: list) -> None:
                   f"weight gradients; schedule {plan.schedule} assumes the input gradient takes {frac:.0%} of each "
                   "backward (pipeplan profile measures it; docs/schedules.md)", file=sys.stderr)
             return
+
+
+def _note_linearized(plans: list) -> None:
+    """One line on stderr for each plan of PipeDream's DP (pipedream, hetpipe) made over one
+    topological order of the layers: the model's antichain DAG was too large, even with its
+    branches compressed."""
+    from .planners.pipedream import MAX_STATES
+
+    for plan in plans:
+        if any(isinstance(v, dict) and v.get("linearized") for v in plan.extra.values()):
+            print(f"pipeplan: note: {plan.planner} planned model {plan.graph.name!r} as one chain of its layers (a "
+                  f"topological order): its antichain DAG has more than {MAX_STATES} states even with branches "
+                  "compressed", file=sys.stderr)
 
 
 def cmd_train(args) -> int:
@@ -261,6 +275,7 @@ def cmd_compare(args) -> int:
         rows = compare(graph, cluster, names, _options(args), progress)
     top = best_row(rows) if any(r.result is not None for r in rows) else None
     _note_assumed_split([r.plan for r in rows if r.plan is not None])
+    _note_linearized([r.plan for r in rows if r.plan is not None])
     if top is not None and top.fits:
         from .viz import draw_gantt
 
