@@ -321,6 +321,8 @@ def test_too_many_states_even_compressed_plans_a_chain_and_says_so(tmp_path, cap
         assert positions == list(range(len(g)))  # every layer once
         spans = [sorted(order[g.ids.index(n)] for n in s.nodes) for s in plan.stages]
         assert all(sp == list(range(sp[0], sp[-1] + 1)) for sp in spans)  # intervals of the order
+    compressed, _ = run_planner("pipedream", g, cluster, PlanOptions(microbatches=4, extra=(("compression", "1"),)))
+    assert compressed.extra["pipedream"]["linearized"]  # transfers priced on the chain's cuts
     save_graph(g, tmp_path / "g.json")
     assert main(["compare", "--model", str(tmp_path / "g.json"), "--cluster", "hier:servers=2,gpus=2,intra=80Gbps,"
                  "inter=8Gbps", "--planners", "pipedream,hetpipe", "--microbatches", "4", "--json"]) == 0

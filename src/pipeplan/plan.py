@@ -137,7 +137,8 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
         raise PipeplanError(f"{source}: microbatches must be an integer, got {m!r}")
     return Plan(graph=graph, cluster=cluster, stages=stages, microbatches=m,
                 schedule=str(d.get("schedule", "1f1b")), planner=str(d.get("planner", "manual")),
-                search_s=float(d.get("search_s") or 0.0), setup_s=float(d.get("setup_s") or 0.0), optimizer=str(d.get("optimizer", "adam")),
+                search_s=float(d.get("search_s") or 0.0), setup_s=float(d.get("setup_s") or 0.0),
+                optimizer=str(d.get("optimizer", "adam")),
                 replicas=str(d.get("replicas", "split")), allocation=d.get("allocation"),
                 recompute=d.get("recompute"),
                 prediction=dict(d.get("prediction") or {}),

@@ -64,8 +64,9 @@ def _smaller_microbatches(run: Compare, graph: Graph, cluster: Cluster, options:
     while samples >= 1 and (m := options.microbatches * (b0 // samples)) <= MAX_MICROBATCHES:
         if b0 % samples == 0:
             fix = _try(run, with_microbatch(graph, samples), cluster, replace(options, microbatches=m),
-                       f"microbatches of {samples} sample{'s' if samples > 1 else ''} instead of {b0} ({m} per iteration, the same global "
-                       "batch)", f"--global-batch {b0 * options.microbatches} --microbatches {m}")
+                       f"microbatches of {samples} sample{'s' if samples > 1 else ''} instead of {b0} ({m} per "
+                       "iteration, the same global batch)",
+                       f"--global-batch {b0 * options.microbatches} --microbatches {m}")
             if fix:
                 return fix
         samples //= 2
