@@ -145,7 +145,7 @@ def test_when_nothing_fits_the_computed_way_out_works(capsys):
     assert main(["compare", *argv, "--planners", "spp,gpipe"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no planner has a plan that fits" in err, err
-    m = re.search(r"--memory-limit (\S+) .*\((\w+), ", err)
+    m = re.search(r"--memory-limit (\S+) .*with which (\S+) plans", err)
     assert m, err
     assert main(["plan", *argv, "--planner", m.group(2), "--memory-limit", m.group(1), "--json"]) == 0
     out = capsys.readouterr()

@@ -191,3 +191,12 @@ def test_bad_plan_files(tmp_path, capsys, edit, fragment):
     gantt = tmp_path / "g.png"
     assert_one_line_error(cli("simulate", str(out), "--gantt", str(gantt)), fragment)
     assert not gantt.exists()
+
+
+def test_version_is_the_package_metadata(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pipeplan {version('pipeplan')}"

@@ -50,6 +50,8 @@ def test_hier_spec():
     ("hier:servers=2,gpus=2,intra=1Gbps", "missing inter"),
     ("hier:servers=2,gpus=x,intra=1Gbps,inter=1Gbps", "integers"),
     ("hier:servers=1,gpus=2,intra=fast", "bandwidth"),
+    ("hier:servers=2,gpus=2,intra=0Gbps,inter=10Gbps", "intra=0Gbps is no link"),
+    ("hier:servers=2,gpus=1,intra=1Gbps,inter=0", "inter=0 is no link"),
     ("hier:servers=1,gpus=2,intra=1Gbps,colour=red", "unknown key"),
     ("hier:servers=1,gpus=2,intra=1Gbps,kind=Z80", "unknown device kind"),
     ("no-such-preset", "unknown cluster preset"),

@@ -273,3 +273,74 @@ def test_ties_between_replication_factors_take_the_fewest_for_the_last_stage():
     res = solve(antichain_dag(g), [Level(3, bw)])
     assert res.objective_s == 2.0
     assert [s.workers[0] for s in res.stages] == [2, 1]
+
+
+def nasnet_like(cells: int = 5, width: int = 8, ops: int = 3) -> Graph:
+    """NASNet-style cells: each cell's ``width`` branches of ``ops`` layers read the output of
+    the cell before it or the one before that, and are concatenated. Branches of a cell run
+    beside the previous cell's, so the antichain states multiply (> 5000 even compressed)."""
+    ids, edges = ["input"], []
+    prev2 = prev = 0
+    for c in range(cells):
+        outs = []
+        for b in range(width):
+            last = prev2 if b % 2 else prev
+            for k in range(ops):
+                edges.append((last, len(ids)))
+                last = len(ids)
+                ids.append(f"c{c}b{b}op{k}")
+            outs.append(last)
+        edges += [(o, len(ids)) for o in outs]
+        prev2, prev = prev, len(ids)
+        ids.append(f"c{c}cat")
+    n = len(ids)
+    rng = np.random.default_rng(0)
+    return Graph(name="nasnet-like", ids=ids, fwd=rng.uniform(1e-3, 3e-3, n), bwd=rng.uniform(2e-3, 6e-3, n),
+                 params=np.full(n, 1e6), act=rng.uniform(1e5, 1e6, n), flops=np.zeros(n),
+                 desc=["Input"] + ["Conv2d"] * (n - 1), edges=edges)
+
+
+def test_too_many_states_even_compressed_plans_a_chain_and_says_so(tmp_path, capsys):
+    """PipeDream's program plans NASNet-A mobile; pipedream and hetpipe plan a model whose
+    antichain DAG stays above the limit once compressed, over one topological order, and say
+    so in the plan and on one line."""
+    from pipeplan.graph import save_graph
+    from pipeplan.graph.antichain import TooManyStates
+    from pipeplan.planners.pipedream import MAX_STATES
+
+    g = nasnet_like()
+    for graph in (g, compress_branches(g)[0]):
+        with pytest.raises(TooManyStates):
+            antichain_dag(graph, MAX_STATES)
+    cluster = hierarchical("h", 2, 2, 1e10, 1e9)
+    order = {u: k for k, u in enumerate(g.topo)}
+    for name in ("pipedream", "hetpipe"):
+        plan, result = run_planner(name, g, cluster, PlanOptions(microbatches=4))
+        assert plan.extra[name]["linearized"] and result.iteration_s > 0
+        positions = sorted(order[g.ids.index(n)] for s in plan.stages for n in s.nodes)
+        assert positions == list(range(len(g)))  # every layer once
+        spans = [sorted(order[g.ids.index(n)] for n in s.nodes) for s in plan.stages]
+        assert all(sp == list(range(sp[0], sp[-1] + 1)) for sp in spans)  # intervals of the order
+    compressed, _ = run_planner("pipedream", g, cluster, PlanOptions(microbatches=4, extra=(("compression", "1"),)))
+    assert compressed.extra["pipedream"]["linearized"]  # transfers priced on the chain's cuts
+    save_graph(g, tmp_path / "g.json")
+    assert main(["compare", "--model", str(tmp_path / "g.json"), "--cluster", "hier:servers=2,gpus=2,intra=80Gbps,"
+                 "inter=8Gbps", "--planners", "pipedream,hetpipe", "--microbatches", "4", "--json"]) == 0
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if "as one chain of its layers" in ln]
+    assert sorted(ln.split()[2] for ln in notes) == ["hetpipe", "pipedream"]
+
+
+def test_as_chain_prices_every_cut_by_brute_force():
+    """The chain keeps each layer's costs in topological order; the bytes crossing the cut
+    after k layers are those of every earlier output with a consumer later (brute force)."""
+    from pipeplan.graph.linearize import as_chain
+
+    g = nasnet_like(cells=2, width=3, ops=2)
+    chain, groups, cuts = as_chain(g)
+    order = g.topo
+    assert [grp[0] for grp in groups] == order and chain.edges == [(k, k + 1) for k in range(len(g) - 1)]
+    assert np.array_equal(chain.fwd, g.fwd[order]) and np.array_equal(chain.act, g.act[order])
+    for k in range(len(g) + 1):
+        before = set(order[:k])
+        want = sum(g.act[u] for u in before if any(v not in before for v in g.succ[u]))
+        assert cuts[k] == pytest.approx(want, abs=1e-3)

@@ -152,3 +152,17 @@ def test_theorem1_is_reported_only_where_its_assumptions_hold():
     c = hierarchical("slow", 2, 2, 1e10, 1e9, latency=0.02)
     plan = get_planner("spp").fn(g, c, PlanOptions(microbatches=8))
     assert plan.extra["bounds"]["spp_theorem1"] == {"not_applicable": "links have latency"}
+
+
+def test_theorem1_does_not_divide_by_a_missing_link():
+    """A pair of devices with zero bandwidth (no link): SPP plans around it and Theorem 1,
+    whose ratio has 1/b_min, is not reported."""
+    from pipeplan.graph import load_graph
+    from pipeplan.planners import PlanOptions, get_planner
+
+    bw = np.full((3, 3), 1e9)
+    bw[0, 2] = bw[2, 0] = 0.0
+    c = Cluster("gap", [Device(f"d{i}") for i in range(3)], bw, np.zeros((3, 3)))
+    plan = get_planner("spp").fn(load_graph("zoo:alexnet"), c, PlanOptions(microbatches=4))
+    assert plan.extra["bounds"]["spp_theorem1"] == {"not_applicable": "some devices are not linked (zero bandwidth)"}
+

@@ -226,3 +226,45 @@ def test_model_chunks_are_drawn_apart(tmp_path) -> None:
     names = {e["name"] for e in to_trace(tl)["traceEvents"] if e.get("ph") == "X"}
     assert {"F0 s0", "F0 s2", "B3 s3"} <= names
     draw_gantt(tl, tmp_path / "chunks.png")
+
+
+def _legend_matches_the_drawing(ax) -> set[str]:
+    """The legend's labels, after checking each names something drawn: a kind only with a bar
+    inside the x range, ``m.c`` only with such a label written, ``ch a-b`` only with channel rows."""
+    from pipeplan.viz.gantt import _STYLE
+
+    legend = {t.get_text() for t in ax.get_legend().get_texts()}
+    lo, hi = ax.get_xlim()
+    drawn = {c.get_label() for c in ax.collections
+             if any(p.vertices[:, 0].max() > lo and p.vertices[:, 0].min() < hi for p in c.get_paths())}
+    kinds = {style[0] for style in _STYLE.values()}
+    assert legend & kinds == drawn & kinds
+    chunk_texts = [t for t in ax.texts if "." in t.get_text()]
+    assert any(s.startswith("m.c:") for s in legend) == bool(chunk_texts)
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert any(s.startswith("ch a-b") for s in legend) == any(t.startswith("ch:") for t in ticks)
+    return legend
+
+
+def test_gantt_legend_names_only_what_is_drawn() -> None:
+    """A steady state's chart spans one period: a kind whose bars all lie outside it is not in
+    the legend; chunk labels too narrow (or capped) to be written are not explained."""
+    from pipeplan.cluster import hierarchical
+    from pipeplan.graph import Graph
+    from pipeplan.plan import Plan, Stage
+    from pipeplan.sim import simulate
+    from pipeplan.viz.gantt import gantt_figure
+
+    steady = Timeline(["gpu0"], [True], np.array([FWD, FWD, FWD, ALLREDUCE], dtype=np.int8),
+                      np.zeros(4, dtype=np.int64), np.array([0, 1, 2, -1]), np.zeros(4, dtype=np.int64),
+                      np.array([0.0, 1.0, 2.0, 3.5]), np.array([1.0, 2.0, 3.0, 3.6]), 1.0, period=(1.0, 2.0))
+    legend = _legend_matches_the_drawing(gantt_figure(steady, "s").axes[0])
+    assert "forward" in legend and "all-reduce" not in legend
+    g = Graph.chain("c", [1.0] * 4, [2.0] * 4, act=[1e6] * 4)
+    c = hierarchical("two", 1, 2, 1e9, 1e9)
+    plan = Plan(g, c, [Stage([g.ids[j]], [c.names[j % 2]]) for j in range(4)], 4, schedule="interleaved-1f1b")
+    tl = simulate(plan).timeline
+    written = _legend_matches_the_drawing(gantt_figure(tl, "labels").axes[0])
+    unwritten = _legend_matches_the_drawing(gantt_figure(tl, "no labels", max_labels=0).axes[0])
+    assert any(s.startswith("m.c:") for s in written) and "darker: later chunk" in unwritten
+    _legend_matches_the_drawing(gantt_figure(gpipe_timeline(stages=2, micros=3, replicas=2), "gpipe").axes[0])

@@ -66,14 +66,16 @@ def plan_of(graph: Graph, cluster, p: int, m: int, schedule: str, chunks: int) -
     return megatron_plan(graph, cluster, PlanOptions(microbatches=m, schedule=schedule), p, False, chunks)
 
 
-def predicted() -> list[dict]:
+def predicted(models: list[str] = MODELS, depths: tuple[int, ...] = DEPTHS,
+              microbatches: tuple[int, ...] = MICROBATCHES) -> list[dict]:
+    """One row per model, depth, microbatch count and layout (1F1B's first)."""
     rows = []
-    for name in MODELS:
+    for name in models:
         graph = load_graph(f"zoo:{name}")
         layers = int(np.count_nonzero(layer_mask(graph, linearize(graph))))
-        for p in DEPTHS:
+        for p in depths:
             cluster = load_cluster(CLUSTER.format(p=p))
-            for m in MICROBATCHES:
+            for m in microbatches:
                 base = None
                 for schedule, chunks in layouts(layers, p):
                     r = simulate(plan_of(graph, cluster, p, m, schedule, chunks), timeline=False)

@@ -75,6 +75,7 @@ def cmd_plan(args) -> int:
     from .planners.base import overflow_text
     from .planners.compare import best, default_planners
     from .report import print_plan
+    from .units import fmt_time
 
     outs = Outputs()
     outs.want("--out", args.out, "json")
@@ -88,11 +89,12 @@ def cmd_plan(args) -> int:
     outs.set("--out", plan.save)
     outs.write_all()
     _note_assumed_split([plan])
+    _note_linearized([plan])
     if result.over_memory:
         names = default_planners(cluster) if args.planner == "best" else [args.planner]
         way_out = _way_out(args, graph, cluster, names, [result])
-        print(f"pipeplan: warning: the plan does not fit in memory: {overflow_text(result)}; {way_out}",
-              file=sys.stderr)
+        print(f"pipeplan: warning: the plan does not fit in memory: {overflow_text(result)} ({plan.planner}, "
+              f"{fmt_time(result.iteration_s)} per iteration); {way_out}", file=sys.stderr)
     if args.json:
         print(json.dumps(plan.to_dict()))
     else:
@@ -123,6 +125,19 @@ def _note_assumed_split(plans: list) -> None:
                   f"weight gradients; schedule {plan.schedule} assumes the input gradient takes {frac:.0%} of each "
                   "backward (pipeplan profile measures it; docs/schedules.md)", file=sys.stderr)
             return
+
+
+def _note_linearized(plans: list) -> None:
+    """One line on stderr for each plan of PipeDream's DP (pipedream, hetpipe) made over one
+    topological order of the layers: the model's antichain DAG was too large, even with its
+    branches compressed."""
+    from .planners.pipedream import MAX_STATES
+
+    for plan in plans:
+        if any(isinstance(v, dict) and v.get("linearized") for v in plan.extra.values()):
+            print(f"pipeplan: note: {plan.planner} planned model {plan.graph.name!r} as one chain of its layers (a "
+                  f"topological order): its antichain DAG has more than {MAX_STATES} states even with branches "
+                  "compressed", file=sys.stderr)
 
 
 def cmd_train(args) -> int:
@@ -264,6 +279,7 @@ def cmd_compare(args) -> int:
         rows = compare(graph, cluster, names, _options(args), progress)
     top = best_row(rows) if any(r.result is not None for r in rows) else None
     _note_assumed_split([r.plan for r in rows if r.plan is not None])
+    _note_linearized([r.plan for r in rows if r.plan is not None])
     if top is not None and top.fits:
         from .viz import draw_gantt
 
@@ -319,7 +335,8 @@ def _way_out(args, graph, cluster, names: list[str], results: list) -> str:
     fix = what_would_fit(lambda g, c, o: compare(g, c, names, o), graph, cluster, _options(args), results)
     if fix is None:
         return "neither SGD, smaller microbatches, more memory nor 4x the devices makes one fit"
-    return f"one would with {fix.change}: {fix.flags} ({fix.planner}, {fmt_time(fix.iteration_s)} per iteration)"
+    return f"one would with {fix.change}: {fix.flags}, with which {fix.planner} plans {fmt_time(fix.iteration_s)} " \
+           "per iteration"
 
 
 def cmd_profile(args) -> int:
@@ -617,8 +634,21 @@ def _add_train_parser(sub) -> None:
     sp.set_defaults(fn=cmd_train)
 
 
+def _version() -> str:
+    """The installed package's version (its metadata), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    try:
+        return version("pipeplan")
+    except PackageNotFoundError:
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="pipeplan", description="Plan pipeline-parallel DNN training.")
+    p.add_argument("--version", action="version", version=f"pipeplan {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     sp = sub.add_parser("plan", help="plan one model on one cluster", epilog=_planner_epilog(),

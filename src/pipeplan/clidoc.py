@@ -81,7 +81,8 @@ def cli_reference() -> str:
     """The whole of docs/cli.md."""
     head = ["# pipeplan command-line reference", "",
             "Generated from the code by `python -m pipeplan.clidoc > docs/cli.md`; do not edit by hand "
-            "(`tests/test_clidoc.py` fails when it is out of date).", ""]
+            "(`tests/test_clidoc.py` fails when it is out of date). `pipeplan --version` prints the "
+            "installed version.", ""]
     return "\n".join(head + _commands() + _planners() + _schedules() + _clusters())
 
 

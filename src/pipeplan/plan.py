@@ -43,6 +43,7 @@ class Plan:
     schedule: str = "1f1b"
     planner: str = "manual"
     search_s: float = 0.0
+    setup_s: float = 0.0  # one-time set-up before the search (compiling the simulator), not in search_s
     optimizer: str = "adam"
     replicas: str = "split"  # how a stage's replicas share microbatches: "split" or "round-robin"
     allocation: list[dict[str, float]] | None = None  # per stage: resource -> forward share (fb-parallel)
@@ -103,6 +104,7 @@ class Plan:
             **({"recompute": list(self.recompute)} if self.recompute and any(self.recompute) else {}),
             "stages": [{"nodes": list(s.nodes), "devices": list(s.devices)} for s in self.stages],
             "iteration_s": self.prediction.get("iteration_s"), "search_s": self.search_s,
+            "setup_s": self.setup_s,
         }
         d.update(self.extra)
         if not self.search_complete:
@@ -121,7 +123,7 @@ class Plan:
 
 
 _KNOWN_KEYS = {"format", "planner", "schedule", "microbatches", "optimizer", "replicas", "allocation", "recompute", "stages", "iteration_s",
-               "search_s", "prediction", "graph", "cluster", "search_complete"}
+               "search_s", "setup_s", "prediction", "graph", "cluster", "search_complete"}
 
 
 def plan_from_dict(d: Any, source: str = "plan") -> Plan:
@@ -144,7 +146,8 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
         raise PipeplanError(f"{source}: microbatches must be an integer, got {m!r}")
     return Plan(graph=graph, cluster=cluster, stages=stages, microbatches=m,
                 schedule=str(d.get("schedule", "1f1b")), planner=str(d.get("planner", "manual")),
-                search_s=float(d.get("search_s") or 0.0), optimizer=str(d.get("optimizer", "adam")),
+                search_s=float(d.get("search_s") or 0.0), setup_s=float(d.get("setup_s") or 0.0),
+                optimizer=str(d.get("optimizer", "adam")),
                 replicas=str(d.get("replicas", "split")), allocation=d.get("allocation"),
                 recompute=d.get("recompute"),
                 prediction=dict(d.get("prediction") or {}),

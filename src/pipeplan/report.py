@@ -77,7 +77,7 @@ def print_prediction(result: SimResult, console: Console, plan: Plan | None = No
                   f"lower bound {fmt_time(result.lower_s)}  efficiency {result.efficiency:.1%}  "
                   f"bubble {result.bubble_fraction:.1%}")
     if plan is not None:
-        search = f"; search took {fmt_time(plan.search_s)}" if searched else ""
+        search = f"; search took {fmt_time(plan.search_s)}{_setup_text(plan.setup_s)}" if searched else ""
         console.print(f"bottleneck: {bottleneck(plan, result)}{search}"
                       + ("" if plan.search_complete else
                          f" [yellow](search incomplete: {escape(plan.incomplete or '')}; the best plan found, "
@@ -88,6 +88,12 @@ def print_prediction(result: SimResult, console: Console, plan: Plan | None = No
     if variant:
         console.print(f"to fit in memory: schedule {variant['schedule']}, re-materializing stages "
                       f"{variant['recompute'] or 'none'}")
+
+
+def _setup_text(setup_s: float) -> str:
+    """The one-time set-up a search was spared (the simulator's kernels compiled or loaded
+    from numba's cache), when there was some."""
+    return f" (after {fmt_time(setup_s)} of one-time set-up)" if setup_s > 0 else ""
 
 
 def _fits_cell(row: dict) -> str:
@@ -146,6 +152,10 @@ def print_compare(rows: list[dict], title: str, console: Console | None = None) 
                       fmt_time_in(r["search_s"], search_unit),
                       _fits_cell(r))
     console.print(table)
+    setup_s = sum(r["plan"].get("setup_s", 0.0) for r in ok)
+    if setup_s > 0:
+        console.print(f"search times exclude {fmt_time(setup_s)} of one-time set-up (the simulator's kernels "
+                      "compiled or loaded from the cache)", soft_wrap=True)
     for k, note in enumerate(notes, start=1):
         console.print(f"({k}) {note}", soft_wrap=True)
     if {r["plan"]["replicas"] for r in ok if max(r["replication"]) > 1} == {"split", "round-robin"}:

@@ -107,6 +107,16 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def fmt_bytes_up(n: float) -> str:
+    """``n`` bytes rounded up to two decimals in ``fmt_bytes``'s unit, as a value to type
+    (``'42.39MiB'``): reading it back gives at least ``n``."""
+    unit = fmt_bytes(n).split()[1]
+    if unit == "B":
+        return f"{math.ceil(n)}B"
+    scale = 2.0 ** (10 * ("KiB", "MiB", "GiB", "TiB").index(unit) + 10)
+    return f"{math.ceil(n / scale * 100) / 100:.2f}{unit}"
+
+
 def fmt_bandwidth(bps: float) -> str:
     bits = bps * 8
     for unit, scale in (("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6), ("kbps", 1e3)):

@@ -108,6 +108,16 @@ def preset(name: str) -> Cluster:
 _HIER_KEYS = {"servers", "gpus", "intra", "inter", "kind", "latency", "memory", "speed"}
 
 
+def _hier_bandwidth(spec: str, key: str, text: str, links_devices: bool) -> float:
+    """The bandwidth ``key=text`` of a ``hier:`` spec; zero is refused where it would be the
+    only link between two devices (a 0 Gbps link is no link: the devices could not talk)."""
+    value = parse_bandwidth(text, f"hier {key}")
+    if value == 0 and links_devices:
+        raise PipeplanError(f"cluster {spec!r}: {key}={text} is no link (devices of a hier: cluster "
+                            "must all be linked; give a bandwidth > 0)")
+    return value
+
+
 def parse_hier(spec: str) -> Cluster:
     """``hier:servers=4,gpus=2,intra=128Gbps,inter=50Gbps[,kind=V100][,latency=0]``."""
     body = spec[len("hier:"):]
@@ -130,8 +140,8 @@ def parse_hier(spec: str) -> Cluster:
         raise PipeplanError(f"cluster {spec!r}: servers and gpus must be integers") from None
     if servers > 1 and "inter" not in opts:
         raise PipeplanError(f"cluster {spec!r}: missing inter= (bandwidth between servers)")
-    intra = parse_bandwidth(opts["intra"], "hier intra")
-    inter = parse_bandwidth(opts.get("inter", opts["intra"]), "hier inter")
+    intra = _hier_bandwidth(spec, "intra", opts["intra"], gpus > 1)
+    inter = _hier_bandwidth(spec, "inter", opts.get("inter", opts["intra"]), servers > 1)
     speed = None
     if "speed" in opts:
         try:

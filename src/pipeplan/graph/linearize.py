@@ -91,6 +91,20 @@ def cut_bytes_for_order(g: Graph, order: np.ndarray) -> np.ndarray:
     return np.cumsum(diff)[: n + 1]
 
 
+def as_chain(g: Graph) -> tuple[Graph, list[list[int]], np.ndarray]:
+    """The graph as one path through its topological order, for a planner that cuts a chain:
+    node k of the chain is the order's k-th node (same costs and output). Returns the chain,
+    for each of its nodes the original node it stands for, and the bytes crossing each cut
+    (``cut_bytes_for_order``: every output still needed past the cut, relayed)."""
+    order = np.asarray(g.topo, dtype=np.int64)
+    chain = Graph(name=g.name, ids=[g.ids[u] for u in order], fwd=g.fwd[order], bwd=g.bwd[order],
+                  params=g.params[order], act=g.act[order], flops=g.flops[order], desc=[g.desc[u] for u in order],
+                  edges=[(k, k + 1) for k in range(len(order) - 1)], meta=dict(g.meta),
+                  inplace=None if g.inplace is None else g.inplace[order],
+                  saved=None if g.saved is None else g.saved[order])
+    return chain, [[int(u)] for u in order], cut_bytes_for_order(g, order)
+
+
 def linearize(g: Graph) -> Linearization:
     """Linearize the graph along its deterministic topological order."""
     order = np.asarray(g.topo, dtype=np.int64)

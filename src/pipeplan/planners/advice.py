@@ -10,7 +10,8 @@ plan fits is returned with the options that make it:
    down to one sample; the graph is rescaled by ``graph.scale``), unless the planners already
    choose the microbatch size (``--global-batch`` alone);
 3. more memory per device: the least that the least-overflowing plan needs (computed from
-   its memory per device, then checked by planning with it);
+   its memory per device, rounded up in the unit printed, then checked by planning with the
+   value printed);
 4. more devices of the same kinds: the cluster doubled, then quadrupled (``cluster.scaled``).
 """
 
@@ -25,7 +26,7 @@ from ..graph import Graph
 from ..graph.scale import profiled_microbatch, with_microbatch
 from ..limits import MAX_MICROBATCHES
 from ..sim import SimResult
-from ..units import fmt_bytes
+from ..units import fmt_bytes, fmt_bytes_up, parse_bytes
 from .base import PlanOptions
 
 
@@ -59,15 +60,16 @@ def _smaller_microbatches(run: Compare, graph: Graph, cluster: Cluster, options:
         b0 = profiled_microbatch(graph)
     except PipeplanError:
         return None
-    samples, m = b0 // 2, options.microbatches * 2
-    while samples >= 1 and m <= MAX_MICROBATCHES:
+    samples = b0 // 2
+    while samples >= 1 and (m := options.microbatches * (b0 // samples)) <= MAX_MICROBATCHES:
         if b0 % samples == 0:
             fix = _try(run, with_microbatch(graph, samples), cluster, replace(options, microbatches=m),
-                       f"microbatches of {samples} samples instead of {b0} ({m} per iteration, the same global "
-                       "batch)", f"--global-batch {b0 * options.microbatches} --microbatches {m}")
+                       f"microbatches of {samples} sample{'s' if samples > 1 else ''} instead of {b0} ({m} per "
+                       "iteration, the same global batch)",
+                       f"--global-batch {b0 * options.microbatches} --microbatches {m}")
             if fix:
                 return fix
-        samples, m = samples // 2, m * 2
+        samples //= 2
     return None
 
 
@@ -76,9 +78,10 @@ def _more_memory(run: Compare, graph: Graph, cluster: Cluster, options: PlanOpti
     needs = [float(r.memory_bytes.max()) for r in results]
     if not needs:
         return None
-    need = min(needs) * 1.001  # the least-overflowing plan's largest device, a hair above
-    return _try(run, graph, cluster.with_memory(need), options, f"devices with {fmt_bytes(need)} of memory each",
-                f"--memory-limit {need / 2**30:.2f}GiB (on a cluster whose devices have it)")
+    limit = fmt_bytes_up(min(needs) * 1.001)  # the least-overflowing plan's largest device, a hair above
+    memory = parse_bytes(limit)  # the value typed, checked
+    return _try(run, graph, cluster.with_memory(memory), options, f"devices with {fmt_bytes(memory)} of memory each",
+                f"--memory-limit {limit} (on a cluster whose devices have it)")
 
 
 def what_would_fit(run: Compare, graph: Graph, cluster: Cluster, options: PlanOptions,

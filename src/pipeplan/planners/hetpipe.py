@@ -58,4 +58,5 @@ def _hetpipe_plan(graph: Graph, cluster: Cluster, options: PlanOptions, opts: DP
                 extra={"hetpipe": {"virtual_workers": len(vws), "depth": depth,
                                    "per_stage_s": result.objective_s,
                                    "antichain_states": notes["antichain_states"],
-                                   "compressed_branches": notes["compressed_branches"]}})
+                                   "compressed_branches": notes["compressed_branches"],
+                                   "linearized": notes["linearized"]}})

@@ -11,7 +11,10 @@ plan runs with the ``1f1b`` schedule (PipeDream-flush, as SPP's evaluation runs 
 
 Models whose antichain DAG is too large for an exact solve (PipeDream's own program builds
 (states+1) x states tables) have their branches compressed first, as PipeDream does for
-such models (``compress_branches``); the plan says so. The hierarchical DP is cubic in the
+such models (``compress_branches``); the plan says so. Where even the compressed DAG has
+too many states (NASNet-style cells, whose branches cross cell boundaries), the model is
+planned as one chain, a topological order of its layers (``graph.linearize.as_chain``), and
+the plan says that too (``linearized``). The hierarchical DP is cubic in the
 states: it is solved wherever it finishes within about 30 s (``MAX_STATES_HIERARCHICAL``);
 above, a two-level topology is planned as one flat level at its slowest link (noted in the
 plan as ``levels_flattened``).
@@ -27,6 +30,7 @@ from ..cluster import Cluster
 from ..errors import Infeasible
 from ..graph import Graph
 from ..graph.antichain import AntichainDag, TooManyStates, antichain_dag, compress_branches
+from ..graph.linearize import as_chain
 from ..plan import Plan, Stage
 from ..units import parse_bytes
 from .base import PlanOptions, planner_options, register
@@ -55,12 +59,38 @@ def levels_of(cluster: Cluster) -> tuple[list[Level], list[list[int]]]:
     return [Level(v, link)], [list(range(v))]
 
 
-def _dag(graph: Graph) -> tuple[AntichainDag, list[list[int]] | None, Graph]:
+@dataclass(frozen=True)
+class _Planned:
+    """The graph PipeDream's DP runs on: ``dag`` over ``used`` (the model, its branches
+    compressed, or a chain of it: ``how``), ``groups`` mapping used nodes to the model's."""
+
+    dag: AntichainDag
+    groups: list[list[int]] | None
+    used: Graph
+    how: str  # "antichain", "compressed" or "linearized"
+    chain_cuts: np.ndarray | None = None  # linearized: bytes crossing the cut after k layers
+
+
+def _dag(graph: Graph) -> _Planned:
     try:
-        return antichain_dag(graph, MAX_STATES), None, graph
+        return _Planned(antichain_dag(graph, MAX_STATES), None, graph, "antichain")
     except TooManyStates:
-        small, groups = compress_branches(graph)
-        return antichain_dag(small, MAX_STATES), groups, small
+        pass
+    small, groups = compress_branches(graph)
+    try:
+        return _Planned(antichain_dag(small, MAX_STATES), groups, small, "compressed")
+    except TooManyStates:
+        pass
+    chain, groups, cuts = as_chain(graph)
+    return _Planned(antichain_dag(chain, MAX_STATES), groups, chain, "linearized", cuts)
+
+
+def _output_activations(p: _Planned) -> np.ndarray:
+    """Per state, the bytes its cut sends on: the augmented antichain's outputs, or on a
+    chain every output still needed past the cut (a state of a chain is a prefix of it)."""
+    if p.chain_cuts is None:
+        return output_activations(p.used, p.dag)
+    return p.chain_cuts[[m.bit_length() for m in p.dag.ideal]]
 
 
 def output_activations(graph: Graph, dag: AntichainDag) -> np.ndarray:
@@ -120,8 +150,9 @@ def run_pipedream(graph: Graph, cluster: Cluster, opts: DPOptions = DPOptions(),
     """Solve PipeDream's problem; returns the DP result, each stage's nodes and devices, notes."""
     derived, groups_of_devices = levels_of(cluster)
     levels = levels or derived
-    dag, groups, used = _dag(graph)
-    out_act = output_activations(used, dag) if opts.activation_compression_ratio else None
+    planned = _dag(graph)
+    dag, groups = planned.dag, planned.groups
+    out_act = _output_activations(planned) if opts.activation_compression_ratio else None
     flattened = len(levels) > 1 and dag.n > MAX_STATES_HIERARCHICAL
     if flattened:
         levels = [Level(len(cluster), min(lv.bandwidth for lv in levels))]
@@ -132,8 +163,8 @@ def run_pipedream(graph: Graph, cluster: Cluster, opts: DPOptions = DPOptions(),
     nodes = stage_nodes(graph, dag, groups, result)
     devices = _map_devices(result, levels, groups_of_devices, cluster)
     notes = {"levels": [{"workers": lv.workers, "bandwidth": lv.bandwidth} for lv in levels],
-             "antichain_states": dag.n, "compressed_branches": groups is not None,
-             "levels_flattened": flattened}
+             "antichain_states": dag.n, "compressed_branches": planned.how == "compressed",
+             "linearized": planned.how == "linearized", "levels_flattened": flattened}
     return result, nodes, devices, notes
 
 

@@ -201,7 +201,8 @@ def gantt_figure(tl: Timeline, title: str = "", max_labels: int = 4000) -> Figur
 
     px_per_unit = ax_w_in * _DPI / (x1 - x0)
     start, end = _draw_bars(ax, tl, y, scale, px_per_unit)
-    _draw_labels(ax, tl, y, start, end, px_per_unit, min(8.0, 0.5 * row_pt), max_labels)
+    visible = (end > x0) & (start < x1)
+    labelled = _draw_labels(ax, tl, y, start, end, px_per_unit, min(8.0, 0.5 * row_pt), max_labels, visible)
 
     it = float(tl.iteration_s) * scale
     ax.axvline(it + (t_begin * scale if tl.period is not None else 0.0), color="crimson", ls="--", lw=1.3, zorder=4)
@@ -216,8 +217,9 @@ def gantt_figure(tl: Timeline, title: str = "", max_labels: int = 4000) -> Figur
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
 
-    _legend_and_heading(fig, ax, tl, title, it_text, left_in / width_in, (width_in - left_in - 0.1) * 72.0,
-                        1 - 0.12 / height_in)
+    chunk_labels = bool(np.any(chunks_of(tl)[labelled] >= 0))
+    _legend_and_heading(fig, ax, tl, visible, chunk_labels, title, it_text, left_in / width_in,
+                        (width_in - left_in - 0.1) * 72.0, 1 - 0.12 / height_in)
     return fig
 
 
@@ -247,23 +249,26 @@ def _draw_bars(ax, tl: Timeline, y: np.ndarray, scale: float, px_per_unit: float
 
 
 def _draw_labels(ax, tl: Timeline, y: np.ndarray, start: np.ndarray, end: np.ndarray, px_per_unit: float,
-                 max_fs: float, max_labels: int) -> None:
-    """Microbatch numbers where they fit, device rows first, at most ``max_labels``."""
+                 max_fs: float, max_labels: int, visible: np.ndarray) -> np.ndarray:
+    """Microbatch numbers where they fit on visible bars, device rows first, at most
+    ``max_labels``. Returns the indices of the bars labelled."""
     texts = [_bar_label(int(k), int(m), int(c)) for k, m, c in zip(tl.kind, tl.micro, chunks_of(tl))]
     sizes = _label_sizes((end - start) * px_per_unit, np.array([len(t) for t in texts]),
                          tl.resource * len(_STYLE) + tl.kind, max_fs=max_fs)
-    fits = np.flatnonzero(sizes > 0)
+    fits = np.flatnonzero((sizes > 0) & visible)
     fits = fits[np.lexsort((start[fits], y[tl.resource[fits]]))][:max(max_labels, 0)]
     for t in fits:
         ax.text((start[t] + end[t]) / 2, y[tl.resource[t]], texts[t], ha="center",
                 va="center", fontsize=sizes[t], color=_STYLE[int(tl.kind[t])][5], zorder=3,
                 clip_on=True)
+    return fits
 
 
-def _legend_and_heading(fig: Figure, ax, tl: Timeline, title: str, it_text: str, x: float, width_pt: float,
-                        top: float) -> None:
-    """The legend of the kinds drawn and the iteration line; the heading, shrunk to fit."""
-    kinds = set(np.unique(tl.kind).tolist())
+def _legend_and_heading(fig: Figure, ax, tl: Timeline, visible: np.ndarray, chunk_labels: bool, title: str,
+                        it_text: str, x: float, width_pt: float, top: float) -> None:
+    """The legend of what is drawn (the kinds of the ``visible`` bars, the iteration line, the
+    channel rows, the ``m.c`` labels when some are written); the heading, shrunk to fit."""
+    kinds = set(np.unique(tl.kind[visible]).tolist())
     handles = [Patch(facecolor=f, edgecolor=e, hatch=h or None, hatchcolor=hc or None,
                      label=lab) for k, (lab, f, e, h, hc, _) in _STYLE.items() if k in kinds]
     handles.append(Line2D([], [], color="crimson", ls="--", lw=1.3,
@@ -271,9 +276,9 @@ def _legend_and_heading(fig: Figure, ax, tl: Timeline, title: str, it_text: str,
     if not all(tl.resource_is_device):
         handles.append(Patch(facecolor="#f6f6f6", edgecolor="#cccccc",
                              label="ch a-b: link from stage a to b (one row per direction)"))
-    if np.any(chunks_of(tl) > 0):
-        handles.append(Patch(facecolor="#ffffff", edgecolor="#ffffff",
-                             label="m.c: microbatch m, chunk c (darker: later chunk)"))
+    if np.any(chunks_of(tl)[visible] > 0):
+        label = "m.c: microbatch m, chunk c (darker: later chunk)" if chunk_labels else "darker: later chunk"
+        handles.append(Patch(facecolor="#ffffff", edgecolor="#ffffff", label=label))
     _fit_legend(fig, ax, handles)
     heading = f"{title} — iteration time {it_text}" if title else f"Iteration time {it_text}"
     fit = width_pt / (0.62 * max(len(heading), 1))  # bold: ~0.62 em a character

@@ -56,6 +56,8 @@ def theorem1_assumptions(graph: Graph, cluster: Cluster) -> str | None:
     contention or several compute resources per device)."""
     if np.any(cluster.latency > 0):
         return "links have latency"
+    if np.any(cluster.bandwidth == 0):
+        return "some devices are not linked (zero bandwidth)"
     if graph.meta.get("fixed_s") or graph.meta.get("update_s_per_byte"):
         return "the profile has fixed per-call times or an optimizer step"
     if cluster.meta.get("action_overhead_s"):
