@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/spp/gap.py
 	$(BIN)/python benchmarks/spp/speed.py
 	$(BIN)/python benchmarks/joint/gap.py
+	$(BIN)/python benchmarks/joint/optimality.py
 	$(BIN)/python benchmarks/joint/never_slower.py
 	$(BIN)/python benchmarks/joint/speed.py
 	$(BIN)/python benchmarks/resalloc/figures.py
