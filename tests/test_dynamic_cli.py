@@ -57,6 +57,9 @@ def test_bench_on_real_logical_cpus(capsys):
     (["bench", "--devices", "cuda:99"], "no such CUDA device"),
     (["train", "--out", "model.txt"], "--out"),
     (["eval", "--checkpoint", "/nonexistent/x.pt"], "no such file"),
+    (["bench", "--width", "1000000000"], "width 1,000,000,000 is out of range"),
+    (["bench", "--net", "mathfunc", "--width", "1000000000"], "width 1,000,000,000 is out of range"),
+    (["bench", "--threads", "100000"], "--threads: 100,000 threads"),
 ])
 def test_bad_inputs_are_one_line_errors(capsys, argv, words):
     code, out, err = run(capsys, *argv)
