@@ -211,27 +211,24 @@ class Result:
 
 
 def train(env: SchedulerEnv, config: Config, budget: Budget, progress: Progress | None = None,
-          eval_fn: Callable[[Agent], float] | None = None) -> Result:
+          eval_fn: Callable[[Agent], tuple[float, float]] | None = None) -> Result:
     """Train on ``env`` for ``config.episodes`` episodes or until ``budget`` is spent (its
     ``evaluations`` count training episodes). Every ``eval_every`` episodes (and before the
-    first and after the last) the greedy policy is evaluated: ``eval_fn(agent)`` -> mean
-    reward, or by default on ``eval_trees`` held-out trees scored by ``env``."""
+    first and after the last) the greedy policy is evaluated: ``eval_fn(agent)`` -> (mean
+    reward, mean ms), or by default ``evaluate`` on ``eval_trees`` held-out trees scored by ``env``."""
     seed_everything(config.seed)
     agent = Agent(env.devices, config)
     held_out: list[Tree] = []
     if eval_fn is None and config.eval_every > 0:
         held_out = sample_trees(env.net, config.eval_trees, config.seed + HELD_OUT_SEED, max_nodes=MAX_NODES)
-    curve = Curve("episode reward", "greedy held-out mean reward", "episode")
+    curve = Curve("episode reward", "greedy held-out mean reward", "episode", "best greedy held-out mean (s)")
     rewards, ms, evals = [], [], []
     best_s, baseline = float("nan"), float("nan")
 
     def evaluation(episode: int) -> None:
         nonlocal best_s, baseline
-        if eval_fn is not None:
-            baseline = float(eval_fn(agent))
-        else:
-            baseline, mean_ms = evaluate(agent, env, held_out)
-            best_s = mean_ms / 1e3 if math.isnan(best_s) else min(best_s, mean_ms / 1e3)
+        baseline, mean_ms = eval_fn(agent) if eval_fn is not None else evaluate(agent, env, held_out)
+        best_s = mean_ms / 1e3 if math.isnan(best_s) else min(best_s, mean_ms / 1e3)
         evals.append((episode, baseline))
 
     if config.eval_every > 0:

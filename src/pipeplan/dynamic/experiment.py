@@ -150,8 +150,8 @@ def train(bench: Bench, config: dqn.Config, budget: Budget, progress: Progress |
     """The DQN on the bench's environment, its greedy policy checked on held-out trees."""
     held = bench.test[:config.eval_trees]
 
-    def eval_fn(agent: dqn.Agent) -> float:
-        return dqn.evaluate(agent, bench.env, held)[0]
+    def eval_fn(agent: dqn.Agent) -> tuple[float, float]:
+        return dqn.evaluate(agent, bench.env, held)
 
     return dqn.train(bench.env, config, budget, progress, eval_fn if config.eval_every > 0 else None)
 

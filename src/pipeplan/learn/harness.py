@@ -92,9 +92,9 @@ class Curve:
     """The learning curve of one training run."""
 
     def __init__(self, reward_label: str = "mean reward (-ln s)", baseline_label: str = "baseline",
-                 step_label: str = "update") -> None:
+                 step_label: str = "update", best_label: str = "best iteration time (s)") -> None:
         self.points: list[Point] = []
-        self.labels = (reward_label, baseline_label, step_label)
+        self.labels = (reward_label, baseline_label, step_label, best_label)
 
     def add(self, point: Point) -> None:
         self.points.append(point)
@@ -108,19 +108,22 @@ class Curve:
         return out.getvalue()
 
     def figure(self, title: str):
-        """Reward and baseline against steps, best iteration time against wall-clock."""
+        """Reward and baseline against steps, and, where the run records one, the best
+        iteration time against wall-clock (no empty panel)."""
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(9, 3.4), dpi=110)
-        left, right = fig.subplots(1, 2)
+        best = [(p.elapsed_s, p.best_iteration_s) for p in self.points if np.isfinite(p.best_iteration_s)]
+        fig = Figure(figsize=(9 if best else 5, 3.4), dpi=110)
+        axes = fig.subplots(1, 2 if best else 1, squeeze=False)[0]
         steps = [p.step for p in self.points]
-        left.plot(steps, [p.mean_reward for p in self.points], label=self.labels[0])
-        left.plot(steps, [p.baseline for p in self.points], label=self.labels[1])
-        left.set_xlabel(self.labels[2])
-        left.legend(loc="lower right", fontsize=8)
-        right.step([p.elapsed_s for p in self.points], [p.best_iteration_s for p in self.points], where="post")
-        right.set_xlabel("training time (s)")
-        right.set_ylabel("best iteration time (s)")
+        axes[0].plot(steps, [p.mean_reward for p in self.points], label=self.labels[0])
+        axes[0].plot(steps, [p.baseline for p in self.points], label=self.labels[1])
+        axes[0].set_xlabel(self.labels[2])
+        axes[0].legend(loc="lower right", fontsize=8)
+        if best:
+            axes[1].step(*zip(*best), where="post")
+            axes[1].set_xlabel("training time (s)")
+            axes[1].set_ylabel(self.labels[3])
         fig.suptitle(title, fontsize=10)
         fig.tight_layout()
         return fig
