@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from ..errors import PipeplanError
-from ..learn.harness import Budget, Curve, Point, Progress, checkpoint, load_checkpoint, seed_everything
+from ..learn.harness import (Budget, Curve, Point, Progress, check_state, checkpoint, config_from, load_checkpoint,
+                             seed_everything, trained_count)
 from .env import EMBED_DIM, MAX_NODES, SchedulerEnv, encode, placement_of
 from .trees import Tree, sample_trees
 
@@ -179,12 +180,11 @@ class Agent:
     def load(cls, path: str) -> "Agent":
         """An agent from ``save``'s checkpoint (its greedy policy; the replay starts empty)."""
         data = load_checkpoint(path, AGENT)
-        try:
-            cfg = Config(**{**data["config"], "hidden": tuple(data["config"]["hidden"])})
-            agent = cls(int(data["trained_on"]["devices"]), cfg)
-            agent.q.load_state_dict(data["state"])
-        except (KeyError, TypeError, RuntimeError) as e:
-            raise PipeplanError(f"checkpoint {path!r}: not a DynPartition checkpoint ({type(e).__name__})") from None
+        cfg = config_from(Config, data["config"], path)
+        devices = trained_count(data, "devices", path)
+        check_state(data["state"], lambda: QNetwork(devices, cfg.hidden), path)
+        agent = cls(devices, cfg)
+        agent.q.load_state_dict(data["state"])
         return agent
 
 

@@ -13,7 +13,7 @@ import csv
 import io
 import random
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
 
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import PipeplanError
+from ..readers import regular_file
 
 
 def pipeplan_version() -> str:
@@ -136,18 +137,92 @@ def checkpoint(agent: str, config: Any, state: dict[str, torch.Tensor], trained_
             "pipeplan_version": pipeplan_version()}
 
 
+#: what every checkpoint holds beside its agent's name, each a mapping
+SECTIONS = ("config", "state", "trained_on")
+
+
 def load_checkpoint(path: str, agent: str) -> dict:
-    """A checkpoint written by ``checkpoint`` for ``agent``; a one-line error otherwise."""
+    """A checkpoint written by ``checkpoint`` for ``agent``, its sections mappings; a one-line
+    error otherwise (a FIFO or device is refused before it is opened). The loader then checks
+    the contents it reads: ``config_from``, ``check_state``."""
+    regular_file(path, "checkpoint")
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise PipeplanError(f"checkpoint {path!r}: no such file") from None
     except Exception as e:  # torch raises many kinds for a file that is not a checkpoint
         raise PipeplanError(f"checkpoint {path!r}: not a pipeplan checkpoint ({type(e).__name__})") from None
     if not isinstance(data, dict) or data.get("agent") != agent:
         found = data.get("agent") if isinstance(data, dict) else None
         raise PipeplanError(f"checkpoint {path!r}: made for {found!r}, not {agent!r}")
+    for key in SECTIONS:
+        if not isinstance(data.get(key), dict):
+            found = "missing" if key not in data else f"a {type(data[key]).__name__}, not a mapping"
+            raise PipeplanError(f"checkpoint {path!r}: its {key!r} is {found}")
     return data
+
+
+def config_from(cls: type, raw: dict, path: str, **override: Any) -> Any:
+    """The dataclass ``cls`` from a checkpoint's config ``raw`` (with ``override``): every
+    field present and of its default's type (a tuple: a list or tuple of its default's
+    element type), no other key; a one-line error naming the first field that is not."""
+    unknown = sorted(set(raw) - {f.name for f in fields(cls)}, key=str)
+    if unknown:
+        raise PipeplanError(f"checkpoint {path!r}: config has an unknown key {unknown[0]!r}")
+    values = {}
+    for f in fields(cls):
+        if f.name not in raw:
+            raise PipeplanError(f"checkpoint {path!r}: config has no {f.name!r}")
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        values[f.name] = _typed(raw[f.name], default, f"checkpoint {path!r}: config {f.name!r}")
+    return cls(**{**values, **override})
+
+
+def _typed(value: Any, like: Any, where: str) -> Any:
+    """``value`` as the type of ``like`` (an int is a float; a bool is no number)."""
+    if isinstance(like, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise PipeplanError(f"{where} is a {type(value).__name__}, not a list")
+        return tuple(_typed(v, like[0], f"{where}[{i}]") for i, v in enumerate(value)) if like else tuple(value)
+    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}[type(like)]
+    if not isinstance(value, kinds) or (isinstance(value, bool) and not isinstance(like, bool)):
+        raise PipeplanError(f"{where} is a {type(value).__name__}, not a {type(like).__name__}")
+    return type(like)(value)
+
+
+def trained_count(data: dict, key: str, path: str) -> int:
+    """``trained_on[key]`` of a loaded checkpoint, a positive integer (e.g. its devices)."""
+    value = data["trained_on"].get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        found = "missing" if value is None else repr(value) if isinstance(value, (int, float, str)) else \
+            f"a {type(value).__name__}"
+        raise PipeplanError(f"checkpoint {path!r}: its trained_on {key!r} is {found}, not a positive integer")
+    return value
+
+
+def check_state(state: dict, build: Callable[[], torch.nn.Module], path: str) -> None:
+    """``state`` (a checkpoint's weights) against the network ``build()`` makes from the
+    checkpoint's own hyper-parameters, built on the meta device (no memory): the same names,
+    each a finite floating-point tensor of the same shape; a one-line error otherwise."""
+    where = f"checkpoint {path!r}"
+    try:
+        with torch.device("meta"):
+            expected = build().state_dict()
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise PipeplanError(f"{where}: its config builds no network ({type(e).__name__})") from None
+    missing = [k for k in expected if k not in state]
+    unknown = [k for k in state if k not in expected]
+    if missing or unknown:
+        what = f"has no weight {missing[0]!r}" if missing else f"has an unknown weight {str(unknown[0])!r}"
+        raise PipeplanError(f"{where}: {what}")
+    for name, want in expected.items():
+        got = state[name]
+        if not isinstance(got, torch.Tensor) or not got.is_floating_point():
+            kind = f"a {got.dtype} tensor" if isinstance(got, torch.Tensor) else f"a {type(got).__name__}"
+            raise PipeplanError(f"{where}: weight {name!r} is {kind}, not floating-point")
+        if got.shape != want.shape:
+            raise PipeplanError(f"{where}: weight {name!r} has shape {tuple(got.shape)}; its config makes "
+                                f"{tuple(want.shape)}")
+        if not torch.isfinite(got).all():
+            raise PipeplanError(f"{where}: weight {name!r} is not finite (NaN or infinite values)")
 
 
 def save_bytes(data: dict) -> bytes:

@@ -418,9 +418,12 @@ def _ratio(env: InferEnv, plan: Inferred) -> float:
 
 
 def load_weights(agent, path: str | Path) -> dict:
-    from ...learn.harness import load_checkpoint
+    """Load a checkpoint's weights into ``agent`` (online and target), checked first."""
+    from ...learn.dqn import q_network
+    from ...learn.harness import check_state, load_checkpoint
 
     data = load_checkpoint(str(path), AGENT)
+    check_state(data["state"], lambda: q_network(InferEnv.OBS, POINTS, agent.cfg), str(path))
     agent.online.load_state_dict({k: v.float() for k, v in data["state"].items()})
     agent.target.load_state_dict(agent.online.state_dict())
     return data
@@ -434,9 +437,8 @@ def load_agent(path: str | Path | None = None):
 
     torch.set_num_threads(1)
     path = Path(path) if path else SHIPPED
-    if not path.is_file():
-        raise PipeplanError(f"automap-infer: checkpoint {str(path)!r}: no such file"
-                            + (" (rebuild it: see docs/automap.md)" if path == SHIPPED else ""))
+    if path == SHIPPED and not path.is_file():
+        raise PipeplanError(f"automap-infer: checkpoint {str(path)!r}: no such file (rebuild it: see docs/automap.md)")
     agent = Agent(InferEnv.OBS, POINTS, config())
     load_weights(agent, path)
     return agent
