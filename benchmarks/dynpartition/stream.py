@@ -24,6 +24,7 @@ from pipeplan.dynamic import agent as dqn
 from pipeplan.dynamic.costmodel import simulate
 from pipeplan.dynamic.env import SchedulerEnv
 from pipeplan.dynamic.experiment import Setup, build
+from pipeplan.dynamic.machines import shared_model
 from pipeplan.dynamic.placers import heft
 from pipeplan.dynamic.stream import poisson_arrivals, run_stream, simulate_stream
 from pipeplan.dynamic.trees import sample_trees
@@ -92,10 +93,11 @@ def main() -> None:
     add_out_argument(parser, "dynpartition")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = case("simulated treelstm-1024, cpu+4gpu", Setup(net="treelstm", width=1024, simulated="cpu+4gpu"),
-                args.trees, real=False)
-    rows += case("simulated treelstm-150, cpu+4gpu", Setup(net="treelstm", width=150, simulated="cpu+4gpu"),
-                 args.trees, real=False)
+    model = shared_model()
+    rows = case("simulated treelstm-1024, cpu+4gpu",
+                Setup(net="treelstm", width=1024, simulated="cpu+4gpu", machine_model=model), args.trees, real=False)
+    rows += case("simulated treelstm-150, cpu+4gpu",
+                 Setup(net="treelstm", width=150, simulated="cpu+4gpu", machine_model=model), args.trees, real=False)
     rows += case("real treelstm-512, cpu + cpu:1", Setup(net="treelstm", width=512, devices=["cpu", "cpu:1"]),
                  min(args.trees, 200), real=True)
     write_json(args.out / "stream.json", {"rows": rows, "loads": LOADS})

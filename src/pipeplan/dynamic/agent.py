@@ -131,6 +131,7 @@ class Agent:
         self.rng = np.random.default_rng(config.seed)
         self.replay = Replay(config.replay_size, self.rng)
         self.updates = 0
+        self.trained_on: dict[str, Any] = {}  # a loaded checkpoint's record of what it trained on
 
     @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> np.ndarray:
@@ -185,6 +186,7 @@ class Agent:
         check_state(data["state"], lambda: QNetwork(devices, cfg.hidden), path)
         agent = cls(devices, cfg)
         agent.q.load_state_dict(data["state"])
+        agent.trained_on = data["trained_on"]
         return agent
 
 
@@ -256,12 +258,14 @@ def train(env: SchedulerEnv, config: Config, budget: Budget, progress: Progress 
     return Result(agent, episode, np.asarray(rewards), np.asarray(ms), evals, curve, budget.elapsed, held_out)
 
 
-def trained_on(env: SchedulerEnv) -> dict[str, Any]:
-    """What a checkpoint records of the environment trained on."""
+def trained_on(env: SchedulerEnv, machine_model: dict | None = None) -> dict[str, Any]:
+    """What a checkpoint records of the environment trained on (simulated: with the machine
+    model its CPU came from, ``machines.machine_model``)."""
     source = "measure" if env.executor is not None else "simulate"
     names = env.executor.devices if env.executor is not None else env.machine.names
-    return {"net": env.net, "width": env.width, "devices": env.devices, "device_names": list(names),
-            "reward": source, "normalized": env.normalized, "trees": len(env.trees)}
+    out = {"net": env.net, "width": env.width, "devices": env.devices, "device_names": list(names),
+           "reward": source, "normalized": env.normalized, "trees": len(env.trees)}
+    return out if machine_model is None else {**out, "machine_model": machine_model}
 
 
 __all__ = ["AGENT", "Agent", "Config", "QNetwork", "Replay", "Result", "evaluate", "joint_q", "train", "trained_on"]
