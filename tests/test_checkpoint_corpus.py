@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 

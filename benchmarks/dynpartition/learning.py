@@ -62,8 +62,8 @@ def per_input_search(bench, evaluations: int, seed: int) -> dict:
             "annealing_ms": bench.mean_ms(sa), "annealing_s": sa_s}
 
 
-def run_case(label: str, kw: dict, episodes: int, seeds: list[int]) -> dict:
-    model = shared_model() if "simulated" in kw else None
+def run_case(label: str, kw: dict, episodes: int, seeds: list[int], model: dict | None = None) -> dict:
+    """One case over ``seeds``; a simulated one on the machine ``model`` (``machines.machine_model``)."""
     bench = build(Setup(test_trees=TEST_TREES, machine_model=model, **kw))
     t0 = time.perf_counter()
     base = baselines(bench)
@@ -153,7 +153,7 @@ def main() -> None:
     cases = []
     for label, kw, episodes in todo:
         print(label, flush=True)
-        cases.append(run_case(label, kw, episodes, seeds))
+        cases.append(run_case(label, kw, episodes, seeds, shared_model() if "simulated" in kw else None))
         save_figure(figure(cases[-1]), args.out / f"learning-{label}.png")
     write_json(args.out / "learning.json", {"cases": cases, "seeds": seeds})
     text = markdown(cases)

@@ -58,15 +58,18 @@ def policies(bench, agent, arrivals: np.ndarray) -> dict:
             "dqn": lambda k, t: (agent.policy([t])[0], None)}
 
 
-def case(label: str, setup: Setup, trees_n: int, real: bool) -> list[dict]:
+def case(label: str, setup: Setup, trees_n: int, real: bool, episodes: int = 5000,
+         loads: tuple[float, ...] = LOADS) -> list[dict]:
+    """Every policy on streams of ``trees_n`` trees at each of ``loads``; the DQN trained
+    ``episodes`` on the cost model."""
     bench = build(setup)
     env = SchedulerEnv(bench.env.net, bench.env.width, setup.seed, len(bench.names), simulate=bench.machine)
-    agent = dqn.train(env, dqn.Config(episodes=5000, eval_every=0), Budget(evaluations=5000)).agent
+    agent = dqn.train(env, dqn.Config(episodes=episodes, eval_every=0), Budget(evaluations=episodes)).agent
     trees = sample_trees(bench.env.net, trees_n, setup.seed + 99)
     profiles = [bench.profile(t) for t in trees]
     heft_s = np.mean([simulate(p, heft(p, bench.machine), bench.machine) for p in profiles[:50]])
     rows = []
-    for load in LOADS:
+    for load in loads:
         rate = load / heft_s
         arrivals = poisson_arrivals(rate, trees_n, np.random.default_rng(1))
         for name, pol in policies(bench, agent, arrivals).items():

@@ -26,7 +26,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import PipeplanError
 from ..learn.harness import (Budget, Curve, Point, Progress, check_state, checkpoint, config_from, load_checkpoint,
                              seed_everything, trained_count)
 from .env import EMBED_DIM, MAX_NODES, SchedulerEnv, encode, placement_of
