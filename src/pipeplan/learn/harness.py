@@ -201,7 +201,8 @@ def trained_count(data: dict, key: str, path: str) -> int:
 def check_state(state: dict, build: Callable[[], torch.nn.Module], path: str) -> None:
     """``state`` (a checkpoint's weights) against the network ``build()`` makes from the
     checkpoint's own hyper-parameters, built on the meta device (no memory): the same names,
-    each a finite floating-point tensor of the same shape; a one-line error otherwise."""
+    each a tensor of the same shape, floating-point and finite where the network's is (any
+    precision), else of its dtype; a one-line error otherwise."""
     where = f"checkpoint {path!r}"
     try:
         with torch.device("meta"):
@@ -215,13 +216,16 @@ def check_state(state: dict, build: Callable[[], torch.nn.Module], path: str) ->
         raise PipeplanError(f"{where}: {what}")
     for name, want in expected.items():
         got = state[name]
-        if not isinstance(got, torch.Tensor) or not got.is_floating_point():
+        floating = want.is_floating_point()
+        if not isinstance(got, torch.Tensor) or got.is_floating_point() != floating or \
+                (not floating and got.dtype != want.dtype):
             kind = f"a {got.dtype} tensor" if isinstance(got, torch.Tensor) else f"a {type(got).__name__}"
-            raise PipeplanError(f"{where}: weight {name!r} is {kind}, not floating-point")
+            raise PipeplanError(f"{where}: weight {name!r} is {kind}, not "
+                                + ("floating-point" if floating else f"{want.dtype}"))
         if got.shape != want.shape:
             raise PipeplanError(f"{where}: weight {name!r} has shape {tuple(got.shape)}; its config makes "
                                 f"{tuple(want.shape)}")
-        if not torch.isfinite(got).all():
+        if floating and not torch.isfinite(got).all():
             raise PipeplanError(f"{where}: weight {name!r} is not finite (NaN or infinite values)")
 
 
