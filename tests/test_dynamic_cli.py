@@ -101,26 +101,29 @@ def test_checkpoint_for_other_devices_is_refused(capsys, tmp_path):
     assert code == 2 and "places on 2 devices, this machine has 5" in err
 
 
-def bench_json(*argv: str) -> str:
+BENCH = ("bench", "--net", "treelstm", "--width", "64", "--test-trees", "4", "--train-trees", "2", "--json")
+
+
+def bench_json() -> str:
     """``dynamic bench --json`` in a process of its own (its own torch, its own calibration)."""
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    done = subprocess.run([sys.executable, "-m", "pipeplan", "dynamic", "bench", "--net", "treelstm", "--width", "64",
-                           "--test-trees", "4", "--train-trees", "2", "--json", *argv],
+    done = subprocess.run([sys.executable, "-m", "pipeplan", "dynamic", *BENCH],
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
 @pytest.mark.slow
-def test_simulated_results_repeat_across_processes_on_one_machine_model(tmp_path):
+def test_simulated_results_repeat_across_processes_on_one_machine_model(tmp_path, capsys):
     """Two processes give the same numbers to the last digit; a CPU twice as slow at
     everything doubles the all-CPU time exactly (the simulator charges the model's CPU)."""
     first, second = bench_json(), bench_json()
     assert first == second
     slow = tmp_path / "slow.json"
     slow.write_text(json.dumps(model(4e-6, 5e9, 2.5e9)))
+    code, out, _ = run(capsys, *BENCH, "--machine", str(slow))
     cpu = json.loads(first)["baselines"]["cpu"]
-    assert json.loads(bench_json("--machine", str(slow)))["baselines"]["cpu"] == pytest.approx(2 * cpu, rel=1e-12)
+    assert code == 0 and json.loads(out)["baselines"]["cpu"] == pytest.approx(2 * cpu, rel=1e-12)
 
 
 def test_a_missing_machine_model_is_measured_once_and_shared(capsys, tmp_path, monkeypatch):
