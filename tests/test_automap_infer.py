@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -204,3 +206,32 @@ def test_cli_trains_automap_infer_briefly(tmp_path, capsys) -> None:
     assert summary["episodes"] == 500 and summary["greedy_reward"] > 0 and out.is_file() and (tmp_path / "ai.csv").is_file()
     assert main(["plan", "--model", "zoo:t5-base", "--cluster", "automap-a", "--planner", "automap-infer",
                  "-O", f"checkpoint={out}", "--json"]) == 0
+
+
+def test_plan_reports_set_up_apart_and_loads_the_agent_once(tmp_path, capsys) -> None:
+    """A checkpoint is loaded once a process (per version of the file): the first plan says
+    what its set-up took apart from its planning, a second one has none and plans in
+    milliseconds, as README says; a rewritten checkpoint is loaded again."""
+    import re
+    import shutil
+
+    from pipeplan.cli import main
+
+    ck = tmp_path / "agent.pt"
+    shutil.copyfile(SHIPPED, ck)
+    argv = ["plan", "--model", "zoo:bert-48", "--cluster", "automap-a", "--planner", "automap-infer",
+            "-O", f"checkpoint={ck}"]
+    before = load_agent(ck)
+    assert load_agent(ck) is before
+    shutil.copyfile(SHIPPED, tmp_path / "other.pt")
+    (tmp_path / "other.pt").replace(ck)  # a new version of the file: loaded again
+    os.utime(ck, ns=(ck.stat().st_atime_ns, ck.stat().st_mtime_ns + 10**9))
+    assert main(argv) == 0
+    first = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"\(planned in [\d.]+ m?s; set-up [\d.]+ m?s: torch and the agent, loaded once a process\)", first)
+    assert main(argv) == 0
+    second = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"\(planned in [\d.]+ ms\)", second) and "set-up" not in second
+    assert load_agent(ck) is not before
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert "plans any model zero-shot in under a second" in readme and "(`planned in ...; set-up ...`)" in readme

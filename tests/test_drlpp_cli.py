@@ -79,3 +79,14 @@ def test_a_checkpoint_for_another_device_count_is_refused(checkpoint, capsys):
     assert main(["plan", "--model", MODEL, "--cluster", "1080ti-4x2", "--planner", "drl-pp",
                  "-O", f"checkpoint={checkpoint}"]) == 2
     assert "trained for 4 accelerators; this cluster has 8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("agent, argv", [("drl-pp", ["--model", "zoo:alexnet", "--cluster", CLUSTER]),
+                                         ("automap-infer", [])])
+def test_train_defaults_to_a_checkpoint_named_after_the_agent(agent, argv, tmp_path, monkeypatch, capsys):
+    """``train drl-pp`` and ``train automap-infer`` never write the same default file: a
+    directory in the default's place shows which file each would write (before any work)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / f"{agent}.pt").mkdir()
+    assert main(["train", agent, *argv, "--evaluations", "8"]) == 2
+    assert capsys.readouterr().err == f"pipeplan: error: --out {agent}.pt: is a directory; name a file in it\n"

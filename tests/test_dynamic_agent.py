@@ -202,3 +202,26 @@ def test_seed_repeats_and_budget_stops():
     d = train(sim_env(count=20), Config(episodes=1000, eval_every=0), Budget(evaluations=25),
               progress=lambda point, frac: seen.append((point.step, frac)))
     assert d.episodes == 25 and seen[-1] == (25, 1.0)
+
+
+@pytest.mark.parametrize("held_out_by", ["the caller", "the agent"])
+def test_learning_curve_figure_has_no_empty_axes(held_out_by):
+    """``dynamic train`` evaluates on the bench's held-out trees (``eval_fn``); either way the
+    figure's every panel draws data (the best held-out mean is recorded)."""
+    env = sim_env(count=20)
+    held = sample_trees("treelstm", 4, 99)
+    eval_fn = (lambda agent: evaluate(agent, env, held)) if held_out_by == "the caller" else None
+    res = train(env, Config(episodes=30, eval_every=10, eval_trees=4), Budget(evaluations=30), eval_fn=eval_fn)
+    best = [p.best_iteration_s for p in res.curve.points]
+    assert np.isfinite(best).all() and best[-1] == min(best)
+    fig = res.curve.figure("t")
+    assert len(fig.axes) == 2 and all(ax.has_data() for ax in fig.axes)
+
+
+def test_curve_without_best_times_draws_one_panel():
+    from pipeplan.learn.harness import Curve, Point
+
+    curve = Curve()
+    curve.add(Point(1, 0.1, 1, -1.0, -2.0, float("nan")))
+    fig = curve.figure("t")
+    assert len(fig.axes) == 1 and fig.axes[0].has_data()

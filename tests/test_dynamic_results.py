@@ -1,64 +1,106 @@
-"""The DynPartition issue's must-shows, checked on the committed benchmark results
-(``make bench`` regenerates them): learning curves of both networks, real and simulated,
-over at least 5 seeds with every baseline; a regime where the learned placement beats every
-static placement, with its gaps to HEFT and to the exact optimum; the stream's throughput
-and latencies per policy; the paper's Figs. 7-11."""
+"""DynPartition's claims (docs/dynpartition.md, benchmarks/results/dynpartition/) re-run at small
+size by the benchmarks' own code: a few hundred episodes, two seeds, short streams, on a
+simulated CPU + 4 A100s whose CPU is a fixed machine model (no calibration, the same numbers
+on every machine), so that a change to the code can fail them. The properties checked are those
+that hold with a wide margin at this size; the full runs are ``make bench``'s."""
 
-import json
+from __future__ import annotations
+
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
+import numpy as np
 import pytest
+import torch
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "dynpartition"
+from pipeplan.dynamic.experiment import Setup
+from pipeplan.dynamic.machines import MACHINE_FORMAT
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+#: a CPU like the one the committed results were measured on (op_s, FLOP/s, elements/s)
+MODEL = {"format": MACHINE_FORMAT, "cpu": {"op_s": 1.5e-6, "flop_rate": 8e9, "element_rate": 9e9}}
+EPISODES = 300
+pytestmark = pytest.mark.slow
 
 
-def load(name: str) -> dict:
-    path = RESULTS / name
-    if not path.exists():
-        pytest.skip(f"{path} not written yet (python benchmarks/dynpartition/{name.split('.')[0]}.py)")
-    return json.loads(path.read_text())
+def benchmark(name: str) -> ModuleType:
+    """``benchmarks/dynpartition/NAME.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(f"dynpartition_{name}", BENCHMARKS / "dynpartition" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def statics(case: dict) -> list[float]:
     return [v for k, v in case["baselines"].items() if (k == "cpu" or k.startswith("all on")) and v is not None]
 
 
-def test_learning_curves_for_both_networks_real_and_simulated_over_5_seeds():
-    cases = load("learning.json")["cases"]
-    kinds = {(c["setup"]["net"], "simulated" in c["setup"]) for c in cases}
-    assert kinds == {("treelstm", True), ("treelstm", False), ("mathfunc", True), ("mathfunc", False)}
-    for c in cases:
-        assert len(c["runs"]) >= 5 and all(len(r["rewards"]) == c["episodes"] for r in c["runs"])
-        assert {"cpu", "random", "heft"} <= set(c["baselines"])
-        assert (RESULTS / f"learning-{c['label']}.png").exists()
-        if "simulated" in c["setup"]:
-            assert c["baselines"]["gpu"] is not None and c["optimal_subset"]
+def test_learned_placement_beats_every_static_one_and_the_algorithms_beat_it():
+    """TreeLSTM at width 1024 on the simulated CPU + 4 GPUs: every seed's DQN is faster than
+    every static placement, HEFT faster than every seed's DQN, the exact optimum below both on
+    its small trees; the greedy policy improves over training."""
+    learning = benchmark("learning")
+    case = learning.run_case("sim-treelstm-1024", dict(net="treelstm", width=1024, simulated="cpu+4gpu",
+                                                       train_trees=50), EPISODES, [0, 1], MODEL)
+    policy = [r["policy_ms"] for r in case["runs"]]
+    assert max(policy) < min(statics(case)) and case["baselines"]["heft"] < min(policy)
+    sub = case["optimal_subset"]
+    assert sub["optimal_ms"] <= sub["heft_ms"] + 1e-9
+    assert all(r["optimal_subset_policy_ms"] >= sub["optimal_ms"] - 1e-9 for r in case["runs"])
+    for r in case["runs"]:
+        assert len(r["rewards"]) == EPISODES and np.mean(r["rewards"][-50:]) > np.mean(r["rewards"][:50])
+    assert case["search"]["annealing_ms"] <= case["baselines"]["heft"] + 1e-9  # annealing starts from HEFT
 
 
-def test_a_regime_where_the_learned_placement_beats_every_static_one():
-    cases = load("learning.json")["cases"]
-    wins = [c for c in cases if max(r["policy_ms"] for r in c["runs"]) < min(statics(c))]
-    assert wins, "no case where every seed's DQN beats every static placement"
-    for c in wins:  # the gaps to HEFT and to the optimum are there to read
-        assert c["baselines"]["heft"] > 0
-        if c["optimal_subset"]:
-            sub = c["optimal_subset"]
-            assert sub["optimal_ms"] <= sub["heft_ms"] + 1e-9
-            assert all(r["optimal_subset_policy_ms"] >= sub["optimal_ms"] - 1e-9 for r in c["runs"]
-                       if "simulated" in c["setup"])
+def test_learning_loses_outright_on_mathfunc():
+    """MathFunc at the paper's size: the DQN ends above the all-CPU placement, which HEFT matches."""
+    learning = benchmark("learning")
+    case = learning.run_case("sim-mathfunc-1", dict(net="mathfunc", width=1, simulated="cpu+4gpu", train_trees=50),
+                             EPISODES, [0], MODEL)
+    cpu = case["baselines"]["cpu"]
+    assert case["runs"][0]["policy_ms"] > 2 * cpu and case["baselines"]["heft"] <= cpu + 1e-9
 
 
-def test_stream_reports_throughput_and_latency_per_policy():
-    rows = load("stream.json")["rows"]
-    policies = {r["policy"] for r in rows}
-    assert {"dqn", "heft per tree", "all on cpu", "shortest queue (whole trees)"} <= policies
-    assert any(r["case"].startswith("real") for r in rows) and any(r["case"].startswith("simulated") for r in rows)
+@pytest.mark.parametrize("width", [150, 1024])
+def test_stream_latency_wants_placement_and_throughput_wants_whole_trees(width):
+    """At light load HEFT's per-tree placement gives the lowest median latency (whole trees on
+    the shortest queue next, everything on one GPU last); under heavy load whole trees on the
+    shortest queue give more trees per second than HEFT."""
+    stream = benchmark("stream")
+    rows = stream.case("simulated", Setup(net="treelstm", width=width, simulated="cpu+4gpu", machine_model=MODEL,
+                                          train_trees=50), 60, False, episodes=EPISODES, loads=(0.25, 16.0))
+    by = {(r["load"], r["policy"]): r for r in rows}
+    assert {p for _, p in by} == {"all on cpu", "all on cuda:0", "shortest queue (whole trees)", "heft per tree", "dqn"}
     for r in rows:
         assert r["throughput_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
+    light = [by[0.25, p]["p50_ms"] for p in ("heft per tree", "shortest queue (whole trees)", "all on cuda:0")]
+    assert light == sorted(light)
+    assert by[16.0, "shortest queue (whole trees)"]["throughput_per_s"] > by[16.0, "heft per tree"]["throughput_per_s"]
 
 
-def test_the_papers_figures_7_to_11_and_the_simulator_against_the_executor():
-    out = load("figures.json")
-    assert out["fig7"] and out["fig8"] and out["fig9"] and out["splits"]
-    assert {r["where"] for r in out["splits"]} == {"real", "simulated"}
-    assert {(r["net"], r["width"]) for r in out["accuracy"]} == {(r["net"], r["width"]) for r in out["fig8"]}
+def test_figures_executor_modes_and_devices_used():
+    """Fig. 8: a thread per node is slower than one thread (measured; tens of times on this
+    kind of machine, asked here only to be slower). Fig. 9 (simulated): random placements over
+    more devices are slower for small nodes and faster for wide ones."""
+    from pipeplan.dynamic.costmodel import machine
+    from pipeplan.dynamic.machines import model_cpu
+    from pipeplan.dynamic.trees import sample_trees
+
+    figures = benchmark("figures")
+    small = {("treelstm", 150): sample_trees("treelstm", 3, seed=1)}
+    fig8 = figures.fig8(small, repeats=1)[0]
+    assert fig8["threads, sync"] > fig8["one thread"] and fig8["threads, async"] > fig8["one thread"]
+    sim = machine(model_cpu(MODEL, "MODEL"), gpus=4)
+    trees = {(net, w): sample_trees(net, 5, seed=1) for net, w in (("treelstm", 150), ("treelstm", 1024))}
+    rows = {(r["width"], r["devices"]): r["simulated_ms"]
+            for r in figures.fig9(trees, sim, 1, np.random.default_rng(0))}
+    assert rows[150, 1] < rows[150, 2] and rows[1024, 5] < rows[1024, 1]

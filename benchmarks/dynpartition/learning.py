@@ -5,7 +5,8 @@ simulated annealing given the DQN's training evaluations.
 
 Cases: the simulated 1 CPU + 4 A100 machine of §8.2 (the paper's 10,000 episodes) and this
 machine's two logical CPU devices measured for real (fewer episodes: each reward is 10 real
-runs), for TreeLSTM and MathFunc at the paper's sizes and at widths where GPUs pay off.
+runs), for TreeLSTM and MathFunc at the paper's sizes and at widths where GPUs pay off. The
+simulated CPU is out/dynamic-machine.json's (measured on first use, shared with `pipeplan dynamic`).
 Writes benchmarks/results/dynpartition/learning.md, .json and a Fig. 12-style PNG per case.
 
     python benchmarks/dynpartition/learning.py [--seeds 0,1,2,3,4] [--quick] [--out DIR]
@@ -23,6 +24,7 @@ import torch
 
 from pipeplan.dynamic import agent as dqn
 from pipeplan.dynamic.experiment import Setup, baselines, build, report, train
+from pipeplan.dynamic.machines import shared_model
 from pipeplan.dynamic.placers import annealing, heft, random_search
 from pipeplan.learn.harness import Budget
 
@@ -60,8 +62,9 @@ def per_input_search(bench, evaluations: int, seed: int) -> dict:
             "annealing_ms": bench.mean_ms(sa), "annealing_s": sa_s}
 
 
-def run_case(label: str, kw: dict, episodes: int, seeds: list[int]) -> dict:
-    bench = build(Setup(test_trees=TEST_TREES, **kw))
+def run_case(label: str, kw: dict, episodes: int, seeds: list[int], model: dict | None = None) -> dict:
+    """One case over ``seeds``; a simulated one on the machine ``model`` (``machines.machine_model``)."""
+    bench = build(Setup(test_trees=TEST_TREES, machine_model=model, **kw))
     t0 = time.perf_counter()
     base = baselines(bench)
     base_s = time.perf_counter() - t0
@@ -150,7 +153,7 @@ def main() -> None:
     cases = []
     for label, kw, episodes in todo:
         print(label, flush=True)
-        cases.append(run_case(label, kw, episodes, seeds))
+        cases.append(run_case(label, kw, episodes, seeds, shared_model() if "simulated" in kw else None))
         save_figure(figure(cases[-1]), args.out / f"learning-{label}.png")
     write_json(args.out / "learning.json", {"cases": cases, "seeds": seeds})
     text = markdown(cases)

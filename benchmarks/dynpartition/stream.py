@@ -24,6 +24,7 @@ from pipeplan.dynamic import agent as dqn
 from pipeplan.dynamic.costmodel import simulate
 from pipeplan.dynamic.env import SchedulerEnv
 from pipeplan.dynamic.experiment import Setup, build
+from pipeplan.dynamic.machines import shared_model
 from pipeplan.dynamic.placers import heft
 from pipeplan.dynamic.stream import poisson_arrivals, run_stream, simulate_stream
 from pipeplan.dynamic.trees import sample_trees
@@ -57,15 +58,18 @@ def policies(bench, agent, arrivals: np.ndarray) -> dict:
             "dqn": lambda k, t: (agent.policy([t])[0], None)}
 
 
-def case(label: str, setup: Setup, trees_n: int, real: bool) -> list[dict]:
+def case(label: str, setup: Setup, trees_n: int, real: bool, episodes: int = 5000,
+         loads: tuple[float, ...] = LOADS) -> list[dict]:
+    """Every policy on streams of ``trees_n`` trees at each of ``loads``; the DQN trained
+    ``episodes`` on the cost model."""
     bench = build(setup)
     env = SchedulerEnv(bench.env.net, bench.env.width, setup.seed, len(bench.names), simulate=bench.machine)
-    agent = dqn.train(env, dqn.Config(episodes=5000, eval_every=0), Budget(evaluations=5000)).agent
+    agent = dqn.train(env, dqn.Config(episodes=episodes, eval_every=0), Budget(evaluations=episodes)).agent
     trees = sample_trees(bench.env.net, trees_n, setup.seed + 99)
     profiles = [bench.profile(t) for t in trees]
     heft_s = np.mean([simulate(p, heft(p, bench.machine), bench.machine) for p in profiles[:50]])
     rows = []
-    for load in LOADS:
+    for load in loads:
         rate = load / heft_s
         arrivals = poisson_arrivals(rate, trees_n, np.random.default_rng(1))
         for name, pol in policies(bench, agent, arrivals).items():
@@ -92,10 +96,11 @@ def main() -> None:
     add_out_argument(parser, "dynpartition")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = case("simulated treelstm-1024, cpu+4gpu", Setup(net="treelstm", width=1024, simulated="cpu+4gpu"),
-                args.trees, real=False)
-    rows += case("simulated treelstm-150, cpu+4gpu", Setup(net="treelstm", width=150, simulated="cpu+4gpu"),
-                 args.trees, real=False)
+    model = shared_model()
+    rows = case("simulated treelstm-1024, cpu+4gpu",
+                Setup(net="treelstm", width=1024, simulated="cpu+4gpu", machine_model=model), args.trees, real=False)
+    rows += case("simulated treelstm-150, cpu+4gpu",
+                 Setup(net="treelstm", width=150, simulated="cpu+4gpu", machine_model=model), args.trees, real=False)
     rows += case("real treelstm-512, cpu + cpu:1", Setup(net="treelstm", width=512, devices=["cpu", "cpu:1"]),
                  min(args.trees, 200), real=True)
     write_json(args.out / "stream.json", {"rows": rows, "loads": LOADS})

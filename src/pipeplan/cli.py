@@ -153,11 +153,12 @@ def cmd_train(args) -> int:
 
     if args.agent not in LEARNING_PLANNERS:
         raise PipeplanError(f"unknown learning planner {args.agent!r} (known: {', '.join(LEARNING_PLANNERS)})")
+    args.out = args.out or f"{args.agent}.pt"
     outs = Outputs()
     outs.want("--out", args.out, "checkpoint")
-    stem = args.out[:-3] if args.out else None
-    outs.want("curve CSV", stem and stem + ".csv", "csv")
-    outs.want("curve PNG", stem and stem + ".png", "figure")
+    stem = args.out[:-3]
+    outs.want("curve CSV", stem + ".csv", "csv")
+    outs.want("curve PNG", stem + ".png", "figure")
     if args.planner_option or args.global_batch:
         raise PipeplanError("train: -O and --global-batch are options of plan and compare, not of train")
     seconds = parse_duration(args.budget, "--budget") if args.budget else None
@@ -186,10 +187,9 @@ def cmd_train(args) -> int:
     print_plan(trained.plan, simulate(trained.plan, timeline=False), searched=False)
     print(f"trained {summary['updates']} updates, {summary['evaluations']:,} plans scored in "
           f"{summary['seconds']:.1f} s")
-    if args.out:
-        print(f"checkpoint written to {args.out} (curve: {stem}.csv, {stem}.png); plan with it: pipeplan plan "
-              f"--model {shlex.quote(args.model)} --cluster {shlex.quote(args.cluster)} --planner {args.agent} "
-              f"-O checkpoint={shlex.quote(args.out)}")
+    print(f"checkpoint written to {args.out} (curve: {stem}.csv, {stem}.png); plan with it: pipeplan plan "
+          f"--model {shlex.quote(args.model)} --cluster {shlex.quote(args.cluster)} --planner {args.agent} "
+          f"-O checkpoint={shlex.quote(args.out)}")
     return 0
 
 
@@ -219,9 +219,8 @@ def _train_automap_infer(args, outs: Outputs, budget, command: str) -> int:
         return 0
     print(f"trained {trained.episodes:,} episodes in {summary['seconds']:.1f} s"
           + (f"; greedy reward on held-out problems {last.baseline:.3f} (ideal/L)" if last else ""))
-    if args.out:
-        print(f"checkpoint written to {args.out}; plan with it: pipeplan plan --model MODEL --cluster CLUSTER "
-              f"--planner automap-infer -O checkpoint={shlex.quote(args.out)}")
+    print(f"checkpoint written to {args.out}; plan with it: pipeplan plan --model MODEL --cluster CLUSTER "
+          f"--planner automap-infer -O checkpoint={shlex.quote(args.out)}")
     return 0
 
 def _timeline_outputs(args) -> Outputs:
@@ -630,7 +629,8 @@ def _add_train_parser(sub) -> None:
                          "unless --budget alone is given)")
     sp.add_argument("--seed", type=int, default=0, help="seed of the weights and samples (default 0)")
     sp.add_argument("--init", help="start from this checkpoint (fine-tune) instead of from scratch")
-    sp.add_argument("--out", help="write the checkpoint (.pt) here, and its learning curve as .csv and .png beside it")
+    sp.add_argument("--out", help="write the checkpoint (.pt) here, and its learning curve as .csv and .png beside it "
+                                  "(default: NAME.pt, e.g. drl-pp.pt, in the current directory)")
     sp.set_defaults(fn=cmd_train)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 
 from .errors import PipeplanError
@@ -19,6 +21,9 @@ def add_parser(sub, positive_int) -> None:
     where = sp.add_mutually_exclusive_group()
     where.add_argument("--devices", help="real devices, measured: cpu, cpu:K (a logical CPU device), cuda:K")
     where.add_argument("--simulated", help="a machine on the cost model, e.g. cpu+4gpu (the default), 2cpu+2gpu")
+    sp.add_argument("--machine", help="with the simulated machine: the file of its CPU's model (JSON: the calibration, "
+                                      "when and where it was measured); default out/dynamic-machine.json, measured and "
+                                      "written there on first use and shared by later runs; eval: the checkpoint's own")
     sp.add_argument("--width", type=positive_int, default=None,
                     help="each node's size: TreeLSTM hidden size (default 150), MathFunc vector length (default 1)")
     sp.add_argument("--episodes", type=positive_int, default=10_000, help="training episodes (default 10000, §8.2)")
@@ -46,6 +51,7 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
     from .dynamic import agent as dqn
     from .dynamic.experiment import Setup, baselines, build, describe, report, strip, train
     from .learn.harness import Budget, save_bytes
+    from .limits import check_threads
     from .progress_bar import training_progress
     from .units import parse_duration
 
@@ -55,18 +61,23 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
         raise PipeplanError(f"dynamic {args.action}: --checkpoint goes with eval")
     if args.action != "train" and (args.out or args.budget):
         raise PipeplanError(f"dynamic {args.action}: --out and --budget go with train")
+    check_threads(args.threads, "--threads")
     outs = Outputs()
     stem = args.out[:-3] if args.out and args.out.endswith(".pt") else None
     outs.want("--out", args.out, "checkpoint")
     outs.want("curve CSV", stem and stem + ".csv", "csv")
     outs.want("curve PNG", stem and stem + ".png", "figure")
     seconds = parse_duration(args.budget, "--budget") if args.budget else None
+    if args.devices and args.machine:
+        raise PipeplanError("dynamic: --machine goes with the simulated machine; real --devices are measured")
     setup = Setup(net=args.net, width=args.width, devices=args.devices.split(",") if args.devices else None,
                   simulated=None if args.devices else (args.simulated or "cpu+4gpu"), mode=args.mode,
                   repeats=args.repeats, normalized=args.normalized, seed=args.seed, train_trees=args.train_trees,
                   test_trees=args.test_trees)
     setup.check()
     agent = dqn.Agent.load(args.checkpoint) if args.action == "eval" else None
+    if setup.simulated:
+        setup.machine_model = _machine_model(args, agent, outs)
     torch.set_num_threads(args.threads)
     bench = build(setup)
     if agent is not None and agent.devices != len(bench.names):
@@ -80,10 +91,11 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
             result = train(bench, config, Budget(seconds=seconds, evaluations=args.episodes), progress)
         agent = result.agent
         title = f"DynPartition on {args.net} (width {bench.env.width}), {', '.join(bench.names)} (seed {args.seed})"
-        outs.set("--out", lambda p: Path(p).write_bytes(save_bytes(agent.checkpoint(dqn.trained_on(bench.env)))))
+        trained_on = dqn.trained_on(bench.env, setup.machine_model)
+        outs.set("--out", lambda p: Path(p).write_bytes(save_bytes(agent.checkpoint(trained_on))))
         outs.set("curve CSV", lambda p: Path(p).write_text(result.curve.csv_text()))
         outs.set("curve PNG", lambda p: result.curve.figure(title).savefig(p, format="png"))
-        outs.write_all()
+    outs.write_all()
     if agent is not None:
         out = report(bench, agent, base, result)
     else:
@@ -94,6 +106,26 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
     else:
         _print(out, args)
     return 0
+
+
+def _machine_model(args: argparse.Namespace, agent, outs: Outputs) -> dict:
+    """The simulated machine's model: ``--machine``'s file, else the checkpoint's (eval), else
+    the default file. A file that does not exist yet is measured now and written with the
+    command's outputs (its target checked first), so that later runs share it."""
+    from .dynamic.machines import DEFAULT_MACHINE, machine_model, model_cpu, model_text
+
+    if args.machine is None and agent is not None and "machine_model" in agent.trained_on:
+        model = agent.trained_on["machine_model"]
+        model_cpu(model, f"checkpoint {args.checkpoint!r}: its machine model")
+        return model
+    path = args.machine or str(DEFAULT_MACHINE)
+    outs.want("--machine", None if os.path.lexists(path) else path, "json")
+    model, new = machine_model(path)
+    if new:
+        outs.set("--machine", lambda p: Path(p).write_text(model_text(model)))
+        print(f"pipeplan: note: this CPU calibrated for the simulated machine; its model goes to {path}, "
+              "which later runs share (--machine)", file=sys.stderr)
+    return model
 
 
 def _print(out: dict, args: argparse.Namespace) -> None:

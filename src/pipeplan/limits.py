@@ -3,6 +3,8 @@ fails at once with one line instead of exhausting memory or time minutes later."
 
 from __future__ import annotations
 
+import os
+
 from .errors import PipeplanError
 
 #: Devices in one cluster: the link matrices are devices^2 and the planners' searches grow
@@ -30,3 +32,14 @@ def check_microbatches(count: int, where: str) -> None:
     if count > MAX_MICROBATCHES:
         raise PipeplanError(f"{where}: {count:,} microbatches; at most {MAX_MICROBATCHES:,} "
                             "(use larger microbatches: --global-batch picks their size)")
+
+
+#: torch intra-op threads one process may ask for, per core of this machine
+THREADS_PER_CORE = 4
+
+
+def check_threads(count: int, where: str) -> None:
+    cores = os.cpu_count() or 1
+    if count > THREADS_PER_CORE * cores:
+        raise PipeplanError(f"{where}: {count:,} threads; at most {THREADS_PER_CORE * cores:,} on this machine's "
+                            f"{cores} cores")

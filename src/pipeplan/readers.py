@@ -9,12 +9,30 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import PipeplanError
+
+
+def regular_file(path: str | Path, what: str = "file") -> Path:
+    """``path`` if it names a regular file (links followed); one line otherwise, before
+    anything opens it: reading a FIFO blocks until a writer comes, a device never ends."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        raise PipeplanError(f"{what} {str(path)!r}: no such file") from None
+    except OSError as e:
+        raise PipeplanError(f"{what} {str(path)!r}: cannot read it ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise PipeplanError(f"{what} {str(path)!r}: is a directory")
+    if not stat.S_ISREG(mode):
+        raise PipeplanError(f"{what} {str(path)!r}: not a regular file (a FIFO, device or socket)")
+    return p
 
 
 def read_text(path: str | Path, what: str = "file") -> str:

@@ -66,8 +66,18 @@ def cut_summary(plan: Plan) -> str:
             parts = [f"after #{c} of {info.get('nodes', '?')} ({after}" + (f", in {layer}" if layer != after else "")
                      + f") -> device {d}"
                      for c, after, layer, d in zip(info["cuts"], info["after"], info["layers"], info["device_cuts"])]
-            return f"{name} cuts: " + "; ".join(parts)
+            return f"{name} cuts: " + "; ".join(parts) + _inference_time(info)
     return ""
+
+
+def _inference_time(info: dict) -> str:
+    """How long a learned planner's agent took to plan, apart from loading it (torch and the
+    weights, once a process), where it records both."""
+    if "inference_s" not in info:
+        return ""
+    setup = info.get("setup_s", 0.0)
+    return (f" (planned in {fmt_time(info['inference_s'])}"
+            + (f"; set-up {fmt_time(setup)}: torch and the agent, loaded once a process)" if setup >= 1e-3 else ")"))
 
 
 def print_prediction(result: SimResult, console: Console, plan: Plan | None = None, searched: bool = True) -> None:

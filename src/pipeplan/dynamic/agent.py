@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import PipeplanError
-from ..learn.harness import Budget, Curve, Point, Progress, checkpoint, load_checkpoint, seed_everything
+from ..learn.harness import (Budget, Curve, Point, Progress, check_state, checkpoint, config_from, load_checkpoint,
+                             seed_everything, trained_count)
 from .env import EMBED_DIM, MAX_NODES, SchedulerEnv, encode, placement_of
 from .trees import Tree, sample_trees
 
@@ -130,6 +130,7 @@ class Agent:
         self.rng = np.random.default_rng(config.seed)
         self.replay = Replay(config.replay_size, self.rng)
         self.updates = 0
+        self.trained_on: dict[str, Any] = {}  # a loaded checkpoint's record of what it trained on
 
     @torch.no_grad()
     def greedy(self, obs: np.ndarray) -> np.ndarray:
@@ -179,12 +180,12 @@ class Agent:
     def load(cls, path: str) -> "Agent":
         """An agent from ``save``'s checkpoint (its greedy policy; the replay starts empty)."""
         data = load_checkpoint(path, AGENT)
-        try:
-            cfg = Config(**{**data["config"], "hidden": tuple(data["config"]["hidden"])})
-            agent = cls(int(data["trained_on"]["devices"]), cfg)
-            agent.q.load_state_dict(data["state"])
-        except (KeyError, TypeError, RuntimeError) as e:
-            raise PipeplanError(f"checkpoint {path!r}: not a DynPartition checkpoint ({type(e).__name__})") from None
+        cfg = config_from(Config, data["config"], path)
+        devices = trained_count(data, "devices", path)
+        check_state(data["state"], lambda: QNetwork(devices, cfg.hidden), path)
+        agent = cls(devices, cfg)
+        agent.q.load_state_dict(data["state"])
+        agent.trained_on = data["trained_on"]
         return agent
 
 
@@ -211,27 +212,24 @@ class Result:
 
 
 def train(env: SchedulerEnv, config: Config, budget: Budget, progress: Progress | None = None,
-          eval_fn: Callable[[Agent], float] | None = None) -> Result:
+          eval_fn: Callable[[Agent], tuple[float, float]] | None = None) -> Result:
     """Train on ``env`` for ``config.episodes`` episodes or until ``budget`` is spent (its
     ``evaluations`` count training episodes). Every ``eval_every`` episodes (and before the
-    first and after the last) the greedy policy is evaluated: ``eval_fn(agent)`` -> mean
-    reward, or by default on ``eval_trees`` held-out trees scored by ``env``."""
+    first and after the last) the greedy policy is evaluated: ``eval_fn(agent)`` -> (mean
+    reward, mean ms), or by default ``evaluate`` on ``eval_trees`` held-out trees scored by ``env``."""
     seed_everything(config.seed)
     agent = Agent(env.devices, config)
     held_out: list[Tree] = []
     if eval_fn is None and config.eval_every > 0:
         held_out = sample_trees(env.net, config.eval_trees, config.seed + HELD_OUT_SEED, max_nodes=MAX_NODES)
-    curve = Curve("episode reward", "greedy held-out mean reward", "episode")
+    curve = Curve("episode reward", "greedy held-out mean reward", "episode", "best greedy held-out mean (s)")
     rewards, ms, evals = [], [], []
     best_s, baseline = float("nan"), float("nan")
 
     def evaluation(episode: int) -> None:
         nonlocal best_s, baseline
-        if eval_fn is not None:
-            baseline = float(eval_fn(agent))
-        else:
-            baseline, mean_ms = evaluate(agent, env, held_out)
-            best_s = mean_ms / 1e3 if math.isnan(best_s) else min(best_s, mean_ms / 1e3)
+        baseline, mean_ms = eval_fn(agent) if eval_fn is not None else evaluate(agent, env, held_out)
+        best_s = mean_ms / 1e3 if math.isnan(best_s) else min(best_s, mean_ms / 1e3)
         evals.append((episode, baseline))
 
     if config.eval_every > 0:
@@ -259,12 +257,14 @@ def train(env: SchedulerEnv, config: Config, budget: Budget, progress: Progress 
     return Result(agent, episode, np.asarray(rewards), np.asarray(ms), evals, curve, budget.elapsed, held_out)
 
 
-def trained_on(env: SchedulerEnv) -> dict[str, Any]:
-    """What a checkpoint records of the environment trained on."""
+def trained_on(env: SchedulerEnv, machine_model: dict | None = None) -> dict[str, Any]:
+    """What a checkpoint records of the environment trained on (simulated: with the machine
+    model its CPU came from, ``machines.machine_model``)."""
     source = "measure" if env.executor is not None else "simulate"
     names = env.executor.devices if env.executor is not None else env.machine.names
-    return {"net": env.net, "width": env.width, "devices": env.devices, "device_names": list(names),
-            "reward": source, "normalized": env.normalized, "trees": len(env.trees)}
+    out = {"net": env.net, "width": env.width, "devices": env.devices, "device_names": list(names),
+           "reward": source, "normalized": env.normalized, "trees": len(env.trees)}
+    return out if machine_model is None else {**out, "machine_model": machine_model}
 
 
 __all__ = ["AGENT", "Agent", "Config", "QNetwork", "Replay", "Result", "evaluate", "joint_q", "train", "trained_on"]

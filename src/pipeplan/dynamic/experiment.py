@@ -33,7 +33,8 @@ SMALL_TREES = 12
 @dataclass
 class Setup:
     """What an experiment runs on. Exactly one of ``devices`` (real device names) and
-    ``simulated`` (a machine spec such as ``cpu+4gpu``)."""
+    ``simulated`` (a machine spec such as ``cpu+4gpu``, whose CPU is ``machine_model``'s:
+    ``machines.machine_model``)."""
 
     net: str = "treelstm"
     width: int | None = None
@@ -45,11 +46,14 @@ class Setup:
     seed: int = 0
     train_trees: int = 1000
     test_trees: int = 50
+    machine_model: dict | None = None
 
     def check(self) -> None:
         if (self.devices is None) == (self.simulated is None):
             raise PipeplanError("give the devices to run on (--devices cpu,cuda:0,...) or a machine to simulate "
                                 "(--simulated cpu+4gpu), not both")
+        if self.devices is not None and self.machine_model is not None:
+            raise PipeplanError("a machine model (--machine) goes with a simulated machine; real devices are measured")
         if self.mode not in MODES:
             raise PipeplanError(f"--mode {self.mode!r}: expected one of {', '.join(MODES)}")
         for name, v in (("--repeats", self.repeats), ("--train-trees", self.train_trees),
@@ -83,7 +87,8 @@ class Bench:
 
 
 def build(setup: Setup) -> Bench:
-    """Calibrate (real: every device and link; simulated: this CPU) and draw the trees."""
+    """Calibrate (real: every device and link; simulated: the machine model's CPU) and draw
+    the trees."""
     setup.check()
     t0 = time.perf_counter()
     width = build_net(setup.net, setup.width).width
@@ -95,7 +100,9 @@ def build(setup: Setup) -> Bench:
         env = SchedulerEnv(setup.net, width, setup.seed, len(names), measure=ex, normalized=setup.normalized,
                            repeats=setup.repeats, tree_count=setup.train_trees)
     else:
-        m = simulated(setup.simulated)
+        if setup.machine_model is None:
+            raise PipeplanError(f"simulated {setup.simulated}: no machine model (machines.machine_model) for its CPU")
+        m = simulated(setup.simulated, setup.machine_model)
         env = SchedulerEnv(setup.net, width, setup.seed, len(m.devices), simulate=m, normalized=setup.normalized,
                            tree_count=setup.train_trees)
     test = sample_trees(setup.net, setup.test_trees, setup.seed + TEST_SEED, max_nodes=MAX_NODES)
@@ -150,8 +157,8 @@ def train(bench: Bench, config: dqn.Config, budget: Budget, progress: Progress |
     """The DQN on the bench's environment, its greedy policy checked on held-out trees."""
     held = bench.test[:config.eval_trees]
 
-    def eval_fn(agent: dqn.Agent) -> float:
-        return dqn.evaluate(agent, bench.env, held)[0]
+    def eval_fn(agent: dqn.Agent) -> tuple[float, float]:
+        return dqn.evaluate(agent, bench.env, held)
 
     return dqn.train(bench.env, config, budget, progress, eval_fn if config.eval_every > 0 else None)
 

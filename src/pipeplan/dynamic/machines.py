@@ -1,19 +1,28 @@
 """The machines placements are studied on: a simulated one from a spec (``cpu+4gpu``: §8.2's
-one CPU and four A100s) with this machine's CPU calibrated, or the real devices named on the
-command line, each device kind calibrated and each link timed (Fig. 7's measurement).
+one CPU and four A100s) with this machine's CPU calibrated once and kept in a machine model
+file (JSON) that every later run and every checkpoint trained on it shares, so that simulated
+results repeat; or the real devices named on the command line, each device kind calibrated
+and each link timed (Fig. 7's measurement).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import re
 import time
 from dataclasses import replace
+from datetime import datetime, timezone
 from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import PipeplanError
+from ..readers import load_json, regular_file
 from .costmodel import DeviceSpec, Machine, calibrate, machine, profile, simulate
 from .executor import Executor, torch_device
 from .trees import Tree
@@ -42,16 +51,75 @@ def parse_simulated(spec: str) -> tuple[int, int]:
 
 @lru_cache(maxsize=1)
 def this_cpu() -> DeviceSpec:
-    """This machine's CPU, calibrated once a process (``costmodel.calibrate``)."""
+    """This machine's CPU, calibrated once a process (``costmodel.calibrate``), for the cost
+    model of real devices measured now."""
     return calibrate()[0]
 
 
-def simulated(spec: str, cpu: DeviceSpec | None = None) -> Machine:
-    """The machine of ``spec`` with ``cpu`` (default: this machine's CPU, ``this_cpu``)."""
+# ----------------------------------------------------------------------------- machine models
+#: where ``pipeplan dynamic`` keeps the simulated machine's CPU between runs (relative to the
+#: current directory), measured on first use
+DEFAULT_MACHINE = Path("out") / "dynamic-machine.json"
+MACHINE_FORMAT = "pipeplan.dynamic-machine/1"
+_RATES = ("op_s", "flop_rate", "element_rate")
+
+
+def calibrated_model() -> dict:
+    """This machine's CPU calibrated now, as a machine model: what the simulator charges,
+    when and where it was measured, and each part's fit (``costmodel.calibrate``)."""
+    spec, fit = calibrate()
+    return {"format": MACHINE_FORMAT,
+            "about": "this CPU as pipeplan's DynPartition simulator charges it (docs/dynpartition.md); "
+                     "delete this file to measure again",
+            "cpu": {k: getattr(spec, k) for k in _RATES},
+            "measured": {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+                         "processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                         "torch": torch.__version__, "threads": fit["threads"]},
+            "parts": fit["parts"]}
+
+
+def model_cpu(model: Any, where: str) -> DeviceSpec:
+    """The CPU of a machine model (a file's or a checkpoint's); one line if it is not one."""
+    cpu = model.get("cpu") if isinstance(model, dict) and model.get("format") == MACHINE_FORMAT else None
+    if not isinstance(cpu, dict):
+        raise PipeplanError(f"{where}: not a pipeplan machine model (format {MACHINE_FORMAT})")
+    for key in _RATES:
+        value = cpu.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise PipeplanError(f"{where}: cpu {key!r} must be a positive number, got {value!r}")
+    return DeviceSpec("cpu", *(float(cpu[k]) for k in _RATES))
+
+
+def machine_model(path: str | Path) -> tuple[dict, bool]:
+    """The machine model in the file ``path``, or, where there is none, this CPU calibrated
+    now (True: to be written there, so that later runs share it)."""
+    if not os.path.lexists(path):
+        return calibrated_model(), True
+    model = load_json(regular_file(path, "--machine"), "--machine")
+    model_cpu(model, f"--machine {path}")
+    return model, False
+
+
+def model_text(model: dict) -> str:
+    return json.dumps(model, indent=1) + "\n"
+
+
+def shared_model(path: str | Path = DEFAULT_MACHINE) -> dict:
+    """``machine_model(path)``, written there when it was measured now (the benchmarks')."""
+    model, new = machine_model(path)
+    if new:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(model_text(model))
+    return model
+
+
+def simulated(spec: str, model: dict) -> Machine:
+    """The machine of ``spec`` with the CPU of the machine ``model``."""
     cpus, gpus = parse_simulated(spec)
-    cpu = cpu or this_cpu()
-    m = machine(cpu, gpus=gpus, logical_cpus=cpus)
-    m.note = f"simulated {spec}: CPU calibrated on this machine, GPUs A100 (assumed figures)"
+    m = machine(model_cpu(model, "machine model"), gpus=gpus, logical_cpus=cpus)
+    at = model.get("measured") if isinstance(model.get("measured"), dict) else {}
+    m.note = (f"simulated {spec}: CPU as measured on {at.get('host', '?')} at {at.get('at', '?')}, "
+              "GPUs A100 (assumed figures)")
     return m
 
 

@@ -20,6 +20,16 @@ from .trees import FUNCTION_NAMES, MATH_INPUTS, Tree
 
 #: SST's five sentiment classes
 CLASSES = 5
+#: the widest TreeLSTM built (its 15 x width^2 weights: 1 GiB at 4096)
+MAX_TREELSTM_WIDTH = 4096
+#: the longest MathFunc vectors (its 4 inputs: 160 MB at 10 million)
+MAX_MATHFUNC_WIDTH = 10_000_000
+
+
+def _check_width(net: str, width: int, most: int) -> None:
+    """One line for a width outside 1..``most``, before any tensor is allocated."""
+    if not 1 <= width <= most:
+        raise PipeplanError(f"{net}: width {width:,} is out of range 1..{most:,}")
 
 
 class TreeLSTM(nn.Module):
@@ -37,8 +47,9 @@ class TreeLSTM(nn.Module):
 
     def __init__(self, width: int = 150, vocab: int = 2048, classes: int = CLASSES) -> None:
         super().__init__()
-        if width < 1 or vocab < 1:
-            raise PipeplanError(f"treelstm: width and vocab must be >= 1, got {width} and {vocab}")
+        _check_width("treelstm", width, MAX_TREELSTM_WIDTH)
+        if vocab < 1:
+            raise PipeplanError(f"treelstm: vocab must be >= 1, got {vocab}")
         self.width, self.vocab = width, vocab
         self.embedding = nn.Embedding(vocab, width)
         self.leaf = nn.Linear(width, 5 * width)
@@ -85,8 +96,7 @@ class MathFunc(nn.Module):
 
     def __init__(self, width: int = 1, seed: int = 0) -> None:
         super().__init__()
-        if width < 1:
-            raise PipeplanError(f"mathfunc: width must be >= 1, got {width}")
+        _check_width("mathfunc", width, MAX_MATHFUNC_WIDTH)
         self.width = width
         g = torch.Generator().manual_seed(seed)
         self.register_buffer("inputs", torch.rand(MATH_INPUTS, width, generator=g) * 2 - 1)

@@ -12,6 +12,7 @@ torch is imported only when a planner runs.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from ...cluster import Cluster
@@ -112,7 +113,10 @@ def plan_automap_infer(graph: Graph, cluster: Cluster, options: PlanOptions) -> 
         raise PipeplanError(f"automap-infer: schedule {options.schedule!r} is not a synchronous pipeline "
                             "(use 1f1b or gpipe)")
     inst = from_graph(graph, cluster, options.microbatches, opts.stages or default_stages(cluster))
-    found = beam(load_agent(opts.checkpoint), InferEnv(), inst, opts.beam)
+    t0 = time.perf_counter()
+    policy = load_agent(opts.checkpoint)  # torch and the agent: once a process
+    setup_s = time.perf_counter() - t0
+    found = beam(policy, InferEnv(), inst, opts.beam)
     plan = real_plan(graph, cluster, inst, found.bounds, found.dcuts, options.microbatches,
                      options.schedule or "1f1b", options.optimizer)
     cuts = [int(inst.positions[b]) for b in found.bounds]
@@ -121,5 +125,6 @@ def plan_automap_infer(graph: Graph, cluster: Cluster, options: PlanOptions) -> 
     plan.extra = {"automap-infer": {"cuts": cuts, "nodes": len(graph), "after": after,
                                     "layers": [layer_of(a) for a in after], "device_cuts": found.dcuts,
                                     "boundaries": found.bounds, "granularity": 128, "beam": opts.beam,
-                                    "checkpoint": opts.checkpoint or "shipped", "inference_s": found.seconds}}
+                                    "checkpoint": opts.checkpoint or "shipped", "inference_s": found.seconds,
+                                    "setup_s": setup_s}}
     return plan

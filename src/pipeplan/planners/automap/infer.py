@@ -22,6 +22,7 @@ the agent's best partial plans whose complete plans V scores (``beam``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -417,26 +418,54 @@ def _ratio(env: InferEnv, plan: Inferred) -> float:
     return env.ideal() / plan.value if np.isfinite(plan.value) and plan.value > 0 else 0.0
 
 
-def load_weights(agent, path: str | Path) -> dict:
-    from ...learn.harness import load_checkpoint
+def _checked(path: str | Path, cfg: "Config") -> dict:
+    """A checkpoint's contents, its weights checked against the network ``cfg`` builds."""
+    from ...learn.dqn import q_network
+    from ...learn.harness import check_state, load_checkpoint
 
     data = load_checkpoint(str(path), AGENT)
+    check_state(data["state"], lambda: q_network(InferEnv.OBS, POINTS, cfg), str(path))
+    return data
+
+
+def load_weights(agent, path: str | Path) -> dict:
+    """Load a checkpoint's weights into a training ``agent`` (online and target)."""
+    data = _checked(path, agent.cfg)
     agent.online.load_state_dict({k: v.float() for k, v in data["state"].items()})
     agent.target.load_state_dict(agent.online.state_dict())
     return data
 
 
-def load_agent(path: str | Path | None = None):
-    """The agent of a checkpoint (default: the one shipped with pipeplan)."""
+@dataclass(frozen=True)
+class Policy:
+    """What planning needs of a trained agent (``beam``): its Q-network and config; no
+    target network, replay or optimizer."""
+
+    online: Any
+    cfg: "Config"
+
+
+def load_agent(path: str | Path | None = None) -> Policy:
+    """The policy of a checkpoint (default: the one shipped with pipeplan), loaded once a
+    process for each version of the file (its size and modification time)."""
+    from ...readers import regular_file
+
+    path = Path(path) if path else SHIPPED
+    if path == SHIPPED and not path.is_file():
+        raise PipeplanError(f"automap-infer: checkpoint {str(path)!r}: no such file (rebuild it: see docs/automap.md)")
+    st = regular_file(path, "checkpoint").stat()
+    return _policy(str(path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=4)
+def _policy(path: str, mtime_ns: int, size: int) -> Policy:
     import torch
 
-    from ...learn.dqn import Agent
+    from ...learn.dqn import q_network
 
     torch.set_num_threads(1)
-    path = Path(path) if path else SHIPPED
-    if not path.is_file():
-        raise PipeplanError(f"automap-infer: checkpoint {str(path)!r}: no such file"
-                            + (" (rebuild it: see docs/automap.md)" if path == SHIPPED else ""))
-    agent = Agent(InferEnv.OBS, POINTS, config())
-    load_weights(agent, path)
-    return agent
+    cfg = config()
+    data = _checked(path, cfg)
+    online = q_network(InferEnv.OBS, POINTS, cfg)
+    online.load_state_dict({k: v.float() for k, v in data["state"].items()})
+    return Policy(online.eval(), cfg)

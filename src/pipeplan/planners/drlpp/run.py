@@ -10,7 +10,8 @@ import torch
 from ...cluster import Cluster
 from ...errors import PipeplanError
 from ...graph import Graph
-from ...learn.harness import Budget, Curve, Progress, checkpoint, load_checkpoint
+from ...learn.harness import (Budget, Curve, Progress, check_state, checkpoint, config_from, load_checkpoint,
+                              trained_count)
 from ...learn.scoring import Scorer
 from ...plan import Plan
 from ..base import PlanOptions
@@ -42,11 +43,12 @@ def instance(graph: Graph, cluster: Cluster, options: PlanOptions, replicas: str
 def load_agent(path: str, devices: int, seed: int) -> Agent:
     """The agent of a checkpoint, for a cluster of ``devices`` accelerators."""
     data = load_checkpoint(path, AGENT)
-    cfg = Config(**{**data["config"], "gcn_widths": tuple(data["config"]["gcn_widths"]), "seed": seed})
-    trained = data["trained_on"].get("devices")
+    cfg = config_from(Config, data["config"], path, seed=seed)
+    trained = trained_count(data, "devices", path)
     if trained != devices:
         raise PipeplanError(f"checkpoint {path!r} was trained for {trained} accelerators; this cluster has "
                             f"{devices} (DRL-PP learns one embedding per accelerator, §3.3)")
+    check_state(data["state"], lambda: Agent(cfg, devices), path)
     agent = Agent(cfg, devices)
     agent.load_state_dict(data["state"])
     return agent
