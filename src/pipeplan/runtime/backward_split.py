@@ -7,9 +7,9 @@ w.r.t. the layer's inputs, keeping the intermediate gradients that W needs), the
 ``stage_backward_weight`` (``torch.autograd.grad`` w.r.t. its parameters from those
 intermediates) — the two calls torch's pipelining runtime makes for I and W. A layer whose
 inputs need no gradient (the model's first: its input is data) has I = 0 and W = its whole
-backward, as torch runs a first stage. B, the layer's backward in one pass, is timed the same
-way for comparison (the split costs more: ``split_cost``). Times are medians over the
-repetitions.
+backward, as torch runs a first stage; a layer without parameters has W = 0. B, the layer's
+backward in one pass, is timed the same way for comparison (the split costs more:
+``split_cost``). Times are medians over the repetitions.
 """
 
 from __future__ import annotations
@@ -67,6 +67,9 @@ def _one(m: nn.Module, args: tuple, kwargs: dict, data: set[int], clock: Clock,
     if not inputs or not split:  # nothing upstream waits: the whole backward is W
         torch.autograd.backward(outs, grads)
         t1, t2 = t0, clock.mark()
+    elif not weights:  # no parameters: the whole backward is I
+        torch.autograd.backward(outs, grads, inputs=inputs)
+        t1 = t2 = clock.mark()
     else:
         _, groups = stage_backward_input(outs, grads, inputs, iter(weights))
         t1 = clock.mark()
