@@ -47,3 +47,32 @@ def test_gpt2_pipeline_runs_and_checks():
     got = check_run(plan, SPEC, out.pop("_params"), steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
                     threads=cfg.threads, microbatch=out["microbatch"])
     assert got.verdict == "pass", got
+
+
+
+def logits_of_lm():
+    """A GPT-2 language model wrapped to return its logits: the wrapper's one layer returns a
+    ``ModelOutput``, whose tensors backward hooks do not see."""
+    import torch
+    import transformers
+    from torch import nn
+
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32)
+            self.lm = transformers.GPT2LMHeadModel(cfg)
+
+        def forward(self, ids):
+            return self.lm(ids).logits
+
+    return Wrapped(), torch.randint(0, 100, (2, 8))
+
+
+def test_layer_returning_a_model_output_is_refused():
+    """Its backward would be timed as the loss alone (about 100x too low): one line instead."""
+    pytest.importorskip("transformers")
+    from pipeplan.runtime.profiler import profile_model
+
+    with pytest.raises(PipeplanError, match=r"layer 'lm' returns a CausalLMOutputWithCrossAttentions, not a tensor"):
+        profile_model(f"{__name__}:logits_of_lm", warmup=0, reps=1)

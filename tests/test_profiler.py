@@ -147,6 +147,41 @@ def test_skip_connection_gives_a_dag():
     assert (g.fwd > 0).all() and (g.bwd > 0).all()
 
 
+class DictLinear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> dict:  # type: ignore[override]
+        return {"out": super().forward(x)}
+
+
+class ListLinear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> list:  # type: ignore[override]
+        return [super().forward(x)]
+
+
+class PackedOutputs(nn.Module):
+    def __init__(self, layer: nn.Module, unpack) -> None:
+        super().__init__()
+        self.a, self.b, self.unpack = layer, nn.Linear(8, 2), unpack
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.unpack(self.a(x)))
+
+
+def dict_output_model():
+    return PackedOutputs(DictLinear(8, 8), lambda out: out["out"]), torch.randn(4, 8)
+
+
+def list_output_model():
+    return PackedOutputs(ListLinear(8, 8), lambda out: out[0]), torch.randn(4, 8)
+
+
+@pytest.mark.parametrize("factory, kind", [("dict_output_model", "dict"), ("list_output_model", "list")])
+def test_layer_hiding_its_tensors_is_refused(factory, kind):
+    """Backward hooks do not see a tensor inside a dict or a list: the layer's backward would
+    be timed as zero, silently."""
+    with pytest.raises(PipeplanError, match=f"layer 'a' returns a {kind}, not a tensor"):
+        profile_model(f"{__name__}:{factory}", **FAST)
+
+
 def test_untraceable_model_gets_advice():
     with pytest.raises(PipeplanError, match="nn.Sequential.*torch.fx"):
         profile_model(f"{__name__}:branchy_model", **FAST)

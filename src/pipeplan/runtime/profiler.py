@@ -5,7 +5,9 @@ is a leaf (``trace.layer_graph``; for an ``nn.Sequential`` its children "0", "1"
 trace the executor splits; node ids are the module FQNs and edges follow the data flow. Functional ops between
 modules (``x + y``, ``torch.cat``, ...) pass dependencies through and their cost is attributed
 to no node: it appears only in ``meta["total_s"]`` (the whole model's forward+backward),
-so ``sum(fwd + bwd) / total_s`` shows how much time lies outside the layers.
+so ``sum(fwd + bwd) / total_s`` shows how much time lies outside the layers. A layer must
+return a tensor or a tuple of tensors (what backward hooks see); one that returns anything
+else (a Hugging Face ``ModelOutput``, a dict) is refused, as its backward could not be timed.
 
 Timing, per repetition, in three separate forward+backward passes (so that one kind of hook
 does not inflate the other's times): forward hooks time each layer's forward; backward
@@ -142,6 +144,38 @@ class _SavedTracker:
             owner = self.producer.get(ptr) or packed_in or ids[0]
             out[owner] += float(nbytes)
         return out
+
+
+def _timeable(out: Any) -> bool:
+    """Backward hooks see a layer's output when it is a tensor or a tuple of them: every
+    tensor it returns must be one of those, or its backward would go untimed."""
+    if isinstance(out, torch.Tensor):
+        return True
+    direct = [t for t in out if isinstance(t, torch.Tensor)] if isinstance(out, tuple) else []
+    return bool(direct) and len(direct) == len(_tensors(out))
+
+
+def _check_outputs(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tensor, spec: str) -> None:
+    """Refuse a layer whose output (a Hugging Face ``ModelOutput``, a dict, a list) hides its
+    tensors from the backward hooks: its backward would be timed as zero, silently."""
+    bad: list[tuple[str, str]] = []
+
+    def post(nid: str, _m: nn.Module, _args: Any, out: Any) -> None:
+        if not _timeable(out):
+            bad.append((nid, type(out).__name__))
+
+    handles = [m.register_forward_hook(partial(post, nid)) for nid, m in mods.items()]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    if bad:
+        nid, kind = bad[0]
+        raise PipeplanError(f"model {spec!r}: layer {nid!r} returns a {kind}, not a tensor or a tuple of "
+                            "tensors, so its backward cannot be timed; return the tensor (e.g. .logits) "
+                            "from the module that makes it, or make the model's layers its blocks (nn.Sequential)")
 
 
 def _memory_pass(model: nn.Module, mods: dict[str, nn.Module],
@@ -343,6 +377,7 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
         clock = _Clock(dev)
         half = x[: max(1, x.shape[0] // 2)]
         try:
+            _check_outputs(model, mods, x, spec)
             times = _time_layers(model, mods, x, half, clock, warmup, reps)
             split = measure_split(model, mods, x, clock, warmup, reps)
             update_rate = _update_rate(model, x, clock, warmup, reps)
