@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,22 @@ import yaml
 from .errors import PipeplanError
 
 
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
 def read_text(path: str | Path, what: str = "file") -> str:
+    """The file's text; anything but a regular file (a FIFO, a device such as /dev/zero) is
+    refused before reading, as reading it could block or never end."""
     p = Path(path)
     try:
+        mode = p.stat().st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            raise PipeplanError(f"{what} {str(path)!r}: is {_kind(mode)}, not a regular file")
         data = p.read_bytes()
     except IsADirectoryError:
         raise PipeplanError(f"{what} {str(path)!r}: is a directory") from None

@@ -41,7 +41,7 @@ from ..plan import Plan
 from ..schedule import Kind, make_schedule
 from .data import equal_replication, global_batch, pipeline_samples, share_size, squared_error
 from .direct import stage_major_ranks, train_direct
-from .models import load_model
+from .models import load_model, user_code
 from .pipelined import pipelined_ranks, train_pipelined
 from .split import split_model, stage_examples
 from .timing import measured_timeline
@@ -88,8 +88,9 @@ def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec
                             "model chunks only when every stage has the same number of devices")
     if plan.replicas == "split" and x.shape[0] < k:
         raise PipeplanError(f"plan: a microbatch of {x.shape[0]} samples cannot be split over {k} replicas")
-    parts = split_model(model, [s.nodes for s in plan.stages], spec)
-    stage_examples(model, parts, len(parts) - 1, x)
+    with user_code(spec, "running the plan's stages once"):
+        parts = split_model(model, [s.nodes for s in plan.stages], spec)
+        stage_examples(model, parts, len(parts) - 1, x)
 
 
 def _die_with_parent(parent: int) -> None:

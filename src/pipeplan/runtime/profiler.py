@@ -55,7 +55,7 @@ from ..errors import PipeplanError
 from ..graph.model import Graph, NodeSpec
 from .data import squared_error
 from .steps import MOMENTUM
-from .models import load_model
+from .models import load_model, user_code
 from .backward_split import input_fraction, measure_split, split_cost
 from .clock import Clock as _Clock, tensors as _tensors
 from .trace import layer_graph
@@ -370,13 +370,15 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
     try:
         model, x = load_model(spec, microbatch, seed=0)
         torch.manual_seed(0)
-        model, x = model.to(dev).train(), x.to(dev)
-        flags = _inplace_off(model)
-        ids, edges = layer_graph(model)
-        mods = {nid: model.get_submodule(nid) for nid in ids}
-        clock = _Clock(dev)
-        half = x[: max(1, x.shape[0] // 2)]
-        try:
+        # the model's own code runs from here on: whatever it raises (an in-place op that full
+        # backward hooks reject, sys.exit) is one line
+        with user_code(spec, "profiling"):
+            model, x = model.to(dev).train(), x.to(dev)
+            flags = _inplace_off(model)
+            ids, edges = layer_graph(model)
+            mods = {nid: model.get_submodule(nid) for nid in ids}
+            clock = _Clock(dev)
+            half = x[: max(1, x.shape[0] // 2)]
             _check_outputs(model, mods, x, spec)
             times = _time_layers(model, mods, x, half, clock, warmup, reps)
             split = measure_split(model, mods, x, clock, warmup, reps)
@@ -386,11 +388,6 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
             for m, flag in flags.items():
                 m.inplace = flag
             saved, inplace = _memory_pass(model, mods, x.clone())
-        except PipeplanError:
-            raise
-        except Exception as e:  # e.g. in-place ops that full backward hooks reject
-            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise PipeplanError(f"model {spec!r}: profiling failed ({type(e).__name__}: {reason})") from None
     finally:
         torch.set_num_threads(old_threads)
     med = statistics.median
