@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from pipeplan.errors import PipeplanError
-from pipeplan.graph import load_graph, save_graph
+from pipeplan.graph import Graph, load_graph, save_graph
 from pipeplan.runtime.models import load_model
 from pipeplan.runtime.profiler import profile_model
 
@@ -242,3 +242,21 @@ def test_backward_splits_into_measured_input_and_weight_gradients(profiles):
     t = profiles["transformer"].meta
     assert t["backward_split_s"]["0"][0] == 0.0  # the embedding: its input is token ids
     assert 0.0 < t["backward_input_fraction"] < 1.0
+
+
+def test_profile_records_its_input_and_run_warns_of_another(profiles):
+    """A plan run on inputs other than the profile's (a longer sequence, other images) runs,
+    but its prediction is for the profile's: ``run`` says so in one line."""
+    from pipeplan.cluster import hierarchical
+    from pipeplan.plan import Plan, Stage
+    from pipeplan.runtime.executor import input_warnings
+
+    g = profiles["mlp"]
+    assert g.meta["input"] == {"sample_shape": [256], "dtype": "float32"}
+    plan = Plan(g, hierarchical("local", 1, 1, 1e9, 1e9), [Stage(g.ids, ["s0g0"])], 2)
+    assert input_warnings(plan, torch.randn(64, 256)) == []
+    for x, now in ((torch.randn(64, 128), "128 float32"), (torch.randn(64, 256, dtype=torch.float64), "256 float64")):
+        (line,) = input_warnings(plan, x)
+        assert line.startswith(f"the model's input is {now} per sample but the plan's profile measured 256 float32")
+    old = Plan(Graph.chain("m", [1.0], [1.0]), plan.cluster, [Stage(["l0"], ["s0g0"])], 2)
+    assert input_warnings(old, torch.randn(4, 3)) == []  # a graph that does not say: nothing to compare

@@ -153,6 +153,12 @@ def call_factory(spec: str, expected: str) -> tuple[nn.Module, torch.Tensor]:
     return model, x
 
 
+def input_signature(x: torch.Tensor) -> dict:
+    """What a profile's times depend on in its input besides the microbatch size: one
+    sample's shape and the dtype."""
+    return {"sample_shape": list(x.shape[1:]), "dtype": str(x.dtype).removeprefix("torch.")}
+
+
 def load_model(spec: str, microbatch: int | None = None, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
     """Build the model of ``spec`` with a fixed seed; resize the example input's batch
     dimension to ``microbatch`` when given."""

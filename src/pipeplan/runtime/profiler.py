@@ -29,6 +29,9 @@ forward+backward over the repetitions. The runtime's loss (squared error against
 forward and backward, ``meta["loss_s"]``) is in no layer's time: it is added to the last
 layer's backward, which runs on the last stage where each microbatch's loss is computed.
 
+The input is recorded as ``meta["input"]`` (one sample's shape and the dtype,
+``models.input_signature``): ``run`` warns when the model it runs is fed another.
+
 Memory (docs/memory.md), from one more forward + loss with the modules' own in-place flags:
 a node is ``inplace`` when every tensor it returns shares storage with a tensor it was given
 (an in-place op or a view); ``saved`` is the bytes of the distinct storages that autograd
@@ -55,7 +58,7 @@ from ..errors import PipeplanError
 from ..graph.model import Graph, NodeSpec
 from .data import squared_error
 from .steps import MOMENTUM
-from .models import load_model, user_code
+from .models import input_signature, load_model, user_code
 from .backward_split import input_fraction, measure_split, split_cost
 from .clock import Clock as _Clock, tensors as _tensors
 from .trace import layer_graph
@@ -400,7 +403,7 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
     fixed = _fixed_parts(times, half.shape[0] / x.shape[0]) if x.shape[0] >= 2 else {}
     meta = {"source": "pipeplan profile", "spec": spec, "device": str(dev), "threads": threads,
             "fixed_s": fixed, "update_s_per_byte": update_rate, "loss_s": loss_s,
-            "microbatch": int(x.shape[0]), "torch": torch.__version__, "warmup": warmup, "reps": reps,
+            "microbatch": int(x.shape[0]), "input": input_signature(x), "torch": torch.__version__, "warmup": warmup, "reps": reps,
             "total_s": med(times.total), "spread": spread, "backward_split_s": split,
             "backward_input_fraction": input_fraction(split, {nid: med(times.bwd[nid]) for nid in ids}, loss_s),
             "backward_split_cost": split_cost(split),
