@@ -260,3 +260,63 @@ def test_profile_records_its_input_and_run_warns_of_another(profiles):
         assert line.startswith(f"the model's input is {now} per sample but the plan's profile measured 256 float32")
     old = Plan(Graph.chain("m", [1.0], [1.0]), plan.cluster, [Stage(["l0"], ["s0g0"])], 2)
     assert input_warnings(old, torch.randn(4, 3)) == []  # a graph that does not say: nothing to compare
+
+
+class TiedLM(nn.Module):
+    """Input and output embeddings that share one weight (as GPT-2 ties them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.mid, self.head = nn.Embedding(50, 16), nn.Linear(16, 16), nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.mid(self.emb(ids)))
+
+
+def tied_lm():
+    return TiedLM(), torch.randint(0, 50, (4, 8))
+
+
+def test_tied_weights_are_counted_once_and_recorded(tmp_path):
+    g = profile_model(f"{__name__}:tied_lm", warmup=0, reps=1)
+    assert list(g.params) == [4 * 50 * 16, 4 * (16 * 16 + 16), 0.0]
+    assert g.total_params == 4 * sum(p.numel() for p in TiedLM().parameters())
+    assert g.tied == {"emb.weight": ["emb", "head"]}
+    save_graph(g, tmp_path / "g.json")
+    assert load_graph(str(tmp_path / "g.json")).tied == g.tied
+
+
+def _tied_chain(pairs: dict[str, list[str]]) -> Graph:
+    """Eight equal layers l0..l7 in a chain, with the given tied groups."""
+    from pipeplan.graph.model import NodeSpec
+
+    nodes = [NodeSpec(id=f"l{i}", fwd=1e-3, bwd=2e-3, params=1e6, act=1e5) for i in range(8)]
+    return Graph.from_nodes("tied", nodes, [(f"l{i}", f"l{i + 1}") for i in range(7)], meta={"microbatch": 4},
+                            tied=pairs)
+
+
+@pytest.mark.parametrize("planner", ["gpipe", "pipedream", "spp", "hetpipe", "megatron"])
+@pytest.mark.parametrize("tied", [{"w": ["l3", "l4"]}, {"w": ["l0", "l7"]}, {"a": ["l1", "l2"], "b": ["l2", "l5"]}])
+def test_no_planner_cuts_a_tied_parameter(planner, tied):
+    """Whatever the planner's search returns, its plan keeps each tied group in one stage."""
+    from pipeplan.cluster import hierarchical
+    from pipeplan.planners.base import PlanOptions, run_planner
+
+    g = _tied_chain(tied)
+    plan, _ = run_planner(planner, g, hierarchical("c", 1, 4, 1e10, 1e10), PlanOptions(microbatches=8))
+    stage_of = {nid: k for k, s in enumerate(plan.stages) for nid in s.nodes}
+    for ids in tied.values():
+        assert len({stage_of[nid] for nid in ids}) == 1, plan.stages
+    assert plan.prediction["iteration_s"] > 0
+
+
+def test_gpipe_cut_through_a_tied_pair_merges_just_those_stages():
+    from pipeplan.cluster import hierarchical
+    from pipeplan.planners.base import PlanOptions, run_planner
+
+    plan, _ = run_planner("gpipe", _tied_chain({"w": ["l3", "l4"]}), hierarchical("c", 1, 4, 1e10, 1e10),
+                          PlanOptions(microbatches=8))
+    assert [s.nodes for s in plan.stages] == [["l0", "l1"], ["l2", "l3", "l4", "l5"], ["l6", "l7"]]
+    assert [len(s.devices) for s in plan.stages] == [1, 2, 1]
+    assert plan.extra["tied"] == {"merged_stages": {"w": [1, 2]}}

@@ -24,6 +24,7 @@ from ..plan import Plan
 from ..sim import SimResult, simulate
 from ..limits import check_microbatches
 from ..units import fmt_bytes
+from .tied import keep_tied_together
 from .variants import fit_memory, plan_for_global_batch
 
 T = TypeVar("T")
@@ -235,11 +236,11 @@ def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions)
     info.parse_options(options)  # bad -O options are a user error before any work
     t0 = time.perf_counter()
     if options.global_batch is not None:
-        plan = plan_for_global_batch(info.fn, graph, cluster, options, options.global_batch,
-                                     memory_variants=info.memory_variants)
+        plan = keep_tied_together(plan_for_global_batch(info.fn, graph, cluster, options, options.global_batch,
+                                                        memory_variants=info.memory_variants))
         plan.planner = name
         return plan, evaluate(plan)
-    plan = info.fn(graph, cluster, options)
+    plan = keep_tied_together(info.fn(graph, cluster, options))  # no plan cuts a tied parameter
     plan.search_s = time.perf_counter() - t0
     plan.planner = name
     result = evaluate(plan)

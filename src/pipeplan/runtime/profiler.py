@@ -17,6 +17,8 @@ of the squared output. A layer's backward runs from the gradient w.r.t. its outp
 backward hook) and its last parameter gradient being accumulated (post-accumulate-grad
 hooks). The input does not require grad, as on a pipeline's first stage, so the first
 layer's backward is its weight-gradient work only, measured by the parameter hooks.
+A parameter used by several layers (tied input and output embeddings) is counted once, on
+the first, and the graph records the group (``Graph.tied``), which every plan keeps in one stage.
 Modules with an ``inplace`` flag (``nn.ReLU(inplace=True)``, ...) are timed out of place:
 full backward hooks reject in-place changes of a hooked output, and the cost is the same.
 The backward's split into input gradient (I) and weight gradient (W), as zero-bubble
@@ -179,6 +181,22 @@ def _check_outputs(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tensor
         raise PipeplanError(f"model {spec!r}: layer {nid!r} returns a {kind}, not a tensor or a tuple of "
                             "tensors, so its backward cannot be timed; return the tensor (e.g. .logits) "
                             "from the module that makes it, or make the model's layers its blocks (nn.Sequential)")
+
+
+def _parameters(model: nn.Module, mods: dict[str, nn.Module]) -> tuple[dict[str, float], dict[str, list[str]]]:
+    """Parameter bytes per node, a parameter shared by several nodes (tied weights) counted on
+    the first of them, and the shared ones: parameter name -> the nodes that use it."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    users: dict[int, list[str]] = {}
+    sizes: dict[int, float] = {}
+    for nid, m in mods.items():
+        for p in m.parameters():
+            users.setdefault(id(p), []).append(nid)
+            sizes[id(p)] = _nbytes([p])
+    owned = dict.fromkeys(mods, 0.0)
+    for pid, nids in users.items():
+        owned[nids[0]] += sizes[pid]
+    return owned, {names[pid]: nids for pid, nids in users.items() if len(set(nids)) > 1}
 
 
 def _memory_pass(model: nn.Module, mods: dict[str, nn.Module],
@@ -394,8 +412,9 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
     finally:
         torch.set_num_threads(old_threads)
     med = statistics.median
+    params, tied = _parameters(model, mods)
     nodes = [NodeSpec(id=nid, fwd=med(times.fwd[nid]), bwd=med(times.bwd[nid]) + (loss_s if nid == ids[-1] else 0.0),
-                      params=_nbytes(list(mods[nid].parameters())), act=times.act.get(nid, 0.0),
+                      params=params[nid], act=times.act.get(nid, 0.0),
                       desc=_describe(mods[nid]), inplace=inplace.get(nid, False), saved=saved[nid])
              for nid in ids]
     spread = {nid: [min(a + b for a, b in zip(times.fwd[nid], times.bwd[nid])),
@@ -408,4 +427,4 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
             "backward_input_fraction": input_fraction(split, {nid: med(times.bwd[nid]) for nid in ids}, loss_s),
             "backward_split_cost": split_cost(split),
             "reference": f"this machine, one process, {threads} thread{'s' if threads > 1 else ''}"}
-    return Graph.from_nodes(spec.rsplit(":", 1)[-1], nodes, edges, meta=meta)
+    return Graph.from_nodes(spec.rsplit(":", 1)[-1], nodes, edges, meta=meta, tied=tied)
