@@ -187,9 +187,44 @@ def test_untraceable_model_gets_advice():
         profile_model(f"{__name__}:branchy_model", **FAST)
 
 
-def test_module_called_twice_is_refused():
-    with pytest.raises(PipeplanError, match="called more than once"):
-        profile_model(f"{__name__}:reuse_model", **FAST)
+class BasicBlock(nn.Module):
+    """A torchvision-style residual block: one ``self.relu`` called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.conv2, self.bn2 = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.relu = nn.ReLU(inplace=True)
+        self.pool, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.relu(self.bn1(self.conv1(x)))
+        h = self.relu(self.bn2(self.conv2(h)) + x)
+        return self.fc(self.pool(h).flatten(1))
+
+
+def basic_block():
+    return BasicBlock(), torch.randn(2, 4, 8, 8)
+
+
+def test_a_module_called_twice_is_a_layer_per_call():
+    """Calls are layers, not modules: ``relu`` and ``relu#2``, each with its own times and
+    sizes, in the data flow where each call happens."""
+    g = profile_model(f"{__name__}:basic_block", **FAST)
+    assert g.ids == ["conv1", "bn1", "relu", "conv2", "bn2", "relu#2", "pool", "fc"]
+    assert [(g.ids[u], g.ids[v]) for u, v in sorted(g.edges)] == list(zip(g.ids, g.ids[1:]))
+    assert (g.fwd > 0).all() and (g.bwd > 0).all()
+    i, j = g.index["relu"], g.index["relu#2"]
+    assert g.params[i] == g.params[j] == 0 and g.act[i] == g.act[j] == 2 * 4 * 8 * 8 * 4
+    assert set(g.meta["backward_split_s"]) == set(g.ids) and g.tied == {}
+
+
+def test_a_module_with_parameters_called_twice_is_tied():
+    """``self.a(self.a(x))``: two layers sharing one weight, counted once, kept in one stage."""
+    g = profile_model(f"{__name__}:reuse_model", **FAST)
+    assert g.ids == ["a", "a#2"] and list(g.params) == [4 * (8 * 8 + 8), 0.0]
+    assert g.tied == {"a.weight": ["a", "a#2"], "a.bias": ["a", "a#2"]}
+    assert (g.bwd > 0).all()
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -15,6 +15,7 @@ backward in one pass, is timed the same way for comparison (the split costs more
 from __future__ import annotations
 
 import statistics
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,19 +23,21 @@ from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from .clock import Clock, tensors
+from .trace import Calls, calls_by_module
 
 
 def _inputs_of(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tensor) -> dict[str, tuple]:
-    """(args, kwargs) each layer was first called with in one forward, detached."""
+    """(args, kwargs) each layer (each module call) was given in one forward, detached."""
     seen: dict[str, tuple] = {}
 
-    def pre(nid: str, _m: nn.Module, args: tuple, kwargs: dict) -> None:
+    def pre(calls: Calls, _m: nn.Module, args: tuple, kwargs: dict) -> None:
+        nid = calls.start()
         if nid not in seen:
             detach = lambda v: v.detach() if isinstance(v, torch.Tensor) else v  # noqa: E731
             seen[nid] = (tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()})
 
-    handles = [m.register_forward_pre_hook(lambda m, a, k, nid=nid: pre(nid, m, a, k), with_kwargs=True)
-               for nid, m in mods.items()]
+    handles = [m.register_forward_pre_hook(partial(pre, Calls(nids)), with_kwargs=True)
+               for m, nids in calls_by_module(mods)]
     try:
         with torch.no_grad():
             model(x)

@@ -63,7 +63,7 @@ from .steps import MOMENTUM
 from .models import input_signature, load_model, user_code
 from .backward_split import input_fraction, measure_split, split_cost
 from .clock import Clock as _Clock, tensors as _tensors
-from .trace import layer_graph
+from .trace import Calls, calls_by_module, layer_graph, module_name
 
 _HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
 
@@ -121,12 +121,14 @@ class _SavedTracker:
         self.last: str | None = None
         self.alive: list = []  # every node's inputs and outputs: no address is reused meanwhile
 
-    def pre(self, nid: str, _m: nn.Module, args: Any) -> None:
+    def pre(self, calls: Calls, _m: nn.Module, args: Any) -> None:
+        nid = calls.start()
         self.alive.append(args)
         self.args[nid] = _storages(args)
         self.running.append(nid)
 
-    def post(self, nid: str, _m: nn.Module, _args: Any, out: Any) -> None:
+    def post(self, calls: Calls, _m: nn.Module, _args: Any, out: Any) -> None:
+        nid = calls.current
         self.alive.append(out)
         self.running.pop()
         self.last = nid
@@ -165,11 +167,11 @@ def _check_outputs(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tensor
     tensors from the backward hooks: its backward would be timed as zero, silently."""
     bad: list[tuple[str, str]] = []
 
-    def post(nid: str, _m: nn.Module, _args: Any, out: Any) -> None:
+    def post(calls: Calls, _m: nn.Module, _args: Any, out: Any) -> None:
         if not _timeable(out):
-            bad.append((nid, type(out).__name__))
+            bad.append((calls.start(), type(out).__name__))
 
-    handles = [m.register_forward_hook(partial(post, nid)) for nid, m in mods.items()]
+    handles = [m.register_forward_hook(partial(post, Calls(nids))) for m, nids in calls_by_module(mods)]
     try:
         with torch.no_grad():
             model(x)
@@ -205,9 +207,10 @@ def _memory_pass(model: nn.Module, mods: dict[str, nn.Module],
     tracker = _SavedTracker(model, x)
     handles = []
     try:
-        for nid, m in mods.items():
-            handles += [m.register_forward_pre_hook(partial(tracker.pre, nid)),
-                        m.register_forward_hook(partial(tracker.post, nid))]
+        for m, nids in calls_by_module(mods):
+            calls = Calls(nids)
+            handles += [m.register_forward_pre_hook(partial(tracker.pre, calls)),
+                        m.register_forward_hook(partial(tracker.post, calls))]
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t):
             _loss(model(x))
     finally:
@@ -241,13 +244,15 @@ def _forward_times(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tensor
     marks: dict[str, list] = {}
 
     def install(handles: list) -> None:
-        for nid, m in mods.items():
-            def pre(_m, _args, nid=nid):
-                marks[nid] = [clock.mark()]
+        for m, nids in calls_by_module(mods):
+            calls = Calls(nids)
 
-            def post(_m, _args, out, nid=nid):
-                marks[nid].append(clock.mark())
-                act[nid] = _nbytes(_tensors(out))
+            def pre(_m, _args, calls=calls):
+                marks[calls.start()] = [clock.mark()]
+
+            def post(_m, _args, out, calls=calls):
+                marks[calls.current].append(clock.mark())
+                act[calls.current] = _nbytes(_tensors(out))
             handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
 
     _hooked_pass(model, x, clock, install)
@@ -260,14 +265,17 @@ def _backward_times(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tenso
     ends: dict[str, list] = {nid: [] for nid in mods}
 
     def install(handles: list) -> None:
-        for nid, m in mods.items():
-            def pre(_m, _grad_out, nid=nid):
-                start[nid] = clock.mark()
+        for m, nids in calls_by_module(mods):
+            # a module's calls run backward in reverse order (autograd runs the latest first)
+            arrived, done = Calls(nids[::-1]), Calls(nids[::-1])
 
-            def post(_m, _grad_in, _grad_out, nid=nid):
-                ends[nid].append(clock.mark())
+            def pre(_m, _grad_out, calls=arrived):
+                start[calls.start()] = clock.mark()
 
-            def accumulated(_p, nid=nid):
+            def post(_m, _grad_in, _grad_out, calls=done):
+                ends[calls.start()].append(clock.mark())
+
+            def accumulated(_p, nid=nids[0]):  # once, after every call's gradient is summed
                 ends[nid].append(clock.mark())
             handles += [m.register_full_backward_pre_hook(pre), m.register_full_backward_hook(post)]
             handles += [p.register_post_accumulate_grad_hook(accumulated)
@@ -397,7 +405,7 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
             model, x = model.to(dev).train(), x.to(dev)
             flags = _inplace_off(model)
             ids, edges = layer_graph(model)
-            mods = {nid: model.get_submodule(nid) for nid in ids}
+            mods = {nid: model.get_submodule(module_name(nid)) for nid in ids}
             clock = _Clock(dev)
             half = x[: max(1, x.shape[0] // 2)]
             _check_outputs(model, mods, x, spec)
