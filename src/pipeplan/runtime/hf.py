@@ -7,8 +7,10 @@ head, so its layers are the blocks and every cut between them runs. Query keys s
 config (integers, numbers, true/false); ``seq`` is the sequence length (default 64) and
 ``microbatch`` the example microbatch (default 8). Defaults that training on separate
 processes needs: no dropout (``--check`` compares exactly), untied input and output
-embeddings (the runtime does not share a parameter between stages), ``use_cache=False``.
-The input is token ids; the loss is the runtime's, squared error on the logits."""
+embeddings (free to go to different stages; ``tie_word_embeddings=true`` ties them, and
+every plan then keeps the embeddings and the head in one stage), ``use_cache=False``.
+Settings are checked before anything is built (``_check_types``, ``_check_shape``). The
+input is token ids; the loss is the runtime's, squared error on the logits."""
 
 from __future__ import annotations
 
