@@ -21,7 +21,7 @@ from pipeplan.cli import main
 from pipeplan.graph import save_graph
 from pipeplan.graph.model import Graph
 
-MODEL_COMMANDS = ("profile", "export", "run")
+MODEL_COMMANDS = ("profile", "export", "run", "calibrate")
 
 # -- hf: settings ------------------------------------------------------------------------------
 #: each architecture's config keys by role (transformers' GPT2Config and BertConfig)
@@ -101,9 +101,17 @@ def plan_file(tmp_path_factory) -> Path:
     return d / "p.json"
 
 
+def _out(tmp_path: Path, command: str) -> Path:
+    """Where the command is asked to write (calibrate writes a cluster YAML)."""
+    return tmp_path / ("out.yaml" if command == "calibrate" else "out.json")
+
+
 def _argv(command: str, spec: str, out: Path, plan: Path, *extra: str) -> list[str]:
     if command == "run":
         return ["run", str(plan), "--model", spec, "--steps", "1", *extra]
+    if command == "calibrate":
+        return ["calibrate", "--model", spec, "--workers", "1", "--seconds", "0.01", "--no-runtime",
+                "--out", str(out), *extra]
     return [command, spec, "--out", str(out), *extra]
 
 
@@ -122,15 +130,16 @@ def _refused(capsys, argv: list[str], message: str, out: Path) -> None:
 @pytest.mark.parametrize("spec, message", _hf_cases())
 def test_hf_settings_are_checked_before_building(capsys, tmp_path, plan_file, command, spec, message):
     pytest.importorskip("transformers")
-    _refused(capsys, _argv(command, spec, tmp_path / "out.json", plan_file), message, tmp_path / "out.json")
+    out = _out(tmp_path, command)
+    _refused(capsys, _argv(command, spec, out, plan_file), message, out)
 
 
 @pytest.mark.parametrize("command", MODEL_COMMANDS)
 @pytest.mark.parametrize("name", list(USER_MODULES))
 def test_user_code_failures_are_one_line(capsys, tmp_path, user_dir, plan_file, command, name):
     _, factory, message = USER_MODULES[name]
-    _refused(capsys, _argv(command, f"hostile_{name}:{factory}", tmp_path / "out.json", plan_file), message,
-             tmp_path / "out.json")
+    out = _out(tmp_path, command)
+    _refused(capsys, _argv(command, f"hostile_{name}:{factory}", out, plan_file), message, out)
 
 
 @pytest.mark.parametrize("command", ("profile", "export"))
