@@ -1,8 +1,9 @@
 """Profile a PyTorch model into a pipeplan Graph: per-layer times and sizes for one microbatch.
 
-Layers are the modules called by a ``torch.fx`` trace of ``forward`` in which every submodule
+Layers are the module calls of a ``torch.fx`` trace of ``forward`` in which every submodule
 is a leaf (``trace.layer_graph``; for an ``nn.Sequential`` its children "0", "1", ...), the
-trace the executor splits; node ids are the module FQNs and edges follow the data flow. Functional ops between
+trace the executor splits; node ids are the module FQNs (``relu#2`` for a module's second
+call, timed apart from its first) and edges follow the data flow. Functional ops between
 modules (``x + y``, ``torch.cat``, ...) pass dependencies through and their cost is attributed
 to no node: it appears only in ``meta["total_s"]`` (the whole model's forward+backward),
 so ``sum(fwd + bwd) / total_s`` shows how much time lies outside the layers. A layer must
