@@ -355,3 +355,12 @@ def test_gpipe_cut_through_a_tied_pair_merges_just_those_stages():
     assert [s.nodes for s in plan.stages] == [["l0", "l1"], ["l2", "l3", "l4", "l5"], ["l6", "l7"]]
     assert [len(s.devices) for s in plan.stages] == [1, 2, 1]
     assert plan.extra["tied"] == {"merged_stages": {"w": [1, 2]}}
+
+
+def test_plan_says_which_stages_a_tied_parameter_merged(tmp_path, capsys):
+    from pipeplan.cli import main
+
+    save_graph(_tied_chain({"w": ["l3", "l4"]}), tmp_path / "g.json")
+    assert main(["plan", "--model", str(tmp_path / "g.json"), "--cluster", "hier:servers=1,gpus=4,intra=80Gbps,"
+                 "inter=80Gbps", "--planner", "gpipe", "--microbatches", "8"]) == 0
+    assert "tied parameters kept in one stage: w (the planner's stages 1-2 merged)" in capsys.readouterr().out
