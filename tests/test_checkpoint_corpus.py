@@ -162,4 +162,4 @@ def test_a_fifo_as_checkpoint_is_refused_not_waited_on(tmp_path):
             run.kill()
     for run, (out, err) in zip(runs, results):
         assert run.returncode == 2 and not out, err
-        assert err == f"pipeplan: error: checkpoint {str(fifo)!r}: not a regular file (a FIFO, device or socket)\n"
+        assert err == f"pipeplan: error: checkpoint {str(fifo)!r}: is a FIFO, not a regular file\n"

@@ -86,7 +86,7 @@ def test_bench_on_real_logical_cpus(capsys):
     (["bench", "--machine", "m.json", "--devices", "cpu"], "--machine goes with the simulated machine"),
     (["bench", "--machine", "/dev/null/m.json"], "--machine /dev/null/m.json: /dev/null is not a directory"),
     (["bench", "--machine", "."], "--machine '.': is a directory"),
-    (["bench", "--machine", "/dev/null"], "--machine '/dev/null': not a regular file"),
+    (["bench", "--machine", "/dev/null"], "--machine '/dev/null': is a character device, not a regular file"),
 ])
 def test_bad_inputs_are_one_line_errors(capsys, argv, words):
     code, out, err = run(capsys, *argv)

@@ -47,3 +47,50 @@ def test_gpt2_pipeline_runs_and_checks():
     got = check_run(plan, SPEC, out.pop("_params"), steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
                     threads=cfg.threads, microbatch=out["microbatch"])
     assert got.verdict == "pass", got
+    assert not [w for w in out["warnings"] if "input" in w]  # the model runs on the profile's input
+
+
+@pytest.mark.slow
+def test_run_on_another_input_than_the_profile_says_so(tmp_path, capsys):
+    """The plan was profiled at seq=16; run on seq=32 it still runs, with one warning line
+    saying its prediction is for the profile's input."""
+    pytest.importorskip("transformers")
+    from pipeplan.cli import main
+    from pipeplan.runtime.profiler import profile_model
+
+    g = profile_model(SPEC, warmup=0, reps=1)
+    c = hierarchical("local", 1, 2, 1e9, 1e9)
+    Plan(g, c, [Stage(g.ids[:2], ["s0g0"]), Stage(g.ids[2:], ["s0g1"])], 2, schedule="1f1b").save(tmp_path / "p.json")
+    assert main(["run", str(tmp_path / "p.json"), "--model", SPEC.replace("seq=16", "seq=32"), "--steps", "1",
+                 "--warmup", "0", "--json"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "input" in line]
+    assert warned == ["warning: the model's input is 32 int64 per sample but the plan's profile measured 16 int64: "
+                      "the prediction is for the profile's input (profile the model as it runs, then plan again)"]
+
+
+def logits_of_lm():
+    """A GPT-2 language model wrapped to return its logits: the wrapper's one layer returns a
+    ``ModelOutput``, whose tensors backward hooks do not see."""
+    import torch
+    import transformers
+    from torch import nn
+
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32)
+            self.lm = transformers.GPT2LMHeadModel(cfg)
+
+        def forward(self, ids):
+            return self.lm(ids).logits
+
+    return Wrapped(), torch.randint(0, 100, (2, 8))
+
+
+def test_layer_returning_a_model_output_is_refused():
+    """Its backward would be timed as the loss alone (about 100x too low): one line instead."""
+    pytest.importorskip("transformers")
+    from pipeplan.runtime.profiler import profile_model
+
+    with pytest.raises(PipeplanError, match=r"layer 'lm' returns a CausalLMOutputWithCrossAttentions, not a tensor"):
+        profile_model(f"{__name__}:logits_of_lm", warmup=0, reps=1)

@@ -286,16 +286,20 @@ def test_a_plan_for_another_cluster_is_warned_about():
                                               "than either the plan or a calibration assumes"]
 
 
-@pytest.mark.parametrize("cuts", [[["inp", "act"], ["a"], ["b", "out"]]])
-def test_any_module_with_a_skip_edge_across_stages(cuts):
+@pytest.mark.parametrize("spec, cuts, edge", [
+    ("runtime_models:residual", [["inp", "act"], ["a"], ["b", "out"]], ("act", "out")),
+    # one nn.ReLU called twice, a layer per call: the cut falls between its calls
+    ("test_profiler:basic_block", [["conv1", "bn1", "relu", "conv2", "bn2"], ["relu#2", "pool", "fc"]],
+     ("bn2", "relu#2")),
+])
+def test_any_module_with_a_skip_edge_across_stages(spec, cuts, edge):
     """The profiler's graph of a non-Sequential module (edges act -> a and act -> out) is the
     graph the executor splits; the skip value h crosses the first cut beside a's input and is
     relayed over the second."""
     from pipeplan.runtime.profiler import profile_model
 
-    spec = "runtime_models:residual"
     g = profile_model(spec, warmup=0, reps=1)
-    assert ("act", "out") in [(g.ids[u], g.ids[v]) for u, v in g.edges]
+    assert edge in [(g.ids[u], g.ids[v]) for u, v in g.edges]
     c = hierarchical("local", 1, len(cuts), 1e9, 1e9)
     plan = Plan(g, c, [Stage(ns, [d]) for ns, d in zip(cuts, c.names)], 4, schedule="1f1b")
     cfg = RunConfig(spec, steps=2, timeout_s=120)

@@ -43,3 +43,23 @@ def check_threads(count: int, where: str) -> None:
     if count > THREADS_PER_CORE * cores:
         raise PipeplanError(f"{where}: {count:,} threads; at most {THREADS_PER_CORE * cores:,} on this machine's "
                             f"{cores} cores")
+
+
+#: Bytes of one example microbatch built on this machine (``--microbatch``, ``hf:...&microbatch=``):
+#: a profile holds several activations of it at once.
+MAX_INPUT_BYTES = 4 << 30
+#: Parameters of a model built from a config with random weights (``hf:``): 4 GB in fp32
+#: before gradients and optimizer state, and minutes of initialization beyond it.
+MAX_BUILT_PARAMETERS = 1_000_000_000
+
+
+def check_input_bytes(nbytes: float, where: str) -> None:
+    if nbytes > MAX_INPUT_BYTES:
+        raise PipeplanError(f"{where}: one microbatch of input is {nbytes:,.0f} bytes; at most "
+                            f"{MAX_INPUT_BYTES:,} (a smaller microbatch or sequence)")
+
+
+def check_built_parameters(count: float, where: str) -> None:
+    if count > MAX_BUILT_PARAMETERS:
+        raise PipeplanError(f"{where}: about {count:,.0f} parameters; pipeplan builds models of at most "
+                            f"{MAX_BUILT_PARAMETERS:,} (fewer layers or a smaller width)")

@@ -18,6 +18,14 @@ import yaml
 from .errors import PipeplanError
 
 
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
 def regular_file(path: str | Path, what: str = "file") -> Path:
     """``path`` if it names a regular file (links followed); one line otherwise, before
     anything opens it: reading a FIFO blocks until a writer comes, a device never ends."""
@@ -31,16 +39,16 @@ def regular_file(path: str | Path, what: str = "file") -> Path:
     if stat.S_ISDIR(mode):
         raise PipeplanError(f"{what} {str(path)!r}: is a directory")
     if not stat.S_ISREG(mode):
-        raise PipeplanError(f"{what} {str(path)!r}: not a regular file (a FIFO, device or socket)")
+        raise PipeplanError(f"{what} {str(path)!r}: is {_kind(mode)}, not a regular file")
     return p
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
-    p = Path(path)
+    """The file's text; anything but a regular file (a FIFO, a device such as /dev/zero) is
+    refused before reading, as reading it could block or never end."""
+    p = regular_file(path, what)
     try:
         data = p.read_bytes()
-    except IsADirectoryError:
-        raise PipeplanError(f"{what} {str(path)!r}: is a directory") from None
     except OSError as e:
         raise PipeplanError(f"{what} {str(path)!r}: cannot read it ({e.strerror})") from None
     try:

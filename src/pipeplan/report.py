@@ -55,6 +55,11 @@ def print_plan(plan: Plan, result: SimResult, console: Console | None = None, se
     cuts = cut_summary(plan)
     if cuts:
         console.print(cuts)
+    tied = plan.extra.get("tied")
+    merged = tied.get("merged_stages") if isinstance(tied, dict) else None
+    if merged:
+        console.print("tied parameters kept in one stage: " + "; ".join(
+            f"{name} (the planner's stages {lo}-{hi} merged)" for name, (lo, hi) in merged.items()))
     print_prediction(result, console, plan, searched)
 
 

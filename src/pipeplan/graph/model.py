@@ -63,6 +63,9 @@ class Graph:
     meta: dict = field(default_factory=dict)
     inplace: np.ndarray | None = None  # bool per node; None: no node is in-place
     saved: np.ndarray | None = None  # bytes per node; None: default_saved(act, inplace)
+    #: tied parameters: name -> the ids of the nodes that use it (two or more); its bytes are
+    #: counted on the first. A plan keeps each group in one stage (``planners.base``).
+    tied: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -110,6 +113,20 @@ class Graph:
             self.pred[v].append(u)
         self.topo = self._topological_order()
         self._derived_memory()
+        self._check_tied(where)
+
+    def _check_tied(self, where: str) -> None:
+        """Each tied group names two or more distinct nodes of this graph."""
+        if not isinstance(self.tied, dict):
+            raise PipeplanError(f"{where}: 'tied' must map a parameter name to the ids of the nodes using it")
+        self.tied = {str(k): list(v) if isinstance(v, (list, tuple)) else v for k, v in self.tied.items()}
+        for name, ids in self.tied.items():
+            if not isinstance(ids, list) or len(set(map(str, ids))) < 2:
+                raise PipeplanError(f"{where}: tied parameter {name!r} must list two or more node ids, got {ids!r}")
+            unknown = [nid for nid in ids if str(nid) not in self.index]
+            if unknown:
+                raise PipeplanError(f"{where}: tied parameter {name!r} names unknown node {unknown[0]!r}")
+            self.tied[name] = [str(nid) for nid in ids]
 
     def _memory_fields(self, where: str, n: int) -> None:
         """Fill ``inplace`` and ``saved`` (defaults where None) and check their shapes."""
@@ -142,8 +159,8 @@ class Graph:
 
     # -- construction -------------------------------------------------------------------
     @classmethod
-    def from_nodes(cls, name: str, nodes: Sequence[NodeSpec],
-                   edges: Iterable[tuple[str, str]], meta: dict | None = None) -> "Graph":
+    def from_nodes(cls, name: str, nodes: Sequence[NodeSpec], edges: Iterable[tuple[str, str]],
+                   meta: dict | None = None, tied: dict[str, list[str]] | None = None) -> "Graph":
         """Assemble a graph from node specs and edges given by node id."""
         check_layers(len(nodes), f"model {name!r}")
         ids = [nd.id for nd in nodes]
@@ -162,7 +179,7 @@ class Graph:
                    flops=np.array([nd.flops for nd in nodes], dtype=float),
                    desc=[nd.desc for nd in nodes], edges=pairs, meta=dict(meta or {}),
                    inplace=np.array([nd.inplace for nd in nodes], dtype=bool),
-                   saved=np.array([_node_saved(nd) for nd in nodes], dtype=float))
+                   saved=np.array([_node_saved(nd) for nd in nodes], dtype=float), tied=dict(tied or {}))
 
     @classmethod
     def chain(cls, name: str, fwd: Sequence[float], bwd: Sequence[float],
@@ -232,7 +249,7 @@ class Graph:
         if not isinstance(other, Graph):
             return NotImplemented
         return (self.name == other.name and self.ids == other.ids and self.desc == other.desc
-                and sorted(self.edges) == sorted(other.edges) and self.meta == other.meta
+                and sorted(self.edges) == sorted(other.edges) and self.meta == other.meta and self.tied == other.tied
                 and all(np.array_equal(getattr(self, a), getattr(other, a), equal_nan=True)
                         for a in ("fwd", "bwd", "params", "act", "flops", "inplace", "saved")))
 
@@ -243,4 +260,5 @@ class Graph:
         return Graph(name=name or self.name, ids=list(self.ids), fwd=self.fwd * time,
                      bwd=self.bwd * time, params=self.params.copy(), act=self.act * act,
                      flops=self.flops.copy(), desc=list(self.desc), edges=list(self.edges),
-                     meta=dict(self.meta), inplace=self.inplace.copy(), saved=self.saved * act)
+                     meta=dict(self.meta), inplace=self.inplace.copy(), saved=self.saved * act,
+                     tied={k: list(v) for k, v in self.tied.items()})

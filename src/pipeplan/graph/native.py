@@ -11,6 +11,8 @@ Schema::
 reference device, sizes are bytes. Optional per node (docs/memory.md): ``"inplace": true``
 (the output aliases the input), written only when true, and ``"saved_bytes"`` (bytes kept
 for backward), written only when it differs from the default (``act_bytes``, 0 if in-place).
+Optional at the top: ``"tied": {"lm_head.weight": ["embed", "lm_head"]}``, parameters shared by
+several nodes (their bytes counted on the first; every plan keeps a group in one stage).
 """
 
 from __future__ import annotations
@@ -41,8 +43,11 @@ def graph_to_dict(g: Graph) -> dict:
         if g.saved[i] != default[i]:
             node["saved_bytes"] = float(g.saved[i])
         nodes.append(node)
-    return {"format": FORMAT, "name": g.name, "meta": g.meta, "nodes": nodes,
-            "edges": [[g.ids[u], g.ids[v]] for u, v in g.edges]}
+    out = {"format": FORMAT, "name": g.name, "meta": g.meta, "nodes": nodes,
+           "edges": [[g.ids[u], g.ids[v]] for u, v in g.edges]}
+    if g.tied:
+        out["tied"] = {name: list(ids) for name, ids in g.tied.items()}
+    return out
 
 
 def _numbers(nd: dict, where: str):
@@ -89,8 +94,11 @@ def graph_from_dict(d: object, source: str = "graph") -> Graph:
     meta = d.get("meta") or {}
     if not isinstance(meta, dict):
         raise PipeplanError(f"{source}: 'meta' must be an object")
+    tied = d.get("tied") or {}
+    if not isinstance(tied, dict):
+        raise PipeplanError(f"{source}: 'tied' must be an object: parameter name -> [node ids using it]")
     return Graph.from_nodes(str(d.get("name", "model")), nodes,
-                            [(str(a), str(b)) for a, b in edges], meta=meta)
+                            [(str(a), str(b)) for a, b in edges], meta=meta, tied=tied)
 
 
 def save_graph(g: Graph, path: str | Path) -> None:

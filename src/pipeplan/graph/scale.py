@@ -38,7 +38,7 @@ LINEAR = ("act", "saved", "flops")
 #: Per-node quantities that do not depend on the microbatch.
 CONSTANT = ("params", "inplace")
 #: Fields that are not per-node numbers.
-STRUCTURE = ("name", "ids", "desc", "edges", "meta")
+STRUCTURE = ("name", "ids", "desc", "edges", "meta", "tied")
 #: Meta entries measured at the profiled size as a whole (no per-sample rule applies).
 _MEASURED = ("total_s", "spread")
 

@@ -25,6 +25,7 @@ from ..sim import SimResult, simulate
 from ..sim.engine import warm_up
 from ..limits import check_microbatches
 from ..units import fmt_bytes
+from .tied import keep_tied_together
 from .variants import fit_memory, plan_for_global_batch
 
 T = TypeVar("T")
@@ -237,11 +238,11 @@ def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions)
     setup_s = warm_up()  # the simulator's kernels compiled or loaded: set-up, not search
     t0 = time.perf_counter()
     if options.global_batch is not None:
-        plan = plan_for_global_batch(info.fn, graph, cluster, options, options.global_batch,
-                                     memory_variants=info.memory_variants)
+        plan = keep_tied_together(plan_for_global_batch(info.fn, graph, cluster, options, options.global_batch,
+                                                        memory_variants=info.memory_variants))
         plan.planner, plan.setup_s = name, setup_s
         return plan, evaluate(plan)
-    plan = info.fn(graph, cluster, options)
+    plan = keep_tied_together(info.fn(graph, cluster, options))  # no plan cuts a tied parameter
     plan.search_s = time.perf_counter() - t0
     plan.planner = name
     result = evaluate(plan)

@@ -39,7 +39,7 @@ from ..errors import PipeplanError
 from ..graph.model import Graph, NodeSpec
 from ..graph.zoo import EFFICIENCY, REFERENCE_DEVICE, REFERENCE_MEM_GBPS, REFERENCE_TFLOPS
 from ..ir.program import op_name, quiet_export
-from .models import load_model
+from .models import failure_reason, load_model
 
 _PEAK = REFERENCE_TFLOPS * 1e12
 _MEM_BW = REFERENCE_MEM_GBPS * 1e9 * EFFICIENCY["memory"]
@@ -312,7 +312,7 @@ def _import_factory(spec: str) -> None:
     if sep and mod_name not in ("example", "hf"):
         try:
             importlib.import_module(mod_name)
-        except Exception:
+        except (Exception, SystemExit):  # noqa: BLE001 (load_model reports it)
             pass
 
 
@@ -329,10 +329,8 @@ def _build(spec: str, microbatch: int | None,
             model, x = load_model(spec, microbatch)
     try:
         return model, x, quiet_export(model.train(), (x,))
-    except Exception as e:  # torch.export's many error types: one line, no traceback
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise PipeplanError(f"model {spec!r}: torch.export failed ({type(e).__name__}: {reason[:300]})") \
-            from None
+    except (Exception, SystemExit) as e:  # torch.export's many error types, the model's sys.exit: one line
+        raise PipeplanError(f"model {spec!r}: torch.export failed ({failure_reason(e)[:300]})") from None
 
 
 def export_program(spec: str, microbatch: int | None = None,

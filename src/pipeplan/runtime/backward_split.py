@@ -7,14 +7,15 @@ w.r.t. the layer's inputs, keeping the intermediate gradients that W needs), the
 ``stage_backward_weight`` (``torch.autograd.grad`` w.r.t. its parameters from those
 intermediates) — the two calls torch's pipelining runtime makes for I and W. A layer whose
 inputs need no gradient (the model's first: its input is data) has I = 0 and W = its whole
-backward, as torch runs a first stage. B, the layer's backward in one pass, is timed the same
-way for comparison (the split costs more: ``split_cost``). Times are medians over the
-repetitions.
+backward, as torch runs a first stage; a layer without parameters has W = 0. B, the layer's
+backward in one pass, is timed the same way for comparison (the split costs more:
+``split_cost``). Times are medians over the repetitions.
 """
 
 from __future__ import annotations
 
 import statistics
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,19 +23,21 @@ from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from .clock import Clock, tensors
+from .trace import Calls, calls_by_module
 
 
 def _inputs_of(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tensor) -> dict[str, tuple]:
-    """(args, kwargs) each layer was first called with in one forward, detached."""
+    """(args, kwargs) each layer (each module call) was given in one forward, detached."""
     seen: dict[str, tuple] = {}
 
-    def pre(nid: str, _m: nn.Module, args: tuple, kwargs: dict) -> None:
+    def pre(calls: Calls, _m: nn.Module, args: tuple, kwargs: dict) -> None:
+        nid = calls.start()
         if nid not in seen:
             detach = lambda v: v.detach() if isinstance(v, torch.Tensor) else v  # noqa: E731
             seen[nid] = (tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items()})
 
-    handles = [m.register_forward_pre_hook(lambda m, a, k, nid=nid: pre(nid, m, a, k), with_kwargs=True)
-               for nid, m in mods.items()]
+    handles = [m.register_forward_pre_hook(partial(pre, Calls(nids)), with_kwargs=True)
+               for m, nids in calls_by_module(mods)]
     try:
         with torch.no_grad():
             model(x)
@@ -67,6 +70,9 @@ def _one(m: nn.Module, args: tuple, kwargs: dict, data: set[int], clock: Clock,
     if not inputs or not split:  # nothing upstream waits: the whole backward is W
         torch.autograd.backward(outs, grads)
         t1, t2 = t0, clock.mark()
+    elif not weights:  # no parameters: the whole backward is I
+        torch.autograd.backward(outs, grads, inputs=inputs)
+        t1 = t2 = clock.mark()
     else:
         _, groups = stage_backward_input(outs, grads, inputs, iter(weights))
         t1 = clock.mark()

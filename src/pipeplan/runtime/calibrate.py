@@ -30,6 +30,7 @@ import socket
 import statistics
 import time
 import traceback
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any, NamedTuple
 
@@ -41,6 +42,7 @@ from torch import nn
 from ..cluster.build import CALIBRATED
 from ..cluster.model import Cluster, Device
 from ..errors import PipeplanError
+from .models import user_code
 from .steps import MOMENTUM, allreduce_tensors
 
 _SMALL = 4
@@ -315,8 +317,10 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     old = torch.get_num_threads()
     torch.set_num_threads(profile_threads)
     try:
-        reference = _bench(torch.device("cuda", 0) if device == "cuda" else torch.device("cpu"), seconds,
-                           model_spec=model_spec).times
+        # a user's model runs here first, in this process: whatever it raises (sys.exit too) is one line
+        with user_code(model_spec, "benchmarking its training step") if model_spec else nullcontext():
+            reference = _bench(torch.device("cuda", 0) if device == "cuda" else torch.device("cpu"), seconds,
+                               model_spec=model_spec).times
     finally:
         torch.set_num_threads(old)
     got = _run_workers(workers, device, threads, seconds, large, model_spec)

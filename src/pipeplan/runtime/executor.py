@@ -41,7 +41,7 @@ from ..plan import Plan
 from ..schedule import Kind, make_schedule
 from .data import equal_replication, global_batch, pipeline_samples, share_size, squared_error
 from .direct import stage_major_ranks, train_direct
-from .models import load_model
+from .models import input_signature, load_model, user_code
 from .pipelined import pipelined_ranks, train_pipelined
 from .split import split_model, stage_examples
 from .timing import measured_timeline
@@ -88,8 +88,9 @@ def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec
                             "model chunks only when every stage has the same number of devices")
     if plan.replicas == "split" and x.shape[0] < k:
         raise PipeplanError(f"plan: a microbatch of {x.shape[0]} samples cannot be split over {k} replicas")
-    parts = split_model(model, [s.nodes for s in plan.stages], spec)
-    stage_examples(model, parts, len(parts) - 1, x)
+    with user_code(spec, "running the plan's stages once"):
+        parts = split_model(model, [s.nodes for s in plan.stages], spec)
+        stage_examples(model, parts, len(parts) - 1, x)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -196,6 +197,25 @@ def target_warnings(plan: Plan, cores: int | None = None) -> list[str]:
     return out
 
 
+def input_warnings(plan: Plan, x: torch.Tensor) -> list[str]:
+    """The model is fed another input than the one its profile measured (a longer sequence,
+    larger images): the plan runs, but its prediction is for the profile's input."""
+    profiled = plan.graph.meta.get("input")
+    if not isinstance(profiled, dict):
+        return []
+    now = input_signature(x)
+    if all(profiled.get(k) == v for k, v in now.items()):
+        return []
+    return [f"the model's input is {_shown(now)} per sample but the plan's profile measured {_shown(profiled)}: "
+            "the prediction is for the profile's input (profile the model as it runs, then plan again)"]
+
+
+def _shown(signature: dict) -> str:
+    shape = signature.get("sample_shape")
+    dims = "x".join(map(str, shape)) if isinstance(shape, list) and shape else "scalar"
+    return f"{dims} {signature.get('dtype')}"
+
+
 def _watch(plan: Plan, procs: list, results, cfg: RunConfig) -> tuple[dict[int, dict], dict[int, list[dict]]]:
     """Collect the workers' reports until every one finished; end the run on a failure, when
     no rank progressed for ``cfg.hang_s`` (naming the rank that stopped first: the others
@@ -277,7 +297,7 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
            "steps": cfg.steps, "warmup": cfg.warmup, "processes": world, "per_step_s": times,
            "spread": (max(steady) - min(steady)) / measured,
            "schedule": plan.schedule, "replicas": plan.replicas, "microbatch": int(x.shape[0]),
-           "warnings": target_warnings(plan)}
+           "warnings": target_warnings(plan) + input_warnings(plan, x)}
     out["_params"] = params
     layout = rank_layout(plan)
     out["_timeline"] = measured_timeline([d for _, d in layout], [s for s, _ in layout],

@@ -9,12 +9,15 @@ microbatch (its first dimension is the microbatch size). Built-in examples are s
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
 from ..errors import PipeplanError
+from ..limits import check_input_bytes
 
 
 class TransformerBlock(nn.Module):
@@ -102,25 +105,58 @@ EXAMPLES: dict[str, Callable[..., tuple[nn.Module, torch.Tensor]]] = {
 }
 
 
+def failure_reason(e: BaseException) -> str:
+    """One line on what user code raised; ``sys.exit`` named as such."""
+    if isinstance(e, SystemExit):
+        return f"it called sys.exit({e.code!r})"
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+@contextmanager
+def user_code(spec: str, doing: str) -> Iterator[None]:
+    """Run the user's model code (import, factory, forward): whatever it raises, ``sys.exit``
+    included, becomes one PipeplanError naming the model and what was being done."""
+    try:
+        yield
+    except PipeplanError:
+        raise
+    except (Exception, SystemExit) as e:  # noqa: BLE001 (a user's code: report, don't trace back)
+        raise PipeplanError(f"model spec {spec!r}: {doing} failed ({failure_reason(e)})") from None
+
+
+def _import(spec: str, mod_name: str) -> ModuleType:
+    try:
+        return importlib.import_module(mod_name)
+    except ImportError as e:
+        raise PipeplanError(f"model spec {spec!r}: cannot import {mod_name!r} ({e})") from None
+
+
 def call_factory(spec: str, expected: str) -> tuple[nn.Module, torch.Tensor]:
     """``(module, example input)`` from a ``package.module:factory`` spec; ``expected`` says
     what a malformed spec should have been. Every failure is a one-line PipeplanError."""
     mod_name, sep, attr = spec.partition(":")
     if not sep or not mod_name or not attr:
         raise PipeplanError(f"model spec {spec!r}: {expected}")
-    try:
-        factory = getattr(importlib.import_module(mod_name), attr)
-    except ImportError as e:
-        raise PipeplanError(f"model spec {spec!r}: cannot import {mod_name!r} ({e})") from None
-    except AttributeError:
-        raise PipeplanError(f"model spec {spec!r}: {mod_name!r} has no {attr!r}") from None
-    try:
+    with user_code(spec, f"importing {mod_name!r}"):  # its code raised, or is not Python
+        module = _import(spec, mod_name)
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise PipeplanError(f"model spec {spec!r}: {mod_name!r} has no {attr!r}")
+    with user_code(spec, "the factory"):
         model, x = factory()
-    except Exception as e:  # a user's factory: report, don't trace back
-        raise PipeplanError(f"model spec {spec!r}: the factory failed ({type(e).__name__}: {e})") from None
     if not isinstance(model, nn.Module) or not isinstance(x, torch.Tensor):
         raise PipeplanError(f"model spec {spec!r}: the factory must return (nn.Module, example input tensor)")
+    if x.dim() == 0 or x.shape[0] < 1:
+        raise PipeplanError(f"model spec {spec!r}: the example input must have a batch dimension of at least one "
+                            f"sample (got shape {tuple(x.shape)})")
     return model, x
+
+
+def input_signature(x: torch.Tensor) -> dict:
+    """What a profile's times depend on in its input besides the microbatch size: one
+    sample's shape and the dtype."""
+    return {"sample_shape": list(x.shape[1:]), "dtype": str(x.dtype).removeprefix("torch.")}
 
 
 def load_model(spec: str, microbatch: int | None = None, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
@@ -141,6 +177,7 @@ def load_model(spec: str, microbatch: int | None = None, seed: int = 0) -> tuple
     if microbatch is not None:
         if microbatch < 1:
             raise PipeplanError(f"--microbatch must be >= 1, got {microbatch}")
+        check_input_bytes(microbatch * x[0].numel() * x.element_size(), f"model {spec!r} at --microbatch {microbatch}")
         reps = -(-microbatch // x.shape[0])
         x = x.repeat(reps, *([1] * (x.dim() - 1)))[:microbatch]
     return model, x

@@ -1,11 +1,14 @@
 """Profile a PyTorch model into a pipeplan Graph: per-layer times and sizes for one microbatch.
 
-Layers are the modules called by a ``torch.fx`` trace of ``forward`` in which every submodule
+Layers are the module calls of a ``torch.fx`` trace of ``forward`` in which every submodule
 is a leaf (``trace.layer_graph``; for an ``nn.Sequential`` its children "0", "1", ...), the
-trace the executor splits; node ids are the module FQNs and edges follow the data flow. Functional ops between
+trace the executor splits; node ids are the module FQNs (``relu#2`` for a module's second
+call, timed apart from its first) and edges follow the data flow. Functional ops between
 modules (``x + y``, ``torch.cat``, ...) pass dependencies through and their cost is attributed
 to no node: it appears only in ``meta["total_s"]`` (the whole model's forward+backward),
-so ``sum(fwd + bwd) / total_s`` shows how much time lies outside the layers.
+so ``sum(fwd + bwd) / total_s`` shows how much time lies outside the layers. A layer must
+return a tensor or a tuple of tensors (what backward hooks see); one that returns anything
+else (a Hugging Face ``ModelOutput``, a dict) is refused, as its backward could not be timed.
 
 Timing, per repetition, in three separate forward+backward passes (so that one kind of hook
 does not inflate the other's times): forward hooks time each layer's forward; backward
@@ -15,6 +18,8 @@ of the squared output. A layer's backward runs from the gradient w.r.t. its outp
 backward hook) and its last parameter gradient being accumulated (post-accumulate-grad
 hooks). The input does not require grad, as on a pipeline's first stage, so the first
 layer's backward is its weight-gradient work only, measured by the parameter hooks.
+A parameter used by several layers (tied input and output embeddings) is counted once, on
+the first, and the graph records the group (``Graph.tied``), which every plan keeps in one stage.
 Modules with an ``inplace`` flag (``nn.ReLU(inplace=True)``, ...) are timed out of place:
 full backward hooks reject in-place changes of a hooked output, and the cost is the same.
 The backward's split into input gradient (I) and weight gradient (W), as zero-bubble
@@ -26,6 +31,9 @@ Each time is the median over ``reps``; ``meta["spread"]`` holds per node [min, m
 forward+backward over the repetitions. The runtime's loss (squared error against a target,
 forward and backward, ``meta["loss_s"]``) is in no layer's time: it is added to the last
 layer's backward, which runs on the last stage where each microbatch's loss is computed.
+
+The input is recorded as ``meta["input"]`` (one sample's shape and the dtype,
+``models.input_signature``): ``run`` warns when the model it runs is fed another.
 
 Memory (docs/memory.md), from one more forward + loss with the modules' own in-place flags:
 a node is ``inplace`` when every tensor it returns shares storage with a tensor it was given
@@ -53,10 +61,10 @@ from ..errors import PipeplanError
 from ..graph.model import Graph, NodeSpec
 from .data import squared_error
 from .steps import MOMENTUM
-from .models import load_model
+from .models import input_signature, load_model, user_code
 from .backward_split import input_fraction, measure_split, split_cost
 from .clock import Clock as _Clock, tensors as _tensors
-from .trace import layer_graph
+from .trace import Calls, calls_by_module, layer_graph, module_name
 
 _HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
 
@@ -114,12 +122,14 @@ class _SavedTracker:
         self.last: str | None = None
         self.alive: list = []  # every node's inputs and outputs: no address is reused meanwhile
 
-    def pre(self, nid: str, _m: nn.Module, args: Any) -> None:
+    def pre(self, calls: Calls, _m: nn.Module, args: Any) -> None:
+        nid = calls.start()
         self.alive.append(args)
         self.args[nid] = _storages(args)
         self.running.append(nid)
 
-    def post(self, nid: str, _m: nn.Module, _args: Any, out: Any) -> None:
+    def post(self, calls: Calls, _m: nn.Module, _args: Any, out: Any) -> None:
+        nid = calls.current
         self.alive.append(out)
         self.running.pop()
         self.last = nid
@@ -144,15 +154,64 @@ class _SavedTracker:
         return out
 
 
+def _timeable(out: Any) -> bool:
+    """Backward hooks see a layer's output when it is a tensor or a tuple of them: every
+    tensor it returns must be one of those, or its backward would go untimed."""
+    if isinstance(out, torch.Tensor):
+        return True
+    direct = [t for t in out if isinstance(t, torch.Tensor)] if isinstance(out, tuple) else []
+    return bool(direct) and len(direct) == len(_tensors(out))
+
+
+def _check_outputs(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tensor, spec: str) -> None:
+    """Refuse a layer whose output (a Hugging Face ``ModelOutput``, a dict, a list) hides its
+    tensors from the backward hooks: its backward would be timed as zero, silently."""
+    bad: list[tuple[str, str]] = []
+
+    def post(calls: Calls, _m: nn.Module, _args: Any, out: Any) -> None:
+        if not _timeable(out):
+            bad.append((calls.start(), type(out).__name__))
+
+    handles = [m.register_forward_hook(partial(post, Calls(nids))) for m, nids in calls_by_module(mods)]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    if bad:
+        nid, kind = bad[0]
+        raise PipeplanError(f"model {spec!r}: layer {nid!r} returns a {kind}, not a tensor or a tuple of "
+                            "tensors, so its backward cannot be timed; return the tensor (e.g. .logits) "
+                            "from the module that makes it, or make the model's layers its blocks (nn.Sequential)")
+
+
+def _parameters(model: nn.Module, mods: dict[str, nn.Module]) -> tuple[dict[str, float], dict[str, list[str]]]:
+    """Parameter bytes per node, a parameter shared by several nodes (tied weights) counted on
+    the first of them, and the shared ones: parameter name -> the nodes that use it."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    users: dict[int, list[str]] = {}
+    sizes: dict[int, float] = {}
+    for nid, m in mods.items():
+        for p in m.parameters():
+            users.setdefault(id(p), []).append(nid)
+            sizes[id(p)] = _nbytes([p])
+    owned = dict.fromkeys(mods, 0.0)
+    for pid, nids in users.items():
+        owned[nids[0]] += sizes[pid]
+    return owned, {names[pid]: nids for pid, nids in users.items() if len(set(nids)) > 1}
+
+
 def _memory_pass(model: nn.Module, mods: dict[str, nn.Module],
                  x: torch.Tensor) -> tuple[dict[str, float], dict[str, bool]]:
     """Saved bytes and in-place flag per node, from one forward + loss (no backward)."""
     tracker = _SavedTracker(model, x)
     handles = []
     try:
-        for nid, m in mods.items():
-            handles += [m.register_forward_pre_hook(partial(tracker.pre, nid)),
-                        m.register_forward_hook(partial(tracker.post, nid))]
+        for m, nids in calls_by_module(mods):
+            calls = Calls(nids)
+            handles += [m.register_forward_pre_hook(partial(tracker.pre, calls)),
+                        m.register_forward_hook(partial(tracker.post, calls))]
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, lambda t: t):
             _loss(model(x))
     finally:
@@ -186,13 +245,15 @@ def _forward_times(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tensor
     marks: dict[str, list] = {}
 
     def install(handles: list) -> None:
-        for nid, m in mods.items():
-            def pre(_m, _args, nid=nid):
-                marks[nid] = [clock.mark()]
+        for m, nids in calls_by_module(mods):
+            calls = Calls(nids)
 
-            def post(_m, _args, out, nid=nid):
-                marks[nid].append(clock.mark())
-                act[nid] = _nbytes(_tensors(out))
+            def pre(_m, _args, calls=calls):
+                marks[calls.start()] = [clock.mark()]
+
+            def post(_m, _args, out, calls=calls):
+                marks[calls.current].append(clock.mark())
+                act[calls.current] = _nbytes(_tensors(out))
             handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
 
     _hooked_pass(model, x, clock, install)
@@ -205,14 +266,17 @@ def _backward_times(model: nn.Module, mods: dict[str, nn.Module], x: torch.Tenso
     ends: dict[str, list] = {nid: [] for nid in mods}
 
     def install(handles: list) -> None:
-        for nid, m in mods.items():
-            def pre(_m, _grad_out, nid=nid):
-                start[nid] = clock.mark()
+        for m, nids in calls_by_module(mods):
+            # a module's calls run backward in reverse order (autograd runs the latest first)
+            arrived, done = Calls(nids[::-1]), Calls(nids[::-1])
 
-            def post(_m, _grad_in, _grad_out, nid=nid):
-                ends[nid].append(clock.mark())
+            def pre(_m, _grad_out, calls=arrived):
+                start[calls.start()] = clock.mark()
 
-            def accumulated(_p, nid=nid):
+            def post(_m, _grad_in, _grad_out, calls=done):
+                ends[calls.start()].append(clock.mark())
+
+            def accumulated(_p, nid=nids[0]):  # once, after every call's gradient is summed
                 ends[nid].append(clock.mark())
             handles += [m.register_full_backward_pre_hook(pre), m.register_full_backward_hook(post)]
             handles += [p.register_post_accumulate_grad_hook(accumulated)
@@ -336,13 +400,16 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
     try:
         model, x = load_model(spec, microbatch, seed=0)
         torch.manual_seed(0)
-        model, x = model.to(dev).train(), x.to(dev)
-        flags = _inplace_off(model)
-        ids, edges = layer_graph(model)
-        mods = {nid: model.get_submodule(nid) for nid in ids}
-        clock = _Clock(dev)
-        half = x[: max(1, x.shape[0] // 2)]
-        try:
+        # the model's own code runs from here on: whatever it raises (an in-place op that full
+        # backward hooks reject, sys.exit) is one line
+        with user_code(spec, "profiling"):
+            model, x = model.to(dev).train(), x.to(dev)
+            flags = _inplace_off(model)
+            ids, edges = layer_graph(model)
+            mods = {nid: model.get_submodule(module_name(nid)) for nid in ids}
+            clock = _Clock(dev)
+            half = x[: max(1, x.shape[0] // 2)]
+            _check_outputs(model, mods, x, spec)
             times = _time_layers(model, mods, x, half, clock, warmup, reps)
             split = measure_split(model, mods, x, clock, warmup, reps)
             update_rate = _update_rate(model, x, clock, warmup, reps)
@@ -351,16 +418,12 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
             for m, flag in flags.items():
                 m.inplace = flag
             saved, inplace = _memory_pass(model, mods, x.clone())
-        except PipeplanError:
-            raise
-        except Exception as e:  # e.g. in-place ops that full backward hooks reject
-            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise PipeplanError(f"model {spec!r}: profiling failed ({type(e).__name__}: {reason})") from None
     finally:
         torch.set_num_threads(old_threads)
     med = statistics.median
+    params, tied = _parameters(model, mods)
     nodes = [NodeSpec(id=nid, fwd=med(times.fwd[nid]), bwd=med(times.bwd[nid]) + (loss_s if nid == ids[-1] else 0.0),
-                      params=_nbytes(list(mods[nid].parameters())), act=times.act.get(nid, 0.0),
+                      params=params[nid], act=times.act.get(nid, 0.0),
                       desc=_describe(mods[nid]), inplace=inplace.get(nid, False), saved=saved[nid])
              for nid in ids]
     spread = {nid: [min(a + b for a, b in zip(times.fwd[nid], times.bwd[nid])),
@@ -368,9 +431,9 @@ def profile_model(spec: str, microbatch: int | None = None, device: str = "cpu",
     fixed = _fixed_parts(times, half.shape[0] / x.shape[0]) if x.shape[0] >= 2 else {}
     meta = {"source": "pipeplan profile", "spec": spec, "device": str(dev), "threads": threads,
             "fixed_s": fixed, "update_s_per_byte": update_rate, "loss_s": loss_s,
-            "microbatch": int(x.shape[0]), "torch": torch.__version__, "warmup": warmup, "reps": reps,
+            "microbatch": int(x.shape[0]), "input": input_signature(x), "torch": torch.__version__, "warmup": warmup, "reps": reps,
             "total_s": med(times.total), "spread": spread, "backward_split_s": split,
             "backward_input_fraction": input_fraction(split, {nid: med(times.bwd[nid]) for nid in ids}, loss_s),
             "backward_split_cost": split_cost(split),
             "reference": f"this machine, one process, {threads} thread{'s' if threads > 1 else ''}"}
-    return Graph.from_nodes(spec.rsplit(":", 1)[-1], nodes, edges, meta=meta)
+    return Graph.from_nodes(spec.rsplit(":", 1)[-1], nodes, edges, meta=meta, tied=tied)

@@ -1,9 +1,9 @@
 """Split a model into the plan's stages: one ``torch.fx.GraphModule`` per stage, cut from the
 trace the profiler's graph was made from (``trace.py``), so every plan on that graph can run.
 
-Each fx node is given a stage: a layer (``call_module``) the stage that holds it; a value
-computed between layers (``x + y``, ``torch.cat``, a view) the latest stage of its inputs, so
-it runs as soon as they exist; a parameter or buffer read directly (``get_attr``) the stage
+Each fx node is given a stage: a layer (``call_module``, one node per call: ``trace.call_ids``)
+the stage that holds it; a value computed between layers (``x + y``, ``torch.cat``, a view)
+the latest stage of its inputs, so it runs as soon as they exist; a parameter or buffer read directly (``get_attr``) the stage
 that uses it. A value made in a stage before s and used in s or later crosses the cut into
 s: stage s receives the values crossing into it and sends those crossing out of it (a value
 used two stages on is relayed stage by stage, as the simulator moves it), in trace order, as
@@ -18,7 +18,7 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import PipeplanError
-from .trace import trace
+from .trace import call_ids, trace
 
 _VIEWS = {"view", "reshape", "flatten", "unsqueeze", "squeeze", "transpose", "permute", "__getitem__",
           "contiguous", "expand", "unflatten"}
@@ -46,13 +46,14 @@ def _writes_in_place(node: fx.Node, modules: dict[str, nn.Module], inside: set[f
 
 def _stage_of_nodes(graph: fx.Graph, where: dict[str, int], last: int) -> dict[fx.Node, int]:
     stage: dict[fx.Node, int] = {}
+    names = call_ids(graph)
     for node in graph.nodes:
         if node.op == "get_attr":
             continue  # given the stage of its users, below
         if node.op == "placeholder":
             s = 0
         elif node.op == "call_module":
-            s = where[node.target]
+            s = where[names[node]]
         elif node.op == "output":
             s = last
         else:
@@ -64,7 +65,7 @@ def _stage_of_nodes(graph: fx.Graph, where: dict[str, int], last: int) -> dict[f
                     raise PipeplanError(f"plan: {a.target!r} is used by stages {stage[a]} and {s}; the runtime "
                                         "does not share a parameter between stages")
             elif stage[a] > s:
-                what = repr(node.target) if node.op == "call_module" else "the model's output"
+                what = repr(names[node]) if node.op == "call_module" else "the model's output"
                 raise PipeplanError(f"plan: stage {s} runs {what}, which needs a value computed in stage "
                                     f"{stage[a]} ({a.name}): stages must follow the model's data flow")
         stage[node] = s
@@ -72,7 +73,7 @@ def _stage_of_nodes(graph: fx.Graph, where: dict[str, int], last: int) -> dict[f
 
 
 def _check_layers(graph: fx.Graph, stage_nodes: list[list[str]], spec: str) -> dict[str, int]:
-    layers = [n.target for n in graph.nodes if n.op == "call_module"]
+    layers = list(call_ids(graph).values())
     where = {nid: s for s, nodes in enumerate(stage_nodes) for nid in nodes}
     unknown = [nid for nid in where if nid not in layers]
     if unknown:
