@@ -61,3 +61,19 @@ def test_same_plan_idle_and_beside_a_cpu_hog(tmp_path, capsys, argv):
     with CpuHog():
         loaded = _plan(tmp_path, "loaded.json", argv)
     assert loaded == idle
+
+
+@pytest.mark.slow
+def test_compare_gives_the_same_plans_idle_and_beside_a_cpu_hog(capsys):
+    argv = ["compare", "--model", "zoo:bert-large", "--cluster", "v100x4", "--microbatches", "8",
+            "-O", "joint.evaluations=1500", "--json"]
+
+    def plans() -> list:
+        main(argv)
+        rows = json.loads(capsys.readouterr().out)["results"]
+        return [(r["planner"], r.get("iteration_s"), (r.get("plan") or {}).get("stages")) for r in rows]
+
+    idle = plans()
+    with CpuHog():
+        loaded = plans()
+    assert loaded == idle and any(p == "joint" for p, *_ in idle)
