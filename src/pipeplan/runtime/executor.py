@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import queue as queue_mod
 import signal
-import socket
 import statistics
 import threading
 import time
@@ -43,6 +42,7 @@ from .data import equal_replication, global_batch, pipeline_samples, share_size,
 from .direct import stage_major_ranks, train_direct
 from .models import load_model
 from .pipelined import pipelined_ranks, train_pipelined
+from .rendezvous import join_local_group, local_rendezvous
 from .split import split_model, stage_examples
 from .timing import measured_timeline
 
@@ -62,12 +62,6 @@ class RunConfig:
 #: seconds a worker may take to start (spawn, import torch) before its first report counts
 STARTUP_GRACE_S = 30.0
 PROGRESS_EVERY_S = 0.2  # a rank reports its last action this often (hang detection is coarser)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec: str) -> None:
@@ -114,7 +108,7 @@ def rank_layout(plan: Plan) -> list[tuple[int, str]]:
     return pipelined_ranks(plan) if uses_pipelining(plan) else stage_major_ranks(plan)
 
 
-def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, results) -> None:
+def _worker(rank: int, world: int, init_method: str, plan_dict: dict, cfg: dict, results) -> None:
     from ..plan import plan_from_dict
 
     _die_with_parent(cfg["parent"])
@@ -126,7 +120,7 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
 
         progress = _Progress(rank, results)
         progress("started")
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        join_local_group("gloo", init_method, rank, world)
         progress("joined the process group")
         train = train_pipelined if uses_pipelining(plan) else train_direct
         steps, state = train(rank, plan, cfg, progress)
@@ -256,19 +250,19 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
     world = len({d for s in plan.stages for d in s.devices})  # a process per device, whatever it holds
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
     wcfg = {**asdict(cfg), "microbatch": int(x.shape[0]), "parent": os.getpid()}
     plan_dict = plan.to_dict()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, plan_dict, wcfg, results), daemon=True)
-             for r in range(world)]
     restore = _end_on_signals()
-    try:
-        for p in procs:
-            p.start()
-        params, steps = _watch(plan, procs, results, cfg)
-    finally:
-        _end_all(procs)
-        restore()
+    with local_rendezvous() as init_method:
+        procs = [ctx.Process(target=_worker, args=(r, world, init_method, plan_dict, wcfg, results), daemon=True)
+                 for r in range(world)]
+        try:
+            for p in procs:
+                p.start()
+            params, steps = _watch(plan, procs, results, cfg)
+        finally:
+            _end_all(procs)
+            restore()
     times = [s["seconds"] for s in steps[0]]
     steady = times[cfg.warmup:] or times
     measured = statistics.median(steady)

@@ -40,7 +40,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import PipeplanError
-from .executor import _die_with_parent, _end_all, _free_port
+from .executor import _die_with_parent, _end_all
+from .rendezvous import join_local_group, local_rendezvous
 from .shard_models import ShardModel, load_shard_model
 
 #: the largest max|a - b| / max|b| over parameters for which the check says "ok"
@@ -217,14 +218,14 @@ def train(module: nn.Module, inputs: tuple, steps: int, lr: float,
     return losses, times
 
 
-def _worker(rank: int, world: int, port: int, cfg: dict, results) -> None:
+def _worker(rank: int, world: int, init_method: str, cfg: dict, results) -> None:
     from torch.distributed.tensor import DeviceMesh
 
     if cfg["parent"] is not None:
         _die_with_parent(cfg["parent"])
     try:
         torch.set_num_threads(cfg["threads"])
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        join_local_group("gloo", init_method, rank, world)
         mesh = DeviceMesh("cpu", list(range(world)))
         model = load_shard_model(cfg["spec"], batch=cfg["batch"], seq=cfg["seq"], seed=cfg["seed"])
         distribute_parameters(model.module, mesh, cfg["placements"])
@@ -301,15 +302,15 @@ def _spawn(cfg: ShardConfig, workers: int, timeout_s: float) -> dict[int, dict]:
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, workers, port, asdict(cfg), results), daemon=True)
-             for r in range(workers)]
-    try:
-        for p in procs:
-            p.start()
-        return _collect(procs, results, workers, timeout_s)
-    finally:
-        _end_all(procs)
+    with local_rendezvous() as init_method:
+        procs = [ctx.Process(target=_worker, args=(r, workers, init_method, asdict(cfg), results), daemon=True)
+                 for r in range(workers)]
+        try:
+            for p in procs:
+                p.start()
+            return _collect(procs, results, workers, timeout_s)
+        finally:
+            _end_all(procs)
 
 
 def reference_run(cfg: ShardConfig, dtype: torch.dtype = torch.float32
