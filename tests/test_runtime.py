@@ -3,10 +3,6 @@
 import json
 import multiprocessing
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -232,43 +228,6 @@ def test_check_says_what_it_cannot_compare():
     got = check_run(bn, "runtime_models:bn_cnn", {0: state}, steps=1, lr=0.05, seed=0, threads=1, microbatch=8)
     assert got.verdict == "pass" and got.left_out == ["4.running_mean", "4.running_var", "4.num_batches_tracked"]
     assert "twice" in got.note
-
-
-def _children(pid: int) -> set[int]:
-    out = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.add(int(entry))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_ending_the_parent_ends_every_worker(sig, tmp_path):
-    plan = plan_for("1f1b", "split", 7, 2)
-    plan.save(tmp_path / "p.json")
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
-    proc = subprocess.Popen([sys.executable, "-m", "pipeplan", "run", str(tmp_path / "p.json"), "--model",
-                             "failing_models:hangs", "--timeout", "600"], stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 60
-    workers: set[int] = set()
-    while time.time() < deadline and len(workers) < 2:
-        workers |= _children(proc.pid)
-        time.sleep(0.2)
-    assert len(workers) >= 2, "the workers did not start"
-    time.sleep(1.5)  # into the training
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=30)
-    if sig == signal.SIGTERM:
-        assert proc.returncode == 2 and "interrupted by SIGTERM" in err and err.count("\n") == 1, err
-    end = time.time() + 15
-    while time.time() < end and any(_alive(p) for p in workers):
-        time.sleep(0.2)
-    assert not [p for p in workers if _alive(p)]
 
 
 def test_a_plan_for_another_cluster_is_warned_about():

@@ -7,11 +7,14 @@ Errors a user can cause print one line and exit with code 2; nothing is half-wri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from .errors import Infeasible, PipeplanError
+from .errors import Infeasible, PipeplanError, Terminated
 from .outputs import Outputs
 from .progress_bar import planning_progress, training_progress
 
@@ -703,13 +706,34 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[2:] if argv is None else argv[1:])  # the command, for checkpoints to cite
     try:
-        return args.fn(args)
+        with _sigterm_unwinds():
+            return args.fn(args)
     except (PipeplanError, Infeasible) as e:
         print(f"pipeplan: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("pipeplan: interrupted", file=sys.stderr)
+        print(f"pipeplan: {args.command} interrupted (Ctrl-C)", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"pipeplan: {args.command} interrupted (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """SIGTERM raises ``Terminated`` in the main thread, so that a command ends as after
+    Ctrl-C (its ``finally`` blocks end worker processes and remove partial outputs)."""
+    def handler(signum, frame):
+        raise Terminated()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 if __name__ == "__main__":

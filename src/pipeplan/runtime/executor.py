@@ -227,19 +227,6 @@ def _watch(plan: Plan, procs: list, results, cfg: RunConfig) -> tuple[dict[int, 
             raise PipeplanError(f"run failed: not finished within {cfg.timeout_s:g} s (--timeout)")
 
 
-def _end_on_signals():
-    """SIGTERM (and SIGINT) end the run as an error, so its workers are ended before the
-    parent goes (a worker also dies with its parent, ``_die_with_parent``); returns the undo."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum, frame):
-        raise PipeplanError(f"run interrupted by {signal.Signals(signum).name}; every worker process was ended")
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    return lambda: [signal.signal(s, h) for s, h in old.items()]
-
-
 def run_plan(plan: Plan, cfg: RunConfig) -> dict:
     """Train ``cfg.steps`` iterations (after ``cfg.warmup``); return measured and predicted times."""
     from ..sim import simulate
@@ -252,7 +239,6 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
     results = ctx.Queue()
     wcfg = {**asdict(cfg), "microbatch": int(x.shape[0]), "parent": os.getpid()}
     plan_dict = plan.to_dict()
-    restore = _end_on_signals()
     with local_rendezvous() as init_method:
         procs = [ctx.Process(target=_worker, args=(r, world, init_method, plan_dict, wcfg, results), daemon=True)
                  for r in range(world)]
@@ -262,7 +248,6 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
             params, steps = _watch(plan, procs, results, cfg)
         finally:
             _end_all(procs)
-            restore()
     times = [s["seconds"] for s in steps[0]]
     steady = times[cfg.warmup:] or times
     measured = statistics.median(steady)
