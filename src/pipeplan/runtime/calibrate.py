@@ -44,6 +44,10 @@ from .rendezvous import join_local_group, local_rendezvous
 from .steps import MOMENTUM, allreduce_tensors
 
 _SMALL = 4
+#: The longest compute measurement (``seconds``) and the most worker processes a CPU core
+#: (without ``force``): calibration ends, and does not start processes until the system's limit.
+MAX_SECONDS = 3600.0
+WORKERS_PER_CORE = 4
 _ALL_PAIRS_UP_TO = 8
 _SMALL_REPS, _LARGE_REPS, _WARMUP = 100, 8, 3
 
@@ -291,12 +295,30 @@ def _links(got: dict, workers: int, large: int) -> tuple[np.ndarray, np.ndarray,
     return bw, lat, links
 
 
+def _check_request(workers: int, device: str, threads: int, profile_threads: int, seconds: float,
+                   force: bool) -> None:
+    """Refuse, before any measurement, what cannot be measured or would not end."""
+    if workers < 1 or threads < 1 or profile_threads < 1:
+        raise PipeplanError(f"calibrate: need workers >= 1 and threads >= 1 (got {workers}, {threads}, "
+                            f"{profile_threads})")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+        raise PipeplanError(f"calibrate: --seconds (each measurement's length) must be > 0 and at most "
+                            f"{MAX_SECONDS:g}, got {seconds:g}")
+    if device == "cuda" and workers > torch.cuda.device_count():
+        raise PipeplanError(f"calibrate: {workers} workers but only {torch.cuda.device_count()} GPUs")
+    cores = os.cpu_count() or 1
+    if device == "cpu" and workers > WORKERS_PER_CORE * cores and not force:
+        raise PipeplanError(f"calibrate: {workers:,} worker processes on {cores} CPU cores; at most "
+                            f"{WORKERS_PER_CORE * cores:,} ({WORKERS_PER_CORE} a core) unless --force")
+
+
 def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1, seconds: float = 2.0,
               profile_threads: int | None = None, model_spec: str | None = None,
-              overhead: bool = False) -> tuple[Cluster, dict]:
+              overhead: bool = False, force: bool = False) -> tuple[Cluster, dict]:
     """Measure ``workers`` local processes; returns the Cluster and the raw measurements.
     With ``model_spec`` the compute benchmark is that model's own training step, so the
-    measured contention between workers is that of the workload to be planned."""
+    measured contention between workers is that of the workload to be planned. ``force``:
+    more than ``WORKERS_PER_CORE`` processes a CPU core."""
     if device not in ("cpu", "cuda"):
         raise PipeplanError(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
@@ -304,11 +326,7 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     if workers is None:
         workers = torch.cuda.device_count() if device == "cuda" else 2
     profile_threads = threads if profile_threads is None else profile_threads
-    if workers < 1 or threads < 1 or profile_threads < 1 or not seconds > 0:
-        raise PipeplanError(f"calibrate: need workers >= 1, threads >= 1 and seconds > 0 "
-                            f"(got {workers}, {threads}, {seconds})")
-    if device == "cuda" and workers > torch.cuda.device_count():
-        raise PipeplanError(f"calibrate: {workers} workers but only {torch.cuda.device_count()} GPUs")
+    _check_request(workers, device, threads, profile_threads, seconds, force)
     large = (64 if device == "cuda" else 16) * 2**20
 
     old = torch.get_num_threads()
