@@ -230,6 +230,42 @@ def test_check_says_what_it_cannot_compare():
     assert "twice" in got.note
 
 
+def test_check_passes_a_batchnorm_resnet_trained_data_parallel():
+    """fp32 summation order alone moved a BatchNorm bias by 4e-5 (tolerance 1e-5) against a
+    reference that summed all shares at once; against one that sums as the run does, with
+    the tolerance scaled by the rounding measured between the two, the run passes."""
+    plan = plan_for("1f1b", "round-robin", None, 2, spec="example:resnet")
+    cfg = RunConfig("example:resnet", steps=3, timeout_s=600)
+    out = run_plan(plan, cfg)
+    got = check_run(plan, cfg.spec, out.pop("_params"), steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
+                    threads=cfg.threads, microbatch=out["microbatch"])
+    assert got.verdict == "pass", got
+    assert got.max_rel_diff <= got.tolerance <= 1e-2
+
+
+@pytest.mark.parametrize("fault", ["lost", "repeated"])
+def test_check_fails_a_lost_or_repeated_microbatch(fault, monkeypatch):
+    """A run's state where pipeline 1 skipped its last microbatch, or ran it twice, in every
+    step (the one-process training with that fault injected): the check fails, far above its
+    tolerance."""
+    import pipeplan.runtime.check as check
+
+    spec, steps = "example:resnet", 4
+    plan = plan_for("1f1b", "round-robin", None, 2, spec=spec)
+    z = int(load_model(spec)[1].shape[0])
+    right = check.microbatches_of
+
+    def faulty(p, k, m_count, replicas):
+        ms = list(right(p, k, m_count, replicas))
+        return ms if p != 1 else ms[:-1] if fault == "lost" else ms + ms[-1:]
+
+    monkeypatch.setattr(check, "microbatches_of", faulty)
+    state = reference_state(plan, spec, steps, 0.05, 0, 1, z, per_pipeline=True)
+    monkeypatch.setattr(check, "microbatches_of", right)
+    got = check_run(plan, spec, {0: state}, steps=steps, lr=0.05, seed=0, threads=1, microbatch=z)
+    assert got.verdict == "fail" and got.max_rel_diff > 10 * got.tolerance, got
+
+
 def test_a_plan_for_another_cluster_is_warned_about():
     from pipeplan.cluster import Cluster, Device
     from pipeplan.runtime.executor import target_warnings
