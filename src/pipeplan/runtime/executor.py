@@ -59,8 +59,11 @@ class RunConfig:
     timeout_s: float | None = None  # optional wall-clock cap
 
 
-#: seconds a worker may take to start (spawn, import torch) before its first report counts
+#: seconds a worker may take, beyond the hang timeout, for each step of its set-up (spawn and
+#: import torch, join the process group, build its stage) before it counts as stuck
 STARTUP_GRACE_S = 30.0
+#: the progress labels of those set-up steps (a training action's label ends the grace)
+SETUP_STEPS = ("started", "joined the process group")
 PROGRESS_EVERY_S = 0.2  # a rank reports its last action this often (hang detection is coarser)
 
 
@@ -198,7 +201,8 @@ def _watch(plan: Plan, procs: list, results, cfg: RunConfig) -> tuple[dict[int, 
     params: dict[int, dict] = {}
     steps: dict[int, list[dict]] = {}
     errors: dict[int, str] = {}
-    last = {r: (start + STARTUP_GRACE_S, "starting") for r in range(len(procs))}
+    # rank -> (when it last progressed, what it did, the grace it has for its next step)
+    last = {r: (start, "starting", STARTUP_GRACE_S) for r in range(len(procs))}
     while True:
         try:
             msg = results.get(timeout=0.05)
@@ -206,7 +210,7 @@ def _watch(plan: Plan, procs: list, results, cfg: RunConfig) -> tuple[dict[int, 
             msg = None
         if msg is not None:
             if msg[0] == "progress":  # (tag, rank, label, when it was done)
-                last[msg[1]] = (msg[3], msg[2])
+                last[msg[1]] = (msg[3], msg[2], STARTUP_GRACE_S if msg[2] in SETUP_STEPS else 0.0)
             elif msg[0] == "error":
                 errors[msg[1]] = msg[3]
             elif msg[0] == "params":
@@ -219,8 +223,9 @@ def _watch(plan: Plan, procs: list, results, cfg: RunConfig) -> tuple[dict[int, 
         if all(p.exitcode == 0 for p in procs) and len(steps) == len(procs) and len(params) == plan.num_stages:
             return params, steps
         now = time.time()
-        if now - max(t for t, _ in last.values()) > cfg.hang_s:
-            r = min(last, key=lambda q: last[q][0])
+        quiet = {r: now - t - grace for r, (t, _, grace) in last.items()}
+        if min(quiet.values()) > cfg.hang_s:
+            r = max(quiet, key=quiet.__getitem__)  # the one that stopped first
             raise PipeplanError(f"run failed: {_who(plan, r)} made no progress for {now - last[r][0]:.0f} s (last: "
                                 f"{last[r][1]}); the other ranks wait for it")
         if cfg.timeout_s is not None and now - start > cfg.timeout_s:
