@@ -89,7 +89,8 @@ def _is_loopback(where: str) -> bool:
 def _start(argv: list[str], tmp_path: Path) -> subprocess.Popen:
     """``pipeplan ARGV`` in its own session (a terminal's Ctrl-C reaches its process group),
     stderr to ``tmp_path/stderr``."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)]),
+           "TMPDIR": str(tmp_path)}
     with open(tmp_path / "stderr", "w") as err:
         return subprocess.Popen([sys.executable, "-m", "pipeplan", *argv], stdout=subprocess.DEVNULL,
                                 stderr=err, env=env, cwd=tmp_path, start_new_session=True)
@@ -229,6 +230,7 @@ def test_a_signal_while_the_workers_train_ends_every_worker(sig, code, tmp_path)
     if sig != signal.SIGKILL:
         said = "Ctrl-C" if sig == signal.SIGINT else "SIGTERM"
         assert err.count("\n") == 1 and f"pipeplan: run interrupted ({said})" in err, err
+        assert not list(tmp_path.glob("pipeplan-rendezvous-*")), "the rendezvous directory was left behind"
     deadline = time.time() + 120
     while time.time() < deadline and any(_alive(p) for p in workers):
         time.sleep(0.2)
@@ -247,3 +249,4 @@ def test_sigterm_after_the_workers_finished_says_so(tmp_path):
         _end(proc)
     err = (tmp_path / "stderr").read_text()
     assert proc.returncode == 143 and err.count("\n") == 1 and "pipeplan: run interrupted (SIGTERM)" in err, err
+    assert not list(tmp_path.glob("pipeplan-rendezvous-*")), "the rendezvous directory was left behind"
