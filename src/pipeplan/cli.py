@@ -687,7 +687,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--workers", type=_positive_int, help="worker processes (default: the GPUs, else 2)")
     sp.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker (default 1)")
-    sp.add_argument("--seconds", type=float, default=2.0, help="length of each compute measurement in seconds (at most 3600)")
+    sp.add_argument("--seconds", type=float, default=2.0,
+                    help="length of each compute measurement in seconds (at most 3600)")
     sp.add_argument("--model", help="benchmark this model's training step (MODEL_SPEC) instead of a fixed MLP")
     sp.add_argument("--no-runtime", action="store_true",
                     help="skip measuring the executor's per-action overhead (a short real run)")

@@ -20,6 +20,7 @@ its running statistics twice (its buffers are then left out of the comparison).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -125,11 +126,11 @@ def _move_gradients(params: list[nn.Parameter], into: list) -> None:
 
 
 def _sum_gradients(params: list[nn.Parameter], sums: list[list]) -> None:
-    """Each parameter's gradient: its pipelines' sums added up, the last pipeline's first."""
+    """Each parameter's gradient: its pipelines' sums added up in pipeline order."""
     for i, q in enumerate(params):
-        parts = [s[i] for s in reversed(sums) if s[i] is not None]
+        parts = [s[i] for s in sums if s[i] is not None]
         if parts:
-            q.grad = torch.stack(parts).sum(0) if len(parts) > 1 else parts[0]
+            q.grad = functools.reduce(torch.add, parts)
 
 
 def relative_diffs(staged: dict[int, dict], ref: dict[str, torch.Tensor],
