@@ -267,31 +267,14 @@ def _collect(procs: list, results: Any, deadline: float) -> dict[int, dict]:
     return got
 
 
-def _root_failure(procs: list, results: Any, errors: dict[int, str], settle_s: float = 0.5,
-                  wait_s: float = 10.0) -> str:
-    """The failure at the root: a worker that died without a word, else one whose error is its
-    own rather than a peer's connection dropping (which may arrive first: then the reports
-    are awaited until every worker ended, at most ``wait_s``), else the first."""
-    from .executor import _PEER_ERRORS
+def _root_failure(procs: list, results: Any, errors: dict[int, str]) -> str:
+    """The failure at the root (``executor.root_failure``), in words."""
+    from .executor import root_failure
 
-    start = time.monotonic()
-    while True:
-        try:
-            status, rank, payload = results.get(timeout=0.1)
-            if status != "ok":
-                errors.setdefault(rank, payload)
-        except queue_mod.Empty:
-            pass
-        silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
-        own = [r for r, e in errors.items() if not any(x in e for x in _PEER_ERRORS)]
-        waited = time.monotonic() - start
-        ended = all(p.exitcode is not None for p in procs)
-        if waited > wait_s or (waited > settle_s and (silent or own or ended)):
-            break
-    if silent:
-        return f"calibration worker rank {silent[0]} died (exit code {procs[silent[0]].exitcode})"
-    r = own[0] if own else next(iter(errors))
-    return f"calibration worker rank {r} failed: {errors[r]}"
+    rank, error = root_failure(procs, results, errors)
+    if error is None:
+        return f"calibration worker rank {rank} died (exit code {procs[rank].exitcode})"
+    return f"calibration worker rank {rank} failed: {error}"
 
 
 def _links(got: dict, workers: int, large: int) -> tuple[np.ndarray, np.ndarray, list[dict]]:

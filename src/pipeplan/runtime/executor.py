@@ -274,6 +274,34 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
 _PEER_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "Connection refused")
 
 
+def root_failure(procs: list, results, errors: dict[int, str], settle_s: float = 0.5,
+                 wait_s: float = 10.0) -> tuple[int, str | None]:
+    """The rank at the root of a failure of workers that report ``(status, rank, payload)``
+    (status ``"error"``: the payload is its text), and its error (None: it died without a
+    word, ``procs[rank].exitcode`` says how). A rank that died silently comes first, then one
+    whose error is its own rather than a peer's connection dropping; a peer's report may
+    arrive first, so reports are awaited until one of those is in or every worker ended (at
+    most ``wait_s``)."""
+    start = time.monotonic()
+    while True:
+        try:
+            status, rank, payload = results.get(timeout=0.1)
+            if status == "error":
+                errors.setdefault(rank, payload)
+        except queue_mod.Empty:
+            pass
+        silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
+        own = [r for r, e in errors.items() if not any(x in e for x in _PEER_ERRORS)]
+        waited = time.monotonic() - start
+        ended = all(p.exitcode is not None for p in procs)
+        if waited > wait_s or (waited > settle_s and (silent or own or ended)):
+            break
+    if silent or not errors:
+        return (silent or [0])[0], None
+    r = own[0] if own else next(iter(errors))
+    return r, errors[r]
+
+
 def _diagnose(plan: Plan, procs: list, errors: dict[int, str], results) -> str:
     """Name the rank at the root of a failure: one that died without a word, else one whose
     error is its own rather than a peer's connection dropping."""

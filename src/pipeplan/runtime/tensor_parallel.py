@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import PipeplanError
-from .executor import _die_with_parent, _end_all
+from .executor import _die_with_parent, _end_all, root_failure
 from .rendezvous import join_local_group, local_rendezvous
 from .shard_models import ShardModel, load_shard_model
 
@@ -272,29 +272,33 @@ def _where(e: BaseException) -> str:
 
 
 def _collect(procs: list, results, world: int, timeout_s: float) -> dict[int, dict]:
-    """The workers' reports; the first error (a rank's own, else a dead rank's exit code) or
-    the timeout is a ``PipeplanError``."""
+    """The workers' reports; a failure (named at its root, ``_root_failure``) or the timeout
+    is a ``PipeplanError``."""
     done: dict[int, dict] = {}
     deadline = time.time() + timeout_s
     while len(done) < world:
         try:
             msg = results.get(timeout=0.05)
         except queue_mod.Empty:
-            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done]
-            if dead:
-                time.sleep(0.5)  # its own message may still be on the way
-                if results.empty():
-                    raise PipeplanError(f"run_sharded failed: rank {dead[0]} died with exit code "
-                                        f"{procs[dead[0]].exitcode}") from None
+            if any(p.exitcode not in (None, 0) for r, p in enumerate(procs) if r not in done):
+                raise PipeplanError(_root_failure(procs, results, {})) from None
             if time.time() > deadline:
                 raise PipeplanError(f"run_sharded failed: not finished within {timeout_s:g} s") from None
             continue
         if msg[0] == "error":
-            raise PipeplanError(f"run_sharded failed: rank {msg[1]} raised {msg[2]}")
+            raise PipeplanError(_root_failure(procs, results, {msg[1]: msg[2]}))
         done[msg[1]] = msg[2]
     for p in procs:
         p.join(10)
     return done
+
+
+def _root_failure(procs: list, results, errors: dict[int, str]) -> str:
+    """The failure at the root (``executor.root_failure``), in words."""
+    rank, error = root_failure(procs, results, errors)
+    if error is None:
+        return f"run_sharded failed: rank {rank} died with exit code {procs[rank].exitcode}"
+    return f"run_sharded failed: rank {rank} raised {error}"
 
 
 def _spawn(cfg: ShardConfig, workers: int, timeout_s: float) -> dict[int, dict]:
