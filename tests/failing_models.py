@@ -48,6 +48,20 @@ def hangs():
     return _failing("hang")
 
 
+def hangs_in_check():
+    """Trains on the workers; hangs in the one-process training of ``run --check`` (the only
+    forward with gradients outside a process group)."""
+    model, x = example_mlp()
+
+    def hook(module, args, output):
+        if not dist.is_initialized() and torch.is_grad_enabled():
+            time.sleep(3600)
+        return output
+
+    list(model.children())[-1].register_forward_hook(hook)
+    return model, x
+
+
 def fails_at_build():
     """Raises while the worker builds it (calibration workers build the model first)."""
     if dist.is_initialized() and dist.get_rank() == FAIL_RANK:
@@ -61,4 +75,4 @@ def exits_at_build():
     return example_mlp()
 
 
-__all__ = ["raises", "dies", "hangs", "fails_at_build", "exits_at_build", "torch"]
+__all__ = ["raises", "dies", "hangs", "hangs_in_check", "fails_at_build", "exits_at_build", "torch"]

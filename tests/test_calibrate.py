@@ -83,6 +83,25 @@ def test_worker_failure_names_rank_and_leaves_no_orphans(factory, message):
     assert _workers() <= before
 
 
+class _FakeProcess:
+    def __init__(self, exitcode: int | None) -> None:
+        self.exitcode = exitcode
+
+
+def test_the_root_failure_is_named_when_a_peers_error_arrives_first():
+    """Rank 1 fails; rank 0's report that the connection to it dropped arrives first: the
+    failure named is rank 1's own."""
+    import queue
+
+    from pipeplan.runtime.calibrate import _collect
+
+    results = queue.Queue()
+    results.put(("error", 0, "RuntimeError: Connection closed by peer [127.0.0.1]:4242"))
+    results.put(("error", 1, "RuntimeError: injected failure at failing_models.py:50"))
+    with pytest.raises(PipeplanError, match="rank 1 failed: RuntimeError: injected failure"):
+        _collect([_FakeProcess(0), _FakeProcess(0)], results, deadline=float("inf"))
+
+
 def test_bad_arguments():
     with pytest.raises(PipeplanError, match="workers >= 1"):
         calibrate(workers=0)

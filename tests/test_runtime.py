@@ -3,9 +3,6 @@
 import json
 import multiprocessing
 import os
-import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -116,7 +113,7 @@ def test_check_matches_one_process_training(schedule, replicas, split_at, device
     """(The gpipe plan re-materializes its first stage: torch.utils.checkpoint.)"""
     plan = plan_for(schedule, replicas, split_at, devices)
     plan.recompute = [True, False] if schedule == "gpipe" else None
-    cfg = RunConfig("example:mlp", steps=2, timeout_s=120)
+    cfg = RunConfig("example:mlp", steps=2, timeout_s=600)
     out = run_plan(plan, cfg)
     assert out["measured_s"] > 0 and out["predicted_s"] > 0
     staged = out.pop("_params")
@@ -147,6 +144,36 @@ def test_failing_worker_ends_the_run(factory, fragment):
     assert "rank" in str(err.value)
     leftover = [p for p in multiprocessing.active_children() if p.pid not in before]
     assert not leftover and not any(_alive(p.pid) for p in leftover)
+
+
+class _FakeProcess:
+    exitcode: int | None = None
+
+
+def test_a_worker_setting_up_is_not_taken_for_a_hang():
+    """Hang detection counts from progress: a rank still building its stage (its last report
+    a set-up step) has STARTUP_GRACE_S more, however slowly a loaded machine gets there; the
+    run ends normally once every report is in."""
+    import queue
+    import threading
+
+    from pipeplan.runtime.executor import _watch
+
+    plan = plan_for("1f1b", "split", 7, 2)
+    procs, results = [_FakeProcess(), _FakeProcess()], queue.Queue()
+    long_ago = time.time() - 5
+    results.put(("progress", 0, "joined the process group", long_ago))
+    results.put(("progress", 1, "joined the process group", long_ago))
+
+    def finish():
+        for r in (0, 1):
+            results.put(("steps", r, [{"seconds": 1.0}]))
+            results.put(("params", r, {}))
+            procs[r].exitcode = 0
+
+    threading.Timer(1.0, finish).start()
+    params, steps = _watch(plan, procs, results, RunConfig("example:mlp", hang_s=0.5))
+    assert sorted(params) == sorted(steps) == [0, 1]
 
 
 def test_plan_not_matching_the_model_is_refused_before_start():
@@ -205,7 +232,7 @@ def test_batchnorm_buffers_and_a_stage_starting_in_place(schedule, replicas, spl
     BatchNorm's running statistics after the run equal one-process training's, replica by
     replica (a split replica normalizes its half of each microbatch)."""
     plan = plan_for(schedule, replicas, split_at, devices, spec="runtime_models:bn_cnn")
-    cfg = RunConfig("runtime_models:bn_cnn", steps=2, timeout_s=120)
+    cfg = RunConfig("runtime_models:bn_cnn", steps=2, timeout_s=600)
     out = run_plan(plan, cfg)
     staged = out.pop("_params")
     names = {n for st in staged.values() for n in st}
@@ -234,41 +261,40 @@ def test_check_says_what_it_cannot_compare():
     assert "twice" in got.note
 
 
-def _children(pid: int) -> set[int]:
-    out = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.add(int(entry))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
+def test_check_passes_a_batchnorm_resnet_trained_data_parallel():
+    """fp32 summation order alone moved a BatchNorm bias by 4e-5 (tolerance 1e-5) against a
+    reference that summed all shares at once; against one that sums as the run does, with
+    the tolerance scaled by the rounding measured between the two, the run passes."""
+    plan = plan_for("1f1b", "round-robin", None, 2, spec="example:resnet")
+    cfg = RunConfig("example:resnet", steps=3, timeout_s=600)
+    out = run_plan(plan, cfg)
+    got = check_run(plan, cfg.spec, out.pop("_params"), steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
+                    threads=cfg.threads, microbatch=out["microbatch"])
+    assert got.verdict == "pass", got
+    assert got.max_rel_diff <= got.tolerance <= 1e-2
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_ending_the_parent_ends_every_worker(sig, tmp_path):
-    plan = plan_for("1f1b", "split", 7, 2)
-    plan.save(tmp_path / "p.json")
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
-    proc = subprocess.Popen([sys.executable, "-m", "pipeplan", "run", str(tmp_path / "p.json"), "--model",
-                             "failing_models:hangs", "--timeout", "600"], stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 60
-    workers: set[int] = set()
-    while time.time() < deadline and len(workers) < 2:
-        workers |= _children(proc.pid)
-        time.sleep(0.2)
-    assert len(workers) >= 2, "the workers did not start"
-    time.sleep(1.5)  # into the training
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=30)
-    if sig == signal.SIGTERM:
-        assert proc.returncode == 2 and "interrupted by SIGTERM" in err and err.count("\n") == 1, err
-    end = time.time() + 15
-    while time.time() < end and any(_alive(p) for p in workers):
-        time.sleep(0.2)
-    assert not [p for p in workers if _alive(p)]
+@pytest.mark.parametrize("fault", ["lost", "repeated"])
+def test_check_fails_a_lost_or_repeated_microbatch(fault, monkeypatch):
+    """A run's state where pipeline 1 skipped its last microbatch, or ran it twice, in every
+    step (the one-process training with that fault injected): the check fails, far above its
+    tolerance."""
+    import pipeplan.runtime.check as check
+
+    spec, steps = "example:resnet", 4
+    plan = plan_for("1f1b", "round-robin", None, 2, spec=spec)
+    z = int(load_model(spec)[1].shape[0])
+    right = check.microbatches_of
+
+    def faulty(p, k, m_count, replicas):
+        ms = list(right(p, k, m_count, replicas))
+        return ms if p != 1 else ms[:-1] if fault == "lost" else ms + ms[-1:]
+
+    monkeypatch.setattr(check, "microbatches_of", faulty)
+    state = reference_state(plan, spec, steps, 0.05, 0, 1, z, per_pipeline=True)
+    monkeypatch.setattr(check, "microbatches_of", right)
+    got = check_run(plan, spec, {0: state}, steps=steps, lr=0.05, seed=0, threads=1, microbatch=z)
+    assert got.verdict == "fail" and got.max_rel_diff > 10 * got.tolerance, got
 
 
 def test_a_plan_for_another_cluster_is_warned_about():
@@ -302,7 +328,7 @@ def test_any_module_with_a_skip_edge_across_stages(spec, cuts, edge):
     assert edge in [(g.ids[u], g.ids[v]) for u, v in g.edges]
     c = hierarchical("local", 1, len(cuts), 1e9, 1e9)
     plan = Plan(g, c, [Stage(ns, [d]) for ns, d in zip(cuts, c.names)], 4, schedule="1f1b")
-    cfg = RunConfig(spec, steps=2, timeout_s=120)
+    cfg = RunConfig(spec, steps=2, timeout_s=600)
     out = run_plan(plan, cfg)
     got = check_run(plan, spec, out.pop("_params"), steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
                     threads=cfg.threads, microbatch=out["microbatch"])
@@ -331,7 +357,7 @@ def test_uneven_replication_redistributes_and_trains_as_one_process(replicas, de
     c = hierarchical("local", 1, 3, 1e9, 1e9)
     plan = Plan(g, c, [Stage(names[:7], c.names[:devices[0]]), Stage(names[7:], c.names[devices[0]:])], 4,
                 schedule="1f1b", replicas=replicas)
-    cfg = RunConfig("example:mlp", steps=2, timeout_s=120)
+    cfg = RunConfig("example:mlp", steps=2, timeout_s=600)
     out = run_plan(plan, cfg)
     staged = out.pop("_params")
     assert_causal(out, plan)

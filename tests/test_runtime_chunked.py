@@ -94,7 +94,7 @@ def _ordered(out: dict, plan: Plan) -> None:
                                                   ("zb-v", 1, "split", "example:transformer")])
 def test_runs_train_exactly_as_one_process(name, k, replicas, spec):
     plan, z = chunked_plan(name, k, replicas, spec)
-    cfg = RunConfig(spec, steps=2, timeout_s=120)
+    cfg = RunConfig(spec, steps=2, timeout_s=600)
     out = run_plan(plan, cfg)
     staged = out.pop("_params")
     assert sorted(staged) == list(range(plan.num_stages)) and out["processes"] == 2 * k

@@ -159,3 +159,19 @@ def test_the_check_tells_rounding_from_a_real_difference(monkeypatch):
     bad = dict(rounded, **{"0.weight": rounded["0.weight"] * (1 + 1e-4)})
     check = check_against_reference(cfg, losses64, bad)["check"]
     assert (check["verdict"], check["float64"]["worst"]) == ("mismatch", "0.weight")
+
+
+class _Ended:
+    exitcode = 0
+
+
+def test_the_root_failure_is_named_when_a_peers_error_arrives_first():
+    """Rank 1 raises; rank 0's report that its connection dropped arrives first: rank 1's own
+    error is the one named."""
+    import queue
+
+    results = queue.Queue()
+    results.put(("error", 0, "RuntimeError: Connection closed by peer [127.0.0.1]:4242"))
+    results.put(("error", 1, "RuntimeError: shape mismatch (at model.py:7)"))
+    with pytest.raises(PipeplanError, match="rank 1 raised RuntimeError: shape mismatch"):
+        tensor_parallel._collect([_Ended(), _Ended()], results, 2, timeout_s=600)

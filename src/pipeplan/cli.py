@@ -7,11 +7,15 @@ Errors a user can cause print one line and exit with code 2; nothing is half-wri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from .errors import Infeasible, PipeplanError
+from .errors import Infeasible, PipeplanError, Terminated
 from .outputs import Outputs
 from .progress_bar import planning_progress, training_progress
 
@@ -20,13 +24,32 @@ MODEL_SPEC_HELP = ("example:mlp|transformer|cnn|resnet, hf:gpt2?n_layer=4&... or
                    "from a config), or package.module:factory")
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(low: int):
+    """An argparse type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_nonnegative_int = _int_at_least(0)
+
+
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (not nan, not inf)."""
     try:
-        v = int(text)
+        v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
     return v
 
 
@@ -403,7 +426,8 @@ def cmd_calibrate(args) -> int:
     outs = Outputs()
     outs.want("--out", args.out, "yaml")
     cluster, data = calibrate(workers=args.workers, device=args.device, threads=args.threads,
-                              seconds=args.seconds, model_spec=args.model, overhead=not args.no_runtime)
+                              seconds=args.seconds, model_spec=args.model, overhead=not args.no_runtime,
+                              force=args.force)
     text = cluster_to_yaml(cluster)
     outs.set("--out", lambda p: Path(p).write_text(text))
     outs.write_all()
@@ -553,12 +577,12 @@ def _add_run_parser(sub) -> None:
     sp.add_argument("plan", help="plan JSON (its nodes must be the model's layers)")
     sp.add_argument("--model", required=True, help=MODEL_SPEC_HELP)
     sp.add_argument("--steps", type=_positive_int, default=5, help="measured iterations (default 5)")
-    sp.add_argument("--warmup", type=int, default=1, help="iterations before measuring (default 1)")
+    sp.add_argument("--warmup", type=_nonnegative_int, default=1, help="iterations before measuring (default 1)")
     sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker process (default 1)")
-    sp.add_argument("--hang-timeout", type=float, default=60.0,
+    sp.add_argument("--hang-timeout", type=_positive_seconds, default=60.0,
                     help="seconds without progress on any rank before the run is ended, naming the rank "
                          "that stopped first (default 60)")
-    sp.add_argument("--timeout", type=float, default=None, help="optional wall-clock cap in seconds")
+    sp.add_argument("--timeout", type=_positive_seconds, default=None, help="optional wall-clock cap in seconds")
     sp.add_argument("--check", action="store_true",
                     help="also train in one process and compare parameters and buffers; exit 1 unless "
                          "they agree (check.verdict: pass, fail or not comparable)")
@@ -699,10 +723,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--workers", type=_positive_int, help="worker processes (default: the GPUs, else 2)")
     sp.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker (default 1)")
-    sp.add_argument("--seconds", type=float, default=2.0, help="length of each compute measurement")
+    sp.add_argument("--seconds", type=float, default=2.0,
+                    help="length of each compute measurement in seconds (at most 3600)")
     sp.add_argument("--model", help="benchmark this model's training step (MODEL_SPEC) instead of a fixed MLP")
     sp.add_argument("--no-runtime", action="store_true",
                     help="skip measuring the executor's per-action overhead (a short real run)")
+    sp.add_argument("--force", action="store_true",
+                    help="start more worker processes than 4 a CPU core (refused otherwise)")
     sp.add_argument("--out", help="write the cluster YAML here")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_calibrate)
@@ -739,13 +766,34 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[2:] if argv is None else argv[1:])  # the command, for checkpoints to cite
     try:
-        return args.fn(args)
+        with _sigterm_unwinds():
+            return args.fn(args)
     except (PipeplanError, Infeasible) as e:
         print(f"pipeplan: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("pipeplan: interrupted", file=sys.stderr)
+        print(f"pipeplan: {args.command} interrupted (Ctrl-C)", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"pipeplan: {args.command} interrupted (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """SIGTERM raises ``Terminated`` in the main thread, so that a command ends as after
+    Ctrl-C (its ``finally`` blocks end worker processes and remove partial outputs)."""
+    def handler(signum, frame):
+        raise Terminated()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Measure this machine as a pipeplan Cluster: worker speeds and loopback links.
 
 ``calibrate`` spawns ``workers`` processes joined by ``torch.distributed`` (gloo on CPU, NCCL
-between GPUs; rendezvous on a free TCP port of 127.0.0.1, data over loopback only), each
+between GPUs; rendezvous in a private file, data over loopback only: ``rendezvous.py``), each
 with ``torch.set_num_threads(threads)``.
 
 Compute: every worker times a fixed training benchmark (an MLP of 512x512 fp32 Linear+ReLU
@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import os
 import queue as queue_mod
-import socket
 import statistics
 import time
 import traceback
@@ -43,9 +42,14 @@ from ..cluster.build import CALIBRATED
 from ..cluster.model import Cluster, Device
 from ..errors import PipeplanError
 from .models import user_code
+from .rendezvous import join_local_group, local_rendezvous
 from .steps import MOMENTUM, allreduce_tensors
 
 _SMALL = 4
+#: The longest compute measurement (``seconds``) and the most worker processes a CPU core
+#: (without ``force``): calibration ends, and does not start processes until the system's limit.
+MAX_SECONDS = 3600.0
+WORKERS_PER_CORE = 4
 _ALL_PAIRS_UP_TO = 8
 _SMALL_REPS, _LARGE_REPS, _WARMUP = 100, 8, 3
 
@@ -155,23 +159,19 @@ def _ping_pong(rank: int, a: int, b: int, nbytes: int, reps: int, dev: torch.dev
     return out if rank == a else []
 
 
-def _worker(rank: int, world: int, port: int, device: str, threads: int, seconds: float, model_spec: str | None,
+def _worker(rank: int, world: int, init_method: str, device: str, threads: int, seconds: float, model_spec: str | None,
             large: int, results: Any) -> None:
     """One calibration process: compute phase with all workers, then its ping-pongs."""
     import torch.distributed as dist
 
     try:
         torch.set_num_threads(threads)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
         if device == "cuda":
             torch.cuda.set_device(rank)
             dev = torch.device("cuda", rank)
         else:
             dev = torch.device("cpu")
-        dist.init_process_group("nccl" if device == "cuda" else "gloo",
-                                init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=120))
+        join_local_group("nccl" if device == "cuda" else "gloo", init_method, rank, world, timedelta(seconds=120))
         shared = _bench(dev, seconds, start_barrier=dist.barrier, model_spec=model_spec)
         solo: list[float] = []
         for r in range(world):  # each worker alone: no contention from the others
@@ -205,12 +205,6 @@ def _worker(rank: int, world: int, port: int, device: str, threads: int, seconds
             dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _host_memory() -> float:
     try:
         with open("/proc/meminfo") as f:
@@ -229,45 +223,60 @@ def _run_workers(workers: int, device: str, threads: int, seconds: float, large:
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, workers, port, device, threads, seconds, model_spec, large, results),
-                         daemon=True, name=f"pipeplan-calibrate-{r}") for r in range(workers)]
     deadline = time.monotonic() + 120 + 3 * seconds + 10 * len(_pairs(workers))
-    got: dict[int, dict] = {}
     ok = False
-    try:
-        for p in procs:
-            p.start()
-        while len(got) < workers:
-            try:
-                status, rank, payload = results.get(timeout=0.2)
-            except queue_mod.Empty:
-                for r, p in enumerate(procs):
-                    if r not in got and p.exitcode not in (None, 0):
-                        raise PipeplanError(f"calibration worker rank {r} died (exit code {p.exitcode})") from None
-                if time.monotonic() > deadline:
-                    missing = ", ".join(str(r) for r in range(workers) if r not in got)
-                    raise PipeplanError(f"calibration timed out: worker rank(s) {missing} did not report") from None
-                continue
-            if status != "ok":
-                time.sleep(0.5)  # a peer that died silently is the root of the failure, not this one
-                for r, p in enumerate(procs):
-                    if r != rank and p.exitcode not in (None, 0):
-                        raise PipeplanError(f"calibration worker rank {r} died (exit code {p.exitcode})") from None
-                raise PipeplanError(f"calibration worker rank {rank} failed: {payload}")
-            got[rank] = payload
-        ok = True
-    finally:
-        for p in procs:
-            if p.pid is not None:
-                p.join(timeout=10 if ok else 0.5)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=10)
-        results.close()
-        results.cancel_join_thread()
+    with local_rendezvous() as init_method:
+        procs = [ctx.Process(target=_worker, daemon=True, name=f"pipeplan-calibrate-{r}",
+                             args=(r, workers, init_method, device, threads, seconds, model_spec, large, results))
+                 for r in range(workers)]
+        try:
+            for p in procs:
+                p.start()
+            got = _collect(procs, results, deadline)
+            ok = True
+        finally:
+            for p in procs:
+                if p.pid is not None:
+                    p.join(timeout=10 if ok else 0.5)
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=10)
+            results.close()
+            results.cancel_join_thread()
     return got
+
+
+def _collect(procs: list, results: Any, deadline: float) -> dict[int, dict]:
+    """One result per worker; a worker's failure or death, or the deadline (``time.monotonic``),
+    is a ``PipeplanError`` naming the rank at its root."""
+    workers = len(procs)
+    got: dict[int, dict] = {}
+    while len(got) < workers:
+        try:
+            status, rank, payload = results.get(timeout=0.2)
+        except queue_mod.Empty:
+            for r, p in enumerate(procs):
+                if r not in got and p.exitcode not in (None, 0):
+                    raise PipeplanError(f"calibration worker rank {r} died (exit code {p.exitcode})") from None
+            if time.monotonic() > deadline:
+                missing = ", ".join(str(r) for r in range(workers) if r not in got)
+                raise PipeplanError(f"calibration timed out: worker rank(s) {missing} did not report") from None
+            continue
+        if status != "ok":
+            raise PipeplanError(_root_failure(procs, results, {rank: payload}))
+        got[rank] = payload
+    return got
+
+
+def _root_failure(procs: list, results: Any, errors: dict[int, str]) -> str:
+    """The failure at the root (``executor.root_failure``), in words."""
+    from .executor import root_failure
+
+    rank, error = root_failure(procs, results, errors)
+    if error is None:
+        return f"calibration worker rank {rank} died (exit code {procs[rank].exitcode})"
+    return f"calibration worker rank {rank} failed: {error}"
 
 
 def _links(got: dict, workers: int, large: int) -> tuple[np.ndarray, np.ndarray, list[dict]]:
@@ -294,12 +303,30 @@ def _links(got: dict, workers: int, large: int) -> tuple[np.ndarray, np.ndarray,
     return bw, lat, links
 
 
+def _check_request(workers: int, device: str, threads: int, profile_threads: int, seconds: float,
+                   force: bool) -> None:
+    """Refuse, before any measurement, what cannot be measured or would not end."""
+    if workers < 1 or threads < 1 or profile_threads < 1:
+        raise PipeplanError(f"calibrate: need workers >= 1 and threads >= 1 (got {workers}, {threads}, "
+                            f"{profile_threads})")
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+        raise PipeplanError(f"calibrate: --seconds (each measurement's length) must be > 0 and at most "
+                            f"{MAX_SECONDS:g}, got {seconds:g}")
+    if device == "cuda" and workers > torch.cuda.device_count():
+        raise PipeplanError(f"calibrate: {workers} workers but only {torch.cuda.device_count()} GPUs")
+    cores = os.cpu_count() or 1
+    if device == "cpu" and workers > WORKERS_PER_CORE * cores and not force:
+        raise PipeplanError(f"calibrate: {workers:,} worker processes on {cores} CPU cores; at most "
+                            f"{WORKERS_PER_CORE * cores:,} ({WORKERS_PER_CORE} a core) unless --force")
+
+
 def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1, seconds: float = 2.0,
               profile_threads: int | None = None, model_spec: str | None = None,
-              overhead: bool = False) -> tuple[Cluster, dict]:
+              overhead: bool = False, force: bool = False) -> tuple[Cluster, dict]:
     """Measure ``workers`` local processes; returns the Cluster and the raw measurements.
     With ``model_spec`` the compute benchmark is that model's own training step, so the
-    measured contention between workers is that of the workload to be planned."""
+    measured contention between workers is that of the workload to be planned. ``force``:
+    more than ``WORKERS_PER_CORE`` processes a CPU core."""
     if device not in ("cpu", "cuda"):
         raise PipeplanError(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
@@ -307,11 +334,7 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     if workers is None:
         workers = torch.cuda.device_count() if device == "cuda" else 2
     profile_threads = threads if profile_threads is None else profile_threads
-    if workers < 1 or threads < 1 or profile_threads < 1 or not seconds > 0:
-        raise PipeplanError(f"calibrate: need workers >= 1, threads >= 1 and seconds > 0 "
-                            f"(got {workers}, {threads}, {seconds})")
-    if device == "cuda" and workers > torch.cuda.device_count():
-        raise PipeplanError(f"calibrate: {workers} workers but only {torch.cuda.device_count()} GPUs")
+    _check_request(workers, device, threads, profile_threads, seconds, force)
     large = (64 if device == "cuda" else 16) * 2**20
 
     old = torch.get_num_threads()

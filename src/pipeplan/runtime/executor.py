@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import queue as queue_mod
 import signal
-import socket
 import statistics
 import threading
 import time
@@ -43,6 +42,7 @@ from .data import equal_replication, global_batch, pipeline_samples, share_size,
 from .direct import stage_major_ranks, train_direct
 from .models import input_signature, load_model, user_code
 from .pipelined import pipelined_ranks, train_pipelined
+from .rendezvous import join_local_group, local_rendezvous
 from .split import split_model, stage_examples
 from .timing import measured_timeline
 
@@ -59,15 +59,12 @@ class RunConfig:
     timeout_s: float | None = None  # optional wall-clock cap
 
 
-#: seconds a worker may take to start (spawn, import torch) before its first report counts
+#: seconds a worker may take, beyond the hang timeout, for each step of its set-up (spawn and
+#: import torch, join the process group, build its stage) before it counts as stuck
 STARTUP_GRACE_S = 30.0
+#: the progress labels of those set-up steps (a training action's label ends the grace)
+SETUP_STEPS = ("started", "joined the process group")
 PROGRESS_EVERY_S = 0.2  # a rank reports its last action this often (hang detection is coarser)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec: str) -> None:
@@ -115,7 +112,7 @@ def rank_layout(plan: Plan) -> list[tuple[int, str]]:
     return pipelined_ranks(plan) if uses_pipelining(plan) else stage_major_ranks(plan)
 
 
-def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, results) -> None:
+def _worker(rank: int, world: int, init_method: str, plan_dict: dict, cfg: dict, results) -> None:
     from ..plan import plan_from_dict
 
     _die_with_parent(cfg["parent"])
@@ -127,7 +124,7 @@ def _worker(rank: int, world: int, port: int, plan_dict: dict, cfg: dict, result
 
         progress = _Progress(rank, results)
         progress("started")
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        join_local_group("gloo", init_method, rank, world)
         progress("joined the process group")
         train = train_pipelined if uses_pipelining(plan) else train_direct
         steps, state = train(rank, plan, cfg, progress)
@@ -224,7 +221,8 @@ def _watch(plan: Plan, procs: list, results, cfg: RunConfig) -> tuple[dict[int, 
     params: dict[int, dict] = {}
     steps: dict[int, list[dict]] = {}
     errors: dict[int, str] = {}
-    last = {r: (start + STARTUP_GRACE_S, "starting") for r in range(len(procs))}
+    # rank -> (when it last progressed, what it did, the grace it has for its next step)
+    last = {r: (start, "starting", STARTUP_GRACE_S) for r in range(len(procs))}
     while True:
         try:
             msg = results.get(timeout=0.05)
@@ -232,7 +230,7 @@ def _watch(plan: Plan, procs: list, results, cfg: RunConfig) -> tuple[dict[int, 
             msg = None
         if msg is not None:
             if msg[0] == "progress":  # (tag, rank, label, when it was done)
-                last[msg[1]] = (msg[3], msg[2])
+                last[msg[1]] = (msg[3], msg[2], STARTUP_GRACE_S if msg[2] in SETUP_STEPS else 0.0)
             elif msg[0] == "error":
                 errors[msg[1]] = msg[3]
             elif msg[0] == "params":
@@ -245,25 +243,13 @@ def _watch(plan: Plan, procs: list, results, cfg: RunConfig) -> tuple[dict[int, 
         if all(p.exitcode == 0 for p in procs) and len(steps) == len(procs) and len(params) == plan.num_stages:
             return params, steps
         now = time.time()
-        if now - max(t for t, _ in last.values()) > cfg.hang_s:
-            r = min(last, key=lambda q: last[q][0])
+        quiet = {r: now - t - grace for r, (t, _, grace) in last.items()}
+        if min(quiet.values()) > cfg.hang_s:
+            r = max(quiet, key=quiet.__getitem__)  # the one that stopped first
             raise PipeplanError(f"run failed: {_who(plan, r)} made no progress for {now - last[r][0]:.0f} s (last: "
                                 f"{last[r][1]}); the other ranks wait for it")
         if cfg.timeout_s is not None and now - start > cfg.timeout_s:
             raise PipeplanError(f"run failed: not finished within {cfg.timeout_s:g} s (--timeout)")
-
-
-def _end_on_signals():
-    """SIGTERM (and SIGINT) end the run as an error, so its workers are ended before the
-    parent goes (a worker also dies with its parent, ``_die_with_parent``); returns the undo."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum, frame):
-        raise PipeplanError(f"run interrupted by {signal.Signals(signum).name}; every worker process was ended")
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    return lambda: [signal.signal(s, h) for s, h in old.items()]
 
 
 def run_plan(plan: Plan, cfg: RunConfig) -> dict:
@@ -276,19 +262,17 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
     world = len({d for s in plan.stages for d in s.devices})  # a process per device, whatever it holds
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
     wcfg = {**asdict(cfg), "microbatch": int(x.shape[0]), "parent": os.getpid()}
     plan_dict = plan.to_dict()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, plan_dict, wcfg, results), daemon=True)
-             for r in range(world)]
-    restore = _end_on_signals()
-    try:
-        for p in procs:
-            p.start()
-        params, steps = _watch(plan, procs, results, cfg)
-    finally:
-        _end_all(procs)
-        restore()
+    with local_rendezvous() as init_method:
+        procs = [ctx.Process(target=_worker, args=(r, world, init_method, plan_dict, wcfg, results), daemon=True)
+                 for r in range(world)]
+        try:
+            for p in procs:
+                p.start()
+            params, steps = _watch(plan, procs, results, cfg)
+        finally:
+            _end_all(procs)
     times = [s["seconds"] for s in steps[0]]
     steady = times[cfg.warmup:] or times
     measured = statistics.median(steady)
@@ -308,6 +292,34 @@ def run_plan(plan: Plan, cfg: RunConfig) -> dict:
 
 
 _PEER_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "Connection refused")
+
+
+def root_failure(procs: list, results, errors: dict[int, str], settle_s: float = 0.5,
+                 wait_s: float = 10.0) -> tuple[int, str | None]:
+    """The rank at the root of a failure of workers that report ``(status, rank, payload)``
+    (status ``"error"``: the payload is its text), and its error (None: it died without a
+    word, ``procs[rank].exitcode`` says how). A rank that died silently comes first, then one
+    whose error is its own rather than a peer's connection dropping; a peer's report may
+    arrive first, so reports are awaited until one of those is in or every worker ended (at
+    most ``wait_s``)."""
+    start = time.monotonic()
+    while True:
+        try:
+            status, rank, payload = results.get(timeout=0.1)
+            if status == "error":
+                errors.setdefault(rank, payload)
+        except queue_mod.Empty:
+            pass
+        silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
+        own = [r for r, e in errors.items() if not any(x in e for x in _PEER_ERRORS)]
+        waited = time.monotonic() - start
+        ended = all(p.exitcode is not None for p in procs)
+        if waited > wait_s or (waited > settle_s and (silent or own or ended)):
+            break
+    if silent or not errors:
+        return (silent or [0])[0], None
+    r = own[0] if own else next(iter(errors))
+    return r, errors[r]
 
 
 def _diagnose(plan: Plan, procs: list, errors: dict[int, str], results) -> str:

@@ -40,7 +40,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import PipeplanError
-from .executor import _die_with_parent, _end_all, _free_port
+from .executor import _die_with_parent, _end_all, root_failure
+from .rendezvous import join_local_group, local_rendezvous
 from .shard_models import ShardModel, load_shard_model
 
 #: the largest max|a - b| / max|b| over parameters for which the check says "ok"
@@ -217,14 +218,14 @@ def train(module: nn.Module, inputs: tuple, steps: int, lr: float,
     return losses, times
 
 
-def _worker(rank: int, world: int, port: int, cfg: dict, results) -> None:
+def _worker(rank: int, world: int, init_method: str, cfg: dict, results) -> None:
     from torch.distributed.tensor import DeviceMesh
 
     if cfg["parent"] is not None:
         _die_with_parent(cfg["parent"])
     try:
         torch.set_num_threads(cfg["threads"])
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        join_local_group("gloo", init_method, rank, world)
         mesh = DeviceMesh("cpu", list(range(world)))
         model = load_shard_model(cfg["spec"], batch=cfg["batch"], seq=cfg["seq"], seed=cfg["seed"])
         distribute_parameters(model.module, mesh, cfg["placements"])
@@ -271,29 +272,33 @@ def _where(e: BaseException) -> str:
 
 
 def _collect(procs: list, results, world: int, timeout_s: float) -> dict[int, dict]:
-    """The workers' reports; the first error (a rank's own, else a dead rank's exit code) or
-    the timeout is a ``PipeplanError``."""
+    """The workers' reports; a failure (named at its root, ``_root_failure``) or the timeout
+    is a ``PipeplanError``."""
     done: dict[int, dict] = {}
     deadline = time.time() + timeout_s
     while len(done) < world:
         try:
             msg = results.get(timeout=0.05)
         except queue_mod.Empty:
-            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done]
-            if dead:
-                time.sleep(0.5)  # its own message may still be on the way
-                if results.empty():
-                    raise PipeplanError(f"run_sharded failed: rank {dead[0]} died with exit code "
-                                        f"{procs[dead[0]].exitcode}") from None
+            if any(p.exitcode not in (None, 0) for r, p in enumerate(procs) if r not in done):
+                raise PipeplanError(_root_failure(procs, results, {})) from None
             if time.time() > deadline:
                 raise PipeplanError(f"run_sharded failed: not finished within {timeout_s:g} s") from None
             continue
         if msg[0] == "error":
-            raise PipeplanError(f"run_sharded failed: rank {msg[1]} raised {msg[2]}")
+            raise PipeplanError(_root_failure(procs, results, {msg[1]: msg[2]}))
         done[msg[1]] = msg[2]
     for p in procs:
         p.join(10)
     return done
+
+
+def _root_failure(procs: list, results, errors: dict[int, str]) -> str:
+    """The failure at the root (``executor.root_failure``), in words."""
+    rank, error = root_failure(procs, results, errors)
+    if error is None:
+        return f"run_sharded failed: rank {rank} died with exit code {procs[rank].exitcode}"
+    return f"run_sharded failed: rank {rank} raised {error}"
 
 
 def _spawn(cfg: ShardConfig, workers: int, timeout_s: float) -> dict[int, dict]:
@@ -301,15 +306,15 @@ def _spawn(cfg: ShardConfig, workers: int, timeout_s: float) -> dict[int, dict]:
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, workers, port, asdict(cfg), results), daemon=True)
-             for r in range(workers)]
-    try:
-        for p in procs:
-            p.start()
-        return _collect(procs, results, workers, timeout_s)
-    finally:
-        _end_all(procs)
+    with local_rendezvous() as init_method:
+        procs = [ctx.Process(target=_worker, args=(r, workers, init_method, asdict(cfg), results), daemon=True)
+                 for r in range(workers)]
+        try:
+            for p in procs:
+                p.start()
+            return _collect(procs, results, workers, timeout_s)
+        finally:
+            _end_all(procs)
 
 
 def reference_run(cfg: ShardConfig, dtype: torch.dtype = torch.float32
