@@ -11,23 +11,14 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import Infeasible, PipeplanError
+from .argtypes import positive_int as _positive_int, seed as _seed
+from .errors import Infeasible, PipeplanError, one_line
 from .outputs import Outputs
 from .progress_bar import planning_progress, training_progress
 
 
 MODEL_SPEC_HELP = ("example:mlp|transformer|cnn|resnet, hf:gpt2?n_layer=4&... or hf:bert?... (transformers "
                    "from a config), or package.module:factory")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
 
 
 def _load_inputs(args):
@@ -91,7 +82,7 @@ def cmd_plan(args) -> int:
     if result.over_memory:
         names = default_planners(cluster) if args.planner == "best" else [args.planner]
         way_out = _way_out(args, graph, cluster, names, [result])
-        print(f"pipeplan: warning: the plan does not fit in memory: {overflow_text(result)}; {way_out}",
+        print(f"pipeplan: warning: the plan does not fit in memory: {one_line(overflow_text(result))}; {way_out}",
               file=sys.stderr)
     if args.json:
         print(json.dumps(plan.to_dict()))
@@ -283,7 +274,7 @@ def cmd_compare(args) -> int:
     if top is None or not top.fits:
         why = "no planner has a plan that fits in memory" if top is not None else "no planner could plan this"
         results = [r.result for r in rows if r.result is not None]
-        print(f"pipeplan: error: {why}; {_way_out(args, graph, cluster, names, results)}", file=sys.stderr)
+        print(f"pipeplan: error: {why}; {one_line(_way_out(args, graph, cluster, names, results))}", file=sys.stderr)
         return 2
     return 0
 
@@ -525,7 +516,13 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors are one line too (exit code 2), like every other user error."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
+
+    def _get_value(self, action: argparse.Action, arg_string: str):
+        """An option given an empty value is refused, never read as its default."""
+        if arg_string == "" and action.option_strings:
+            raise argparse.ArgumentError(action, "an empty value; give one, or leave the option out")
+        return super()._get_value(action, arg_string)
 
 
 def _add_run_parser(sub) -> None:
@@ -605,7 +602,7 @@ def _add_train_parser(sub) -> None:
                                                    "--evaluations is given)")
     sp.add_argument("--evaluations", type=_positive_int, default=None,
                     help="budget in plans scored (reproducible, unlike wall-clock)")
-    sp.add_argument("--seed", type=int, default=0, help="seed of the weights and samples (default 0)")
+    sp.add_argument("--seed", type=_seed, default=0, help="seed of the weights and samples (default 0)")
     sp.add_argument("--init", help="start from this checkpoint (fine-tune) instead of from scratch")
     sp.add_argument("--out", help="write the checkpoint (.pt) here, and its learning curve as .csv and .png beside it")
     sp.set_defaults(fn=cmd_train)
@@ -699,13 +696,14 @@ def _add_ir_parsers(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[2:] if argv is None else argv[1:])  # the command, for checkpoints to cite
+    """Parse ``argv`` and run its command; a user error is one line and exit code 2, Ctrl-C
+    (from the first import on) one line and 130."""
     try:
+        args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[2:] if argv is None else argv[1:])  # the command, for checkpoints to cite
         return args.fn(args)
     except (PipeplanError, Infeasible) as e:
-        print(f"pipeplan: error: {e}", file=sys.stderr)
+        print(f"pipeplan: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("pipeplan: interrupted", file=sys.stderr)

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from .argtypes import seed
 from .errors import PipeplanError
 from .outputs import Outputs
 
@@ -23,7 +24,7 @@ def add_parser(sub, positive_int) -> None:
                     help="each node's size: TreeLSTM hidden size (default 150), MathFunc vector length (default 1)")
     sp.add_argument("--episodes", type=positive_int, default=10_000, help="training episodes (default 10000, §8.2)")
     sp.add_argument("--budget", default=None, help="train: stop after this long too, e.g. 90s, 5m")
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--seed", type=seed, default=0)
     sp.add_argument("--normalized", action="store_true",
                     help="reward = -(time / all-CPU time of the same tree) (§9.3) instead of -ms")
     sp.add_argument("--mode", default="devices", choices=["devices", "threads", "sequential"],

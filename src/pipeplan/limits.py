@@ -30,3 +30,13 @@ def check_microbatches(count: int, where: str) -> None:
     if count > MAX_MICROBATCHES:
         raise PipeplanError(f"{where}: {count:,} microbatches; at most {MAX_MICROBATCHES:,} "
                             "(use larger microbatches: --global-batch picks their size)")
+
+
+#: Seeds: numpy's legacy generators and torch take at most 32 bits.
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(value: int, where: str) -> int:
+    if not 0 <= value <= MAX_SEED:
+        raise PipeplanError(f"{where}: seed {value} is out of range (0 to {MAX_SEED:,})")
+    return value
