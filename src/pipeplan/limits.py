@@ -10,6 +10,10 @@ from .errors import PipeplanError
 MAX_DEVICES = 4096
 #: Layers (nodes) in one model graph.
 MAX_LAYERS = 20000
+#: The largest figures a model file may give one layer (one microbatch on the reference
+#: device): about 11 days, an exabyte, 10^24 FLOPs. Larger ones are typos or junk, and would
+#: overflow the simulator's sums.
+LAYER_RANGES = {"s": 1e6, "bytes": 1e18, "FLOPs": 1e24}
 #: Microbatches per iteration: the simulator's task graph is microbatches x stages x 4.
 MAX_MICROBATCHES = 65536
 
@@ -24,6 +28,14 @@ def check_layers(count: int, where: str) -> None:
     if count > MAX_LAYERS:
         raise PipeplanError(f"{where}: {count:,} layers; pipeplan plans for at most {MAX_LAYERS:,} "
                             "(merge layers into blocks: a stage boundary falls between blocks anyway)")
+
+
+def check_layer_value(value: float, unit: str, where: str) -> float:
+    """``value`` when it lies in 0 .. ``LAYER_RANGES[unit]``; else PipeplanError."""
+    bound = LAYER_RANGES[unit]
+    if not 0 <= value <= bound:  # NaN fails too
+        raise PipeplanError(f"{where}: {value:g} is out of range (0 to {bound:g} {unit})")
+    return value
 
 
 def check_microbatches(count: int, where: str) -> None:

@@ -32,6 +32,17 @@ def read_text(path: str | Path, what: str = "file") -> str:
         raise PipeplanError(f"{path}:{line}: not UTF-8 text (byte {e.start}); is this the right file?") from None
 
 
+def check_keys(d: Any, allowed: set[str], where: str) -> dict:
+    """``d`` when it is a mapping whose keys are all ``allowed``; else PipeplanError naming
+    the first unknown key (a misspelt key is never silently ignored)."""
+    if not isinstance(d, dict):
+        raise PipeplanError(f"{where}: expected a mapping, got {type(d).__name__}")
+    extra = sorted(set(map(str, d)) - allowed)
+    if extra:
+        raise PipeplanError(f"{where}: unknown key {extra[0]!r} (allowed: {', '.join(sorted(allowed))})")
+    return d
+
+
 def _no_duplicates(where: str):
     def hook(pairs: list[tuple[str, Any]]) -> dict:
         out: dict = {}

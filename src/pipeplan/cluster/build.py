@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import PipeplanError
 from ..limits import check_devices
+from ..readers import check_keys
 from ..units import parse_bandwidth, parse_bytes, parse_time
 from .kinds import kind as lookup_kind
 from .model import Cluster, Device, Resource
@@ -43,17 +44,8 @@ _SERVER_KEYS = {"name", "gpus", "kind", "memory", "speed", "intra"}
 _LINK_KEYS = {"from", "to", "bandwidth", "latency", "directed"}
 
 
-def _check_keys(d: Any, allowed: set[str], where: str) -> dict:
-    if not isinstance(d, dict):
-        raise PipeplanError(f"{where}: expected a mapping, got {type(d).__name__}")
-    extra = sorted(set(d) - allowed)
-    if extra:
-        raise PipeplanError(f"{where}: unknown key {extra[0]!r} (allowed: {', '.join(sorted(allowed))})")
-    return d
-
-
 def _device(d: dict, where: str, server: str = "") -> Device:
-    _check_keys(d, _DEVICE_KEYS, where)
+    check_keys(d, _DEVICE_KEYS, where)
     if "name" not in d:
         raise PipeplanError(f"{where}: a device needs a 'name'")
     k = lookup_kind(str(d.get("kind", "GPU")))
@@ -67,7 +59,7 @@ def _device(d: dict, where: str, server: str = "") -> Device:
             raise PipeplanError(f"{where}: resources must be a non-empty list")
         res = []
         for i, r in enumerate(d["resources"]):
-            _check_keys(r, _RESOURCE_KEYS, f"{where}: resources[{i}]")
+            check_keys(r, _RESOURCE_KEYS, f"{where}: resources[{i}]")
             try:
                 res.append(Resource(str(r["name"]), float(r["fwd_speed"]), float(r["bwd_speed"])))
             except (KeyError, TypeError, ValueError):
@@ -95,13 +87,13 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
         links:                        # overrides, symmetric unless directed: true
           - {from: gpu0, to: gpu1, bandwidth: 128Gbps, latency: 5us}
     """
-    d = _check_keys(d, _TOP_KEYS, source)
+    d = check_keys(d, _TOP_KEYS, source)
     name = str(d.get("name", "cluster"))
     devices: list[Device] = []
     intra_of: dict[str, float] = {}
     for k, s in enumerate(d.get("servers") or []):
         where = f"{source}: servers[{k}]"
-        _check_keys(s, _SERVER_KEYS, where)
+        check_keys(s, _SERVER_KEYS, where)
         sname = str(s.get("name", f"s{k}"))
         gpus = s.get("gpus", 1)
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
@@ -135,7 +127,7 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
     index = {dev.name: i for i, dev in enumerate(devices)}
     for k, link in enumerate(d.get("links") or []):
         where = f"{source}: links[{k}]"
-        _check_keys(link, _LINK_KEYS, where)
+        check_keys(link, _LINK_KEYS, where)
         try:
             a, b = index[str(link["from"])], index[str(link["to"])]
         except KeyError as e:

@@ -20,7 +20,8 @@ import math
 from pathlib import Path
 
 from ..errors import PipeplanError
-from ..readers import load_json
+from ..limits import check_layer_value
+from ..readers import check_keys, load_json
 from .model import Graph, NodeSpec, default_saved
 
 FORMAT = "pipeplan.graph/1"
@@ -45,9 +46,16 @@ def graph_to_dict(g: Graph) -> dict:
             "edges": [[g.ids[u], g.ids[v]] for u, v in g.edges]}
 
 
+_TOP_KEYS = {"format", "name", "meta", "nodes", "edges"}
+#: Each node's numeric keys and their units (limits.LAYER_RANGES).
+_UNITS = {"fwd_s": "s", "bwd_s": "s", "params_bytes": "bytes", "act_bytes": "bytes", "saved_bytes": "bytes",
+          "flops": "FLOPs"}
+_NODE_KEYS = {"id", "desc", "inplace", *_UNITS}
+
+
 def _numbers(nd: dict, where: str):
     """``num(key[, default])``: the node's number under ``key`` (JSON numbers only: true is
-    not 1 s), or its default when absent or null."""
+    not 1 s; within ``limits.LAYER_RANGES``), or its default when absent or null."""
     missing = object()
 
     def num(key: str, default: object = missing) -> float:
@@ -58,13 +66,16 @@ def _numbers(nd: dict, where: str):
             return float(default)  # type: ignore[arg-type]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise PipeplanError(f"{where}: {key!r} must be a number, got {v!r}")
-        return float(v)
+        if isinstance(v, int) and v.bit_length() > 64:
+            raise PipeplanError(f"{where}: {key!r}: an integer of {v.bit_length()} bits is out of range")
+        return check_layer_value(float(v), _UNITS[key], f"{where}: {key!r}")
     return num
 
 
 def graph_from_dict(d: object, source: str = "graph") -> Graph:
     if not isinstance(d, dict):
         raise PipeplanError(f"{source}: a graph must be a JSON object")
+    check_keys(d, _TOP_KEYS, source)
     if d.get("format") != FORMAT:
         raise PipeplanError(f"{source}: expected \"format\": \"{FORMAT}\", got {d.get('format')!r}")
     nodes_in = d.get("nodes")
@@ -75,6 +86,7 @@ def graph_from_dict(d: object, source: str = "graph") -> Graph:
         where = f"{source}: nodes[{k}]"
         if not isinstance(nd, dict) or "id" not in nd:
             raise PipeplanError(f"{where}: each node needs an 'id'")
+        check_keys(nd, _NODE_KEYS, where)
         inplace = nd.get("inplace", False)
         if not isinstance(inplace, bool):
             raise PipeplanError(f"{where} ({nd.get('id')!r}): 'inplace' must be true or false, got {inplace!r}")

@@ -22,7 +22,7 @@ from ..errors import PipeplanError
 from ..graph import Graph
 from ..plan import Plan
 from ..sim import SimResult, simulate
-from ..limits import check_microbatches
+from ..limits import MAX_SEED, check_microbatches
 from ..units import fmt_bytes
 from .variants import fit_memory, plan_for_global_batch
 
@@ -50,6 +50,8 @@ class PlanOptions:
 # -- typed planner options -------------------------------------------------------------------
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+#: The range of a ``seed`` option (the ``--seed`` of train and dynamic takes the same).
+SEED_RANGE = {"min": 0, "max": MAX_SEED}
 _EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -68,7 +70,7 @@ def _base_type(hint: Any) -> tuple[type, bool]:
 def _bounds_text(meta: Any) -> str:
     """A numeric option's range from its metadata: ``min``/``max`` (inclusive), ``above``/
     ``below`` (exclusive), e.g. '> 0' or '> 0 and < 1'."""
-    parts = [f"{op} {meta[k]:g}" for k, op in (("above", ">"), ("min", ">="), ("below", "<"), ("max", "<="))
+    parts = [f"{op} {meta[k]:{'' if isinstance(meta[k], int) else 'g'}}" for k, op in (("above", ">"), ("min", ">="), ("below", "<"), ("max", "<="))
              if meta.get(k) is not None]
     return " and ".join(parts)
 

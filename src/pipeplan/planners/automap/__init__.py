@@ -18,7 +18,7 @@ from ...cluster import Cluster
 from ...errors import PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan
-from ..base import PlanOptions, planner_options, register
+from ..base import SEED_RANGE, PlanOptions, planner_options, register
 from .problem import RADIUS, CutProblem, layer_of, server_boundaries
 
 DEFAULT_BUDGET_S = 300.0  # the target: each Table 7 case converges within 5 minutes
@@ -32,7 +32,7 @@ class AutomapOptions:
         "most seconds of online training; it stops earlier once the greedy policy has converged")})
     radius: int = field(default=RADIUS, metadata={"min": 0, "help": (
         "devices around each center device cut (network boundary) a cut may map to (§4.4)")})
-    seed: int = field(default=0, metadata={"min": 0, "help": "seed of the DQN's weights and exploration"})
+    seed: int = field(default=0, metadata={**SEED_RANGE, "help": "seed of the DQN's weights and exploration"})
 
 
 def default_stages(cluster: Cluster) -> int:

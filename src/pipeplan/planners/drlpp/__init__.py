@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ...cluster import Cluster
 from ...graph import Graph
 from ...plan import Plan
-from ..base import PlanOptions, planner_options, register
+from ..base import SEED_RANGE, PlanOptions, planner_options, register
 
 DEFAULT_BUDGET_S = 60.0
 
@@ -26,7 +26,7 @@ class DrlppOptions:
     budget: float | None = field(default=None, metadata={"above": 0, "help": (
         f"seconds of training (from the checkpoint if given); default {DEFAULT_BUDGET_S:g} without a checkpoint, "
         "none with one")})
-    seed: int = field(default=0, metadata={"min": 0, "help": "seed of the agent's weights and samples"})
+    seed: int = field(default=0, metadata={**SEED_RANGE, "help": "seed of the agent's weights and samples"})
     replicas: str = field(default="round-robin", metadata={"choices": ("round-robin", "split"), "help": (
         "how a partition's accelerators share the microbatches: whole ones in turn (PipeDream's, the paper's) "
         "or each split across them")})
