@@ -130,16 +130,32 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
         if not isinstance(s, dict) or not isinstance(s.get("nodes"), list) or not isinstance(s.get("devices"), list):
             raise PipeplanError(f"{source}: stages[{k}] needs lists 'nodes' and 'devices'")
         stages.append(Stage([str(x) for x in s["nodes"]], [str(x) for x in s["devices"]]))
-    m = d["microbatches"]
-    if isinstance(m, bool) or not isinstance(m, int):
-        raise PipeplanError(f"{source}: microbatches must be an integer, got {m!r}")
-    return Plan(graph=graph, cluster=cluster, stages=stages, microbatches=m,
-                schedule=str(d.get("schedule", "1f1b")), planner=str(d.get("planner", "manual")),
-                search_s=float(d.get("search_s") or 0.0), optimizer=str(d.get("optimizer", "adam")),
-                replicas=str(d.get("replicas", "split")), allocation=d.get("allocation"),
-                recompute=d.get("recompute"),
-                prediction=dict(d.get("prediction") or {}),
+    field = _typed_fields(d, source)
+    microbatches = field("microbatches", int, None, "an integer")
+    if microbatches is None:
+        raise PipeplanError(f"{source}: microbatches must be an integer, got null")
+    search_s = field("search_s", (int, float), 0.0, "a number")
+    if not 0 <= search_s < float("inf"):
+        raise PipeplanError(f"{source}: search_s must be a finite number >= 0, got {search_s!r}")
+    return Plan(graph=graph, cluster=cluster, stages=stages, microbatches=microbatches,
+                schedule=field("schedule", str, "1f1b", "a string"), planner=field("planner", str, "manual", "a string"),
+                search_s=float(search_s), optimizer=field("optimizer", str, "adam", "a string"),
+                replicas=field("replicas", str, "split", "a string"), allocation=d.get("allocation"),
+                recompute=d.get("recompute"), prediction=field("prediction", dict, {}, "an object"),
                 extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS})
+
+
+def _typed_fields(d: dict, source: str):
+    """``field(key, types, default, what)``: the plan's value under ``key`` when of ``types``
+    (true is not a number), its default when absent or null, else PipeplanError."""
+    def field(key: str, types: type | tuple[type, ...], default: Any, what: str) -> Any:
+        v = d.get(key)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, types):
+            raise PipeplanError(f"{source}: {key} must be {what}, got {v!r}")
+        return v
+    return field
 
 
 def load_plan(path: str | Path) -> Plan:

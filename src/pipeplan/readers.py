@@ -61,14 +61,48 @@ def parse_json(text: str, where: str) -> Any:
         raise PipeplanError(f"{where}:{e.lineno}: not valid JSON ({e.msg})") from None
     except RecursionError:
         raise PipeplanError(f"{where}: nested too deeply; not a pipeplan file") from None
+    except PipeplanError:
+        raise
+    except ValueError:  # an integer of more digits than Python converts
+        raise PipeplanError(f"{where}: a number has too many digits; not a pipeplan file") from None
+
+
+#: Nodes a YAML document may hold once its aliases are expanded: far more than any cluster
+#: file, far less than an alias bomb ("billion laughs") would build.
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Nodes under ``node`` with every alias expanded, counted without expanding them
+    (each shared node once); a node that contains itself counts as unbounded."""
+    key = id(node)
+    if key in memo:
+        if memo[key] < 0:
+            return MAX_YAML_NODES + 1
+        return memo[key]
+    memo[key] = -1
+    children = node.value if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)) else []
+    flat = [c for pair in children for c in pair] if isinstance(node, yaml.MappingNode) else children
+    memo[key] = min(1 + sum(_expanded_size(c, memo) for c in flat), MAX_YAML_NODES + 1)
+    return memo[key]
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader that refuses a key repeated in one mapping."""
+    """YAML's safe loader that refuses a key repeated in one mapping, a mapping or list used
+    as a key, and aliases that expand past ``MAX_YAML_NODES``, checked before building."""
+
+    def construct_document(self, node):
+        if _expanded_size(node, {}) > MAX_YAML_NODES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"its aliases expand to more than {MAX_YAML_NODES:,} values", node.start_mark)
+        return super().construct_document(node)
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise yaml.constructor.ConstructorError(None, None, "a mapping or list used as a key",
+                                                        key_node.start_mark)
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice in one mapping",
@@ -94,6 +128,10 @@ def parse_yaml(text: str, where: str) -> Any:
         raise PipeplanError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
     except RecursionError:
         raise PipeplanError(f"{where}: nested too deeply; not a pipeplan file") from None
+    except PipeplanError:
+        raise
+    except ValueError:  # an integer of more digits than Python converts
+        raise PipeplanError(f"{where}: a number has too many digits; not a pipeplan file") from None
 
 
 def load_json(path: str | Path, what: str = "file") -> Any:

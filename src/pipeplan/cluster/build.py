@@ -209,7 +209,11 @@ def _links_from_dict(d: dict, devices: list[Device]) -> tuple[np.ndarray, np.nda
     idx = np.array([rank[x.server] for x in devices])
     out = []
     for key in ("bandwidth", "latency"):
-        m = np.array(s[key], dtype=float)[np.ix_(idx, idx)]
+        m = np.array(s[key], dtype=float)
+        if m.shape != (len(rank), len(rank)):
+            raise PipeplanError(f"server_links: {key} is {m.shape}, expected {(len(rank), len(rank))} (one per "
+                                "pair of servers)")
+        m = m[np.ix_(idx, idx)]
         np.fill_diagonal(m, float(s[f"self_{key}"]))
         out.append(m)
     return out[0], out[1]
@@ -239,10 +243,14 @@ def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
                                           for r in x.get("resources", [])),
                           solo_speed=None if x.get("solo_speed") is None else float(x["solo_speed"]))
                    for x in d["devices"]]
+        if not devices:
+            raise PipeplanError("no devices")
         bw, lat = _links_from_dict(d, devices)
         meta = {k: float(d[k]) for k in CALIBRATED if k in d}
         if d.get("duplex") in ("full", "half"):
             meta["duplex"] = d["duplex"]
         return Cluster(str(d.get("name", "cluster")), devices, bw, lat, meta=meta)
-    except (KeyError, TypeError, ValueError) as e:
+    except PipeplanError as e:
+        raise PipeplanError(f"{source}: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise PipeplanError(f"{source}: malformed cluster ({e.__class__.__name__}: {e})") from None

@@ -86,8 +86,9 @@ class Cluster:
                 raise PipeplanError(f"{where}: {what} matrix is {arr.shape}, expected {(v, v)}")
         np.fill_diagonal(self.bandwidth, np.inf)
         np.fill_diagonal(self.latency, 0.0)
-        if np.any(self.bandwidth < 0) or np.any(self.latency < 0) or np.any(np.isnan(self.latency)):
-            raise PipeplanError(f"{where}: negative bandwidth or latency")
+        if np.any(np.isnan(self.bandwidth) | (self.bandwidth < 0)) or not np.all(np.isfinite(self.latency)) \
+                or np.any(self.latency < 0):
+            raise PipeplanError(f"{where}: a link's bandwidth or latency is negative or not a number")
         self.speed = np.array([d.speed for d in self.devices])
         self.fspeed = np.array([d.fwd_speed for d in self.devices])
         self.bspeed = np.array([d.bwd_speed for d in self.devices])
