@@ -14,6 +14,8 @@ MAX_LAYERS = 20000
 #: device): about 11 days, an exabyte, 10^24 FLOPs. Larger ones are typos or junk, and would
 #: overflow the simulator's sums.
 LAYER_RANGES = {"s": 1e6, "bytes": 1e18, "FLOPs": 1e24}
+#: Bytes in one input file (graph, cluster, plan): the largest profile is a few MiB.
+MAX_INPUT_BYTES = 2**30
 #: Microbatches per iteration: the simulator's task graph is microbatches x stages x 4.
 MAX_MICROBATCHES = 65536
 

@@ -10,6 +10,7 @@ file is self-contained: ``pipeplan simulate plan.json`` needs nothing else.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,7 +161,7 @@ def _typed_fields(d: dict, source: str):
 
 def load_plan(path: str | Path) -> Plan:
     p = Path(path)
-    if not p.is_file():
+    if not os.path.lexists(p):
         raise PipeplanError(f"plan file {str(path)!r} not found")
     return plan_from_dict(load_json(p, "plan file"), source=str(path))
 

@@ -1,28 +1,48 @@
 """Reading the files users give: text, JSON and YAML, each failure one PipeplanError naming
 the file (and the line where the parser knows it).
 
-Text is UTF-8 (a leading byte-order mark is dropped); JSON objects and YAML mappings may not
-repeat a key; a file nested deeper than the parsers' recursion allows is refused, not a crash.
+Only regular files are read (a FIFO or a device is refused before it is opened), of at
+most ``limits.MAX_INPUT_BYTES``. Text is UTF-8 (a leading byte-order mark is dropped); JSON
+objects and YAML mappings may not repeat a key; a file nested deeper than the parsers'
+recursion allows is refused, not a crash.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import PipeplanError
+from .limits import MAX_INPUT_BYTES
+
+
+def _regular_file(path: str | Path, what: str) -> int:
+    """The size of ``path``, checked to be a regular file no larger than ``MAX_INPUT_BYTES``
+    before it is opened: a FIFO would block the reader, a device never end."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise PipeplanError(f"{what} {str(path)!r}: cannot read it ({e.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise PipeplanError(f"{what} {str(path)!r}: is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise PipeplanError(f"{what} {str(path)!r}: is not a regular file (a device, FIFO or socket)")
+    if st.st_size > MAX_INPUT_BYTES:
+        raise PipeplanError(f"{what} {str(path)!r}: {st.st_size:,} bytes; pipeplan reads files of at most "
+                            f"{MAX_INPUT_BYTES:,}")
+    return st.st_size
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
-    p = Path(path)
+    _regular_file(path, what)
     try:
-        data = p.read_bytes()
-    except IsADirectoryError:
-        raise PipeplanError(f"{what} {str(path)!r}: is a directory") from None
+        data = Path(path).read_bytes()
     except OSError as e:
         raise PipeplanError(f"{what} {str(path)!r}: cannot read it ({e.strerror})") from None
     try:
