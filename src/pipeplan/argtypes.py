@@ -5,28 +5,35 @@ from __future__ import annotations
 
 import argparse
 
-from .errors import PipeplanError
-from .limits import check_seed
+from .limits import MAX_SEED
 
 
-def _integer(text: str) -> int:
+#: The largest count any option takes (C's int: thread counts, torch sizes).
+MAX_COUNT = 2**31 - 1
+
+
+def _integer(text: str, low: int, high: int = MAX_COUNT) -> int:
     try:
-        return int(text)
+        v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-
-
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    v = _integer(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    if v < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+    if v > high:
+        raise argparse.ArgumentTypeError(f"must be <= {high:,}, got {v}")
     return v
 
 
+def positive_int(text: str) -> int:
+    """An integer from 1 to ``MAX_COUNT``."""
+    return _integer(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An integer from 0 to ``MAX_COUNT``."""
+    return _integer(text, 0)
+
+
 def seed(text: str) -> int:
-    """A seed: an integer from 0 to ``limits.MAX_SEED``."""
-    try:
-        return check_seed(_integer(text), "--seed")
-    except PipeplanError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix("--seed: ")) from None
+    """A seed: an integer from 0 to ``limits.MAX_SEED`` (the -O seed= options' range too)."""
+    return _integer(text, 0, MAX_SEED)

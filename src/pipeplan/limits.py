@@ -48,9 +48,3 @@ def check_microbatches(count: int, where: str) -> None:
 
 #: Seeds: numpy's legacy generators and torch take at most 32 bits.
 MAX_SEED = 2**32 - 1
-
-
-def check_seed(value: int, where: str) -> int:
-    if not 0 <= value <= MAX_SEED:
-        raise PipeplanError(f"{where}: seed {value} is out of range (0 to {MAX_SEED:,})")
-    return value

@@ -27,6 +27,8 @@ FORMAT = "pipeplan.plan/1"
 #: "split": every replica takes an even share of each microbatch (SPP §III-B);
 #: "round-robin": replica r of k takes whole microbatches r, r+k, ... (PipeDream, data parallelism).
 REPLICA_MODES = ("split", "round-robin")
+#: The longest search a plan file may say it took (a year).
+MAX_SEARCH_S = 3.2e7
 
 
 @dataclass
@@ -136,8 +138,8 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
     if microbatches is None:
         raise PipeplanError(f"{source}: microbatches must be an integer, got null")
     search_s = field("search_s", (int, float), 0.0, "a number")
-    if not 0 <= search_s < float("inf"):
-        raise PipeplanError(f"{source}: search_s must be a finite number >= 0, got {search_s!r}")
+    if not 0 <= search_s <= MAX_SEARCH_S:
+        raise PipeplanError(f"{source}: search_s must be a number from 0 to {MAX_SEARCH_S:g}, got {search_s!r}")
     return Plan(graph=graph, cluster=cluster, stages=stages, microbatches=microbatches,
                 schedule=field("schedule", str, "1f1b", "a string"), planner=field("planner", str, "manual", "a string"),
                 search_s=float(search_s), optimizer=field("optimizer", str, "adam", "a string"),

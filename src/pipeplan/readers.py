@@ -63,6 +63,15 @@ def check_keys(d: Any, allowed: set[str], where: str) -> dict:
     return d
 
 
+def name_field(d: dict, key: str, default: str, where: str) -> str:
+    """``d[key]`` as a name: text or an integer (YAML reads ``name: 0`` as one), ``default``
+    when absent; anything else (a number such as NaN, a list) is refused."""
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise PipeplanError(f"{where}: {key!r} must be a name (text), got {v!r}")
+    return str(v)
+
+
 def _no_duplicates(where: str):
     def hook(pairs: list[tuple[str, Any]]) -> dict:
         out: dict = {}

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from ..errors import PipeplanError
 from ..limits import check_devices
-from ..readers import check_keys
+from ..readers import check_keys, name_field
 from ..units import parse_bandwidth, parse_bytes, parse_time
 from .kinds import kind as lookup_kind
 from .model import Cluster, Device, Resource
@@ -68,7 +69,7 @@ def _device(d: dict, where: str, server: str = "") -> Device:
     solo = d.get("solo_speed")
     if solo is not None and (isinstance(solo, bool) or not isinstance(solo, (int, float)) or not solo > 0):
         raise PipeplanError(f"{where}: solo_speed must be a number > 0, got {solo!r}")
-    return Device(name=str(d["name"]), kind=k.name, memory=memory, speed=float(speed),
+    return Device(name=name_field(d, "name", "", where), kind=k.name, memory=memory, speed=float(speed),
                   server=str(d.get("server", server)), resources=resources,
                   solo_speed=None if solo is None else float(solo))
 
@@ -88,7 +89,7 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
           - {from: gpu0, to: gpu1, bandwidth: 128Gbps, latency: 5us}
     """
     d = check_keys(d, _TOP_KEYS, source)
-    name = str(d.get("name", "cluster"))
+    name = name_field(d, "name", "cluster", source)
     devices: list[Device] = []
     intra_of: dict[str, float] = {}
     for k, s in enumerate(d.get("servers") or []):
@@ -209,6 +210,8 @@ def _links_from_dict(d: dict, devices: list[Device]) -> tuple[np.ndarray, np.nda
     idx = np.array([rank[x.server] for x in devices])
     out = []
     for key in ("bandwidth", "latency"):
+        if math.isnan(float(s[f"self_{key}"])):
+            raise PipeplanError(f"server_links: self_{key} is not a number")
         m = np.array(s[key], dtype=float)
         if m.shape != (len(rank), len(rank)):
             raise PipeplanError(f"server_links: {key} is {m.shape}, expected {(len(rank), len(rank))} (one per "
@@ -237,7 +240,7 @@ def cluster_to_dict(c: Cluster) -> dict:
 def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
     """Inverse of :func:`cluster_to_dict`."""
     try:
-        devices = [Device(name=str(x["name"]), kind=str(x.get("kind", "GPU")), memory=float(x["memory"]),
+        devices = [Device(name=name_field(x, "name", "", source), kind=str(x.get("kind", "GPU")), memory=float(x["memory"]),
                           speed=float(x["speed"]), server=str(x.get("server", "")),
                           resources=tuple(Resource(str(r["name"]), float(r["fwd_speed"]), float(r["bwd_speed"]))
                                           for r in x.get("resources", [])),
@@ -249,8 +252,8 @@ def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
         meta = {k: float(d[k]) for k in CALIBRATED if k in d}
         if d.get("duplex") in ("full", "half"):
             meta["duplex"] = d["duplex"]
-        return Cluster(str(d.get("name", "cluster")), devices, bw, lat, meta=meta)
+        return Cluster(name_field(d, "name", "cluster", source), devices, bw, lat, meta=meta)
     except PipeplanError as e:
         raise PipeplanError(f"{source}: {e}") from None
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise PipeplanError(f"{source}: malformed cluster ({e.__class__.__name__}: {e})") from None

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from ..errors import PipeplanError
 from ..limits import check_layer_value
-from ..readers import check_keys, load_json
+from ..readers import check_keys, load_json, name_field
 from .model import Graph, NodeSpec, default_saved
+from .scale import profiled_microbatch
 
 FORMAT = "pipeplan.graph/1"
 
@@ -91,7 +92,7 @@ def graph_from_dict(d: object, source: str = "graph") -> Graph:
         if not isinstance(inplace, bool):
             raise PipeplanError(f"{where} ({nd.get('id')!r}): 'inplace' must be true or false, got {inplace!r}")
         num = _numbers(nd, f"{where} ({nd.get('id')!r})")
-        nodes.append(NodeSpec(id=str(nd["id"]), fwd=num("fwd_s"), bwd=num("bwd_s"),
+        nodes.append(NodeSpec(id=name_field(nd, "id", "", where), fwd=num("fwd_s"), bwd=num("bwd_s"),
                               params=num("params_bytes", 0.0), act=num("act_bytes", 0.0),
                               desc=str(nd.get("desc", "")), flops=num("flops", float("nan")), inplace=inplace,
                               saved=None if nd.get("saved_bytes") is None else num("saved_bytes")))
@@ -101,8 +102,10 @@ def graph_from_dict(d: object, source: str = "graph") -> Graph:
     meta = d.get("meta") or {}
     if not isinstance(meta, dict):
         raise PipeplanError(f"{source}: 'meta' must be an object")
-    return Graph.from_nodes(str(d.get("name", "model")), nodes,
-                            [(str(a), str(b)) for a, b in edges], meta=meta)
+    graph = Graph.from_nodes(name_field(d, "name", "model", source), nodes, [(str(a), str(b)) for a, b in edges], meta=meta)
+    if meta.get("microbatch") is not None:
+        profiled_microbatch(graph)  # a positive integer, or one line
+    return graph
 
 
 def save_graph(g: Graph, path: str | Path) -> None:

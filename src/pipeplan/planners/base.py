@@ -87,6 +87,8 @@ def _parse_value(text: str, hint: Any, choices: tuple[str, ...] | None, meta: An
     base, optional = _base_type(hint)
     bounds = _bounds_text(meta) if base in (int, float) else ""
     expected = f"one of {', '.join(choices)}" if choices else _EXPECTED[base] + (f" {bounds}" if bounds else "")
+    if not text.strip():
+        raise ValueError(f"{expected}, not an empty value")
     if optional and text.strip().lower() == "none":
         return None
     value: Any
