@@ -182,11 +182,12 @@ def test_ctrl_c_while_the_parser_is_built_is_one_line_and_130(monkeypatch, capsy
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("after_s", [0.3, 1.0, 2.0])
-def test_ctrl_c_at_any_moment_of_compare_is_one_line_and_130(after_s):
+@pytest.mark.parametrize("after_s", [0.2, 0.5, 0.8])
+def test_ctrl_c_in_the_first_second_of_compare_is_one_line_and_130(after_s):
     """SIGINT to a real `pipeplan compare` at several moments of its start: exit 130 and one
     line, or killed by the signal (a shell's 130 too: before Python installs its handler, or
-    when CPython re-raises an interrupt that met code run through PyRun_*) with at most that line."""
+    when CPython re-raises an interrupt that met code run through PyRun_*) with at most that
+    line; never a traceback. (Later, Ctrl-C stops the running planner's search instead.)"""
     import os
     import signal
     import subprocess
@@ -205,9 +206,6 @@ def test_ctrl_c_at_any_moment_of_compare_is_one_line_and_130(after_s):
 
 def test_messages_quoting_user_text_stay_one_line(tmp_path, capsys):
     """A path with a newline or an escape sequence is printed escaped, on the error's one line."""
-    from pipeplan.errors import one_line
-
-    assert one_line("a\nb\x1b[2J\u2028µs") == "a\\nb\\x1b[2J\\u2028µs"
     bad = tmp_path / "x\ny\x1b[31m"
     assert main(["simulate", str(bad), "--trace", str(tmp_path / "t\nj.json")]) == 2
     err = capsys.readouterr().err
@@ -215,3 +213,6 @@ def test_messages_quoting_user_text_stay_one_line(tmp_path, capsys):
     assert main(["plan", "--model", "zoo:alexnet", "--cluster", "v100x4", "--out", str(tmp_path / "p\n.txt")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "p\\n.txt" in err, err
+    from pipeplan.errors import one_line
+
+    assert one_line("a\nb\x1b[2J\u2028µs") == "a\\nb\\x1b[2J\\u2028µs"

@@ -236,9 +236,11 @@ def content_cases(label: str, put, kind: str) -> list[Case]:
 
 
 def _bomb(levels: int = 9) -> str:
-    lines = ["a0: &a0 [" + ", ".join(["lol"] * 9) + "]"]
-    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
-    return "\n".join(lines) + "\n"
+    """A "billion laughs": 9^levels strings from a few hundred bytes, as the cluster's name
+    (which a reader turns into text) and devices."""
+    lines = ["x0: &a0 [" + ", ".join(["lol"] * 9) + "]"]
+    lines += [f"x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return f"name: {{{', '.join(lines)}}}\ndevices: *a{levels - 1}\nbandwidth: 10GB/s\n"
 
 
 #: Cluster YAML that no mutation of a valid file makes.
@@ -327,13 +329,15 @@ def _valid_doc(kind: str):
 
 
 def _make_plan() -> dict:
+    import contextlib
+    import io
     import tempfile
 
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
         (Path(d) / "g.json").write_text(json.dumps(GRAPH))
         (Path(d) / "c.yaml").write_text(yaml.safe_dump(CLUSTER))
         argv = [a.format(graph=f"{d}/g.json", cluster=f"{d}/c.yaml") for a in BASE["plan"]]
-        assert main(argv + ["--out", f"{d}/p.json", "--json"]) == 0
+        assert main(argv + ["--out", f"{d}/p.json"]) == 0
         return json.loads((Path(d) / "p.json").read_text())
 
 
