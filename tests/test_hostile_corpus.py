@@ -79,6 +79,8 @@ WORK = {
 INPUTS = {"plan": "plan", "cluster": "cluster", "init": None, "checkpoint": None, "measured": "graph"}
 GRAPH_MODEL_COMMANDS = ("plan", "compare", "train")
 OUTPUTS = ("out", "trace", "gantt")
+#: Bases for options that only one form of a command takes.
+OPTION_BASE = {("dynamic", "checkpoint"): ["dynamic", "eval"]}
 #: Values that are valid for the option they are given to.
 LEGIT = {("--warmup", "0"), ("--seed", "0")}
 NUMBERS = ["-1", "0", "nan", "inf", "1e308", str(10**20)]
@@ -94,6 +96,8 @@ OWNED_ELSEWHERE = {
     "run --warmup -1", f"run --warmup {10**20}",
     *(f"{option} {what}" for option in ("train --init", "shard --cluster") for what in [*PLAIN_FILES, "/dev/zero"]),
     "shard --seed -1", f"shard --seed {10**20}",
+    "calibrate --threads 100000", "run --threads 100000",
+    "dynamic --checkpoint FIFO", "plan --planner drl-pp -O checkpoint= FIFO",
 }
 
 
@@ -107,6 +111,7 @@ class Case:
     files: tuple[tuple[str, object], ...] = ()
     strict: bool = True
     bulk: bool = False  # one of many alike (mutations, cuts): most run with the slow tests only
+    planner_runs: bool = False  # the planner reads the hostile value itself (no tripwire on it)
 
 
 class ReachedWork(Exception):
@@ -165,11 +170,14 @@ def option_cases() -> list[Case]:
                           if (opt, v) not in LEGIT]
             if a.choices:
                 cases.append(Case(f"{command} {opt} bogus", tuple(_with(base, opt, "bogus"))))
+            if a.dest == "threads":
+                cases.append(Case(f"{command} {opt} 100000", tuple(_with(base, opt, "100000"))))
             if a.dest in OUTPUTS:
                 cases += output_cases(command, opt, base)
             kind = _input_kind(command, a.dest)
             if kind:
-                cases += input_cases(f"{command} {opt}", lambda p, o=opt, b=base: _with(b, o, p), kind,
+                own = OPTION_BASE.get((command, a.dest), base)
+                cases += input_cases(f"{command} {opt}", lambda p, o=opt, b=own: _with(b, o, p), kind,
                                      contents=command == "plan")
         if any(not a.option_strings and a.dest == "plan" for a in sp._actions):
             at = base.index("{plan}")
@@ -192,6 +200,10 @@ def planner_option_cases() -> list[Case]:
                 values += ["nan", "inf"] + (["-1", str(10**20)] if o["name"] == "seed" else [])
             cases += [Case(f"plan --planner {entry['name']} -O {o['name']}={v or 'empty'}",
                            (*base, "-O", f"{o['name']}={v}")) for v in values]
+            if o["name"] == "checkpoint":
+                cases += [replace(c, planner_runs=True) for c in input_cases(
+                    f"plan --planner {entry['name']} -O checkpoint=", lambda p, b=base: [*b, "-O", f"checkpoint={p}"],
+                    "any", contents=False)]
     return cases
 
 
@@ -401,7 +413,7 @@ class FifoWatch:
     """Unblocks a command stuck opening a FIFO of ``folder`` (opens its other end after
     ``after_s``) and records that it was stuck."""
 
-    def __init__(self, folder: Path, after_s: float = 20.0) -> None:
+    def __init__(self, folder: Path, after_s: float = 2.0) -> None:
         self.fifos = [p for p in folder.iterdir() if p.is_fifo()]
         self.stuck: list[str] = []
         self._done = threading.Event()
@@ -430,13 +442,14 @@ def _tripwire(*args, **kwargs):
     raise ReachedWork()
 
 
-def _arm_tripwires(argv: list[str], monkeypatch) -> None:
-    """Replace the work of ``argv``'s command, and the search of a planner given -O options."""
+def _arm_tripwires(argv: list[str], planner_runs: bool, monkeypatch) -> None:
+    """Replace the work of ``argv``'s command, and the search of a planner given -O options
+    (unless ``planner_runs``)."""
     from pipeplan.planners.base import REGISTRY, get_planner
 
     for target in WORK.get(argv[0], []):
         monkeypatch.setattr(target, _tripwire)
-    if "-O" in argv and "--planner" in argv:
+    if "-O" in argv and "--planner" in argv and not planner_runs:
         name = argv[argv.index("--planner") + 1]
         monkeypatch.setitem(REGISTRY, name, replace(get_planner(name), fn=_tripwire))
 
@@ -449,7 +462,7 @@ def run_case(case: Case, folder: Path, monkeypatch, capsys) -> tuple[int | str, 
     values = valid_inputs(folder)
     before = set(os.listdir(folder))
     argv = [a.format(**values) if "{" in a else a for a in case.argv]
-    _arm_tripwires(argv, monkeypatch)
+    _arm_tripwires(argv, case.planner_runs, monkeypatch)
     with FifoWatch(folder) as watch, warnings.catch_warnings():
         warnings.simplefilter("error")
         try:

@@ -4,6 +4,7 @@ with argparse's one-line usage error, before any work."""
 from __future__ import annotations
 
 import argparse
+import os
 
 from .limits import MAX_SEED
 
@@ -32,6 +33,15 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """An integer from 0 to ``MAX_COUNT``."""
     return _integer(text, 0)
+
+
+#: Threads per process, per core of this machine: more only slows a run down.
+THREADS_PER_CORE = 4
+
+
+def threads(text: str) -> int:
+    """Threads: 1 to ``THREADS_PER_CORE`` x this machine's cores."""
+    return _integer(text, 1, THREADS_PER_CORE * (os.cpu_count() or 1))
 
 
 def seed(text: str) -> int:

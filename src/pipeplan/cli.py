@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .argtypes import non_negative_int, positive_int as _positive_int, seed as _seed
+from .argtypes import non_negative_int, positive_int as _positive_int, seed as _seed, threads
 from .errors import Infeasible, PipeplanError, one_line
 from .outputs import Outputs
 from .progress_bar import planning_progress, training_progress
@@ -641,7 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("model_spec", help=MODEL_SPEC_HELP)
     sp.add_argument("--microbatch", type=_positive_int, help="samples per microbatch (default: the example input's)")
     sp.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    sp.add_argument("--threads", type=_positive_int, default=1, help="threads (use the runtime's, default 1)")
+    sp.add_argument("--threads", type=threads, default=1, help="threads (use the runtime's, default 1)")
     sp.add_argument("--warmup", type=non_negative_int, default=3, help="repetitions before measuring (default 3)")
     sp.add_argument("--reps", type=_positive_int, default=10, help="repetitions; the median is kept")
     sp.add_argument("--out", help="write the graph JSON here")

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .argtypes import seed
+from .argtypes import seed, threads
 from .errors import PipeplanError
 from .outputs import Outputs
 
@@ -33,7 +33,7 @@ def add_parser(sub, positive_int) -> None:
     sp.add_argument("--repeats", type=positive_int, default=10, help="with --devices: runs averaged (default 10)")
     sp.add_argument("--train-trees", type=positive_int, default=1000, help="training inputs (default 1000)")
     sp.add_argument("--test-trees", type=positive_int, default=50, help="held-out inputs (default 50)")
-    sp.add_argument("--threads", type=positive_int, default=1,
+    sp.add_argument("--threads", type=threads, default=1,
                     help="torch intra-op threads (default 1: one core per logical CPU device)")
     sp.add_argument("--checkpoint", help="eval: the checkpoint to evaluate")
     sp.add_argument("--out", help="train: write the checkpoint here (.pt; the curve goes beside it as .csv, .png)")
