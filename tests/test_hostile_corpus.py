@@ -263,8 +263,8 @@ YAML_SPECIALS = {
     "a recursive alias": "devices: &d [{name: a}, *d]\nbandwidth: 10GB/s\n",
     "NaN bandwidth": "devices: [{name: a}, {name: b}]\nbandwidth: .nan\n",
     "NaN link": "devices: [{name: a}, {name: b}]\nbandwidth: 10GB/s\nlinks: [{from: a, to: b, bandwidth: .nan}]\n",
-    "a link matrix of the wrong shape": ("devices: [{name: a, memory: 1GB, speed: 1}, {name: b, memory: 1GB, "
-                                         "speed: 1}]\nbandwidth_matrix: [[0, 1e9]]\nlatency_matrix: [[0, 0], [0, 0]]\n"),
+    "a link matrix of the wrong shape": ("devices: [{name: a, memory: 1GB, speed: 1}, {name: b, memory: 1GB, speed: 1}]"
+                                         "\nbandwidth_matrix: [[0, 1e9]]\nlatency_matrix: [[0, 0], [0, 0]]\n"),
     "a full cluster with no devices": "devices: []\nbandwidth_matrix: []\nlatency_matrix: []\n",
     "no devices": "devices: []\nbandwidth: 10GB/s\n",
     "a 5000-digit bandwidth": "devices: [{name: a}, {name: b}]\nbandwidth: " + "9" * 5000 + "\n",
@@ -313,7 +313,6 @@ def mutations(kind: str) -> list[tuple[str, tuple, bool]]:
     out = []
     for path in _paths(doc):
         old = _at(doc, path)
-        number = isinstance(old, (int, float)) and not isinstance(old, bool)
         where = ".".join(map(str, path))
         for name in MUTANTS:
             strict = _must_refuse(old, name) and not _recomputed(path)

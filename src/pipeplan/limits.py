@@ -16,6 +16,8 @@ MAX_LAYERS = 20000
 LAYER_RANGES = {"s": 1e6, "bytes": 1e18, "FLOPs": 1e24}
 #: Bytes in one input file (graph, cluster, plan): the largest profile is a few MiB.
 MAX_INPUT_BYTES = 2**30
+#: Seeds: numpy's legacy generators and torch take at most 32 bits.
+MAX_SEED = 2**32 - 1
 #: Microbatches per iteration: the simulator's task graph is microbatches x stages x 4.
 MAX_MICROBATCHES = 65536
 
@@ -44,7 +46,3 @@ def check_microbatches(count: int, where: str) -> None:
     if count > MAX_MICROBATCHES:
         raise PipeplanError(f"{where}: {count:,} microbatches; at most {MAX_MICROBATCHES:,} "
                             "(use larger microbatches: --global-batch picks their size)")
-
-
-#: Seeds: numpy's legacy generators and torch take at most 32 bits.
-MAX_SEED = 2**32 - 1

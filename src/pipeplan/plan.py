@@ -141,7 +141,8 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
     if not 0 <= search_s <= MAX_SEARCH_S:
         raise PipeplanError(f"{source}: search_s must be a number from 0 to {MAX_SEARCH_S:g}, got {search_s!r}")
     return Plan(graph=graph, cluster=cluster, stages=stages, microbatches=microbatches,
-                schedule=field("schedule", str, "1f1b", "a string"), planner=field("planner", str, "manual", "a string"),
+                schedule=field("schedule", str, "1f1b", "a string"),
+                planner=field("planner", str, "manual", "a string"),
                 search_s=float(search_s), optimizer=field("optimizer", str, "adam", "a string"),
                 replicas=field("replicas", str, "split", "a string"), allocation=d.get("allocation"),
                 recompute=d.get("recompute"), prediction=field("prediction", dict, {}, "an object"),

@@ -240,7 +240,8 @@ def cluster_to_dict(c: Cluster) -> dict:
 def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
     """Inverse of :func:`cluster_to_dict`."""
     try:
-        devices = [Device(name=name_field(x, "name", "", source), kind=str(x.get("kind", "GPU")), memory=float(x["memory"]),
+        devices = [Device(name=name_field(x, "name", "", source), kind=str(x.get("kind", "GPU")),
+                          memory=float(x["memory"]),
                           speed=float(x["speed"]), server=str(x.get("server", "")),
                           resources=tuple(Resource(str(r["name"]), float(r["fwd_speed"]), float(r["bwd_speed"]))
                                           for r in x.get("resources", [])),

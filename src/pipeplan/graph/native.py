@@ -102,7 +102,8 @@ def graph_from_dict(d: object, source: str = "graph") -> Graph:
     meta = d.get("meta") or {}
     if not isinstance(meta, dict):
         raise PipeplanError(f"{source}: 'meta' must be an object")
-    graph = Graph.from_nodes(name_field(d, "name", "model", source), nodes, [(str(a), str(b)) for a, b in edges], meta=meta)
+    graph = Graph.from_nodes(name_field(d, "name", "model", source), nodes, [(str(a), str(b)) for a, b in edges],
+                             meta=meta)
     if meta.get("microbatch") is not None:
         profiled_microbatch(graph)  # a positive integer, or one line
     return graph

@@ -70,8 +70,8 @@ def _base_type(hint: Any) -> tuple[type, bool]:
 def _bounds_text(meta: Any) -> str:
     """A numeric option's range from its metadata: ``min``/``max`` (inclusive), ``above``/
     ``below`` (exclusive), e.g. '> 0' or '> 0 and < 1'."""
-    parts = [f"{op} {meta[k]:{'' if isinstance(meta[k], int) else 'g'}}" for k, op in (("above", ">"), ("min", ">="), ("below", "<"), ("max", "<="))
-             if meta.get(k) is not None]
+    parts = [f"{op} {meta[k] if isinstance(meta[k], int) else format(meta[k], 'g')}"
+             for k, op in (("above", ">"), ("min", ">="), ("below", "<"), ("max", "<=")) if meta.get(k) is not None]
     return " and ".join(parts)
 
 
