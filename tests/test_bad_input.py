@@ -216,3 +216,21 @@ def test_messages_quoting_user_text_stay_one_line(tmp_path, capsys):
     from pipeplan.errors import one_line
 
     assert one_line("a\nb\x1b[2J\u2028µs") == "a\\nb\\x1b[2J\\u2028µs"
+
+
+def test_yaml_anchors_and_large_files_are_read_while_alias_bombs_are_not():
+    """Aliases are counted by what they add once expanded, not the document's own size."""
+    from pipeplan.cluster import cluster_from_dict
+    from pipeplan.errors import PipeplanError
+    from pipeplan.readers import parse_yaml
+
+    shared = ("gpu: &gpu {kind: V100, memory: 16GiB}\n"
+              "devices: [{name: a, <<: *gpu}, {name: b, <<: *gpu}]\n")
+    doc = parse_yaml(shared, "c.yaml")
+    del doc["gpu"]
+    assert [d.memory for d in cluster_from_dict({**doc, "bandwidth": "10GB/s"}).devices] == [16 * 2.0**30] * 2
+    n = 400  # 160,400 values, no alias
+    assert len(parse_yaml("m: [" + ", ".join(["[" + ", ".join(["1"] * n) + "]"] * n) + "]\n", "big.yaml")["m"]) == n
+    bomb = "a: &a [" + ", ".join(["x"] * 400) + "]\nb: [" + ", ".join(["*a"] * 400) + "]\n"  # 160,000 by aliases
+    with pytest.raises(PipeplanError, match="aliases expand to more than 100,000 values"):
+        parse_yaml(bomb, "bomb.yaml")

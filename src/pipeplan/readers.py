@@ -10,6 +10,7 @@ recursion allows is refused, not a crash.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import stat
@@ -96,39 +97,43 @@ def parse_json(text: str, where: str) -> Any:
         raise PipeplanError(f"{where}: a number has too many digits; not a pipeplan file") from None
 
 
-#: Nodes a YAML document may hold once its aliases are expanded: far more than any cluster
-#: file, far less than an alias bomb ("billion laughs") would build.
-MAX_YAML_NODES = 100_000
+#: Values a YAML document's aliases may add once expanded: far more than any cluster file
+#: shares, far less than an alias bomb ("billion laughs") would build.
+MAX_YAML_ALIAS_VALUES = 100_000
 
 
-def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
-    """Nodes under ``node`` with every alias expanded, counted without expanding them
-    (each shared node once); a node that contains itself counts as unbounded."""
+def _expanded_size(node: yaml.Node, memo: dict[int, float]) -> float:
+    """Values under ``node`` with every alias expanded, counted without expanding them (each
+    shared node once, in ``memo``); a node that contains itself counts as infinite."""
     key = id(node)
     if key in memo:
-        if memo[key] < 0:
-            return MAX_YAML_NODES + 1
-        return memo[key]
+        return math.inf if memo[key] < 0 else memo[key]
     memo[key] = -1
     children = node.value if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)) else []
     flat = [c for pair in children for c in pair] if isinstance(node, yaml.MappingNode) else children
-    memo[key] = min(1 + sum(_expanded_size(c, memo) for c in flat), MAX_YAML_NODES + 1)
+    memo[key] = 1 + sum(_expanded_size(c, memo) for c in flat)
     return memo[key]
 
 
 class _StrictLoader(yaml.SafeLoader):
     """YAML's safe loader that refuses a key repeated in one mapping, a mapping or list used
-    as a key, and aliases that expand past ``MAX_YAML_NODES``, checked before building."""
+    as a key, and aliases that add more than ``MAX_YAML_ALIAS_VALUES`` values once expanded
+    (checked before anything is built)."""
 
     def construct_document(self, node):
-        if _expanded_size(node, {}) > MAX_YAML_NODES:
+        memo: dict[int, float] = {}
+        if _expanded_size(node, memo) - len(memo) > MAX_YAML_ALIAS_VALUES:
             raise yaml.constructor.ConstructorError(
-                None, None, f"its aliases expand to more than {MAX_YAML_NODES:,} values", node.start_mark)
+                None, None, f"its aliases expand to more than {MAX_YAML_ALIAS_VALUES:,} values", node.start_mark)
         return super().construct_document(node)
 
     def construct_mapping(self, node, deep=False):
+        """Each key once among the mapping's own (a merge ``<<: *anchor`` supplies defaults
+        that its own keys override, as YAML means)."""
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             if not isinstance(key_node, yaml.ScalarNode):
                 raise yaml.constructor.ConstructorError(None, None, "a mapping or list used as a key",
                                                         key_node.start_mark)
