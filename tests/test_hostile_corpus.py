@@ -170,6 +170,8 @@ def option_cases() -> list[Case]:
                           if (opt, v) not in LEGIT]
             if a.choices:
                 cases.append(Case(f"{command} {opt} bogus", tuple(_with(base, opt, "bogus"))))
+            if getattr(a.type, "__name__", "") == "names":
+                cases += [Case(f"{command} {opt} list {v!r}", tuple(_with(base, opt, v))) for v in ("gpipe,", ",", " , ")]
             if a.dest == "threads":
                 cases.append(Case(f"{command} {opt} 100000", tuple(_with(base, opt, "100000"))))
             if a.dest in OUTPUTS:

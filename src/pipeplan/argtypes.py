@@ -44,6 +44,15 @@ def threads(text: str) -> int:
     return _integer(text, 1, THREADS_PER_CORE * (os.cpu_count() or 1))
 
 
+def names(text: str) -> list[str]:
+    """A comma-separated list of names, each non-empty (``a,,b`` or ``a,`` is a typo, not a
+    request for the default)."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"an empty name in the comma-separated list {text!r}")
+    return items
+
+
 def seed(text: str) -> int:
     """A seed: an integer from 0 to ``limits.MAX_SEED`` (the -O seed= options' range too)."""
     return _integer(text, 0, MAX_SEED)

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .argtypes import non_negative_int, positive_int as _positive_int, seed as _seed, threads
+from .argtypes import names as _names, non_negative_int, positive_int as _positive_int, seed as _seed, threads
 from .errors import Infeasible, PipeplanError, one_line
 from .outputs import Outputs
 from .progress_bar import planning_progress, training_progress
@@ -246,7 +246,7 @@ def cmd_compare(args) -> int:
     outs.want("--gantt", args.gantt, "figure")
     outs.want("--out", args.out, "json")
     graph, cluster = _load_inputs(args)
-    names = args.planners.split(",") if args.planners else default_planners(cluster)
+    names = args.planners or default_planners(cluster)
     with planning_progress("comparing") as progress:
         rows = compare(graph, cluster, names, _options(args), progress)
     top = best_row(rows) if any(r.result is not None for r in rows) else None
@@ -632,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("compare", help="run several planners on the same inputs and rank them")
     _model_cluster(sp)
-    sp.add_argument("--planners", help="comma-separated planner names (default: all)")
+    sp.add_argument("--planners", type=_names, help="comma-separated planner names (default: all)")
     sp.add_argument("--gantt", help="write the best plan's Gantt chart (PNG, SVG or PDF) here")
     sp.add_argument("--out", help="write the best plan's JSON here (as 'pipeplan plan' would)")
     sp.set_defaults(fn=cmd_compare)

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .argtypes import seed, threads
+from .argtypes import names, seed, threads
 from .errors import PipeplanError
 from .outputs import Outputs
 
@@ -18,7 +18,7 @@ def add_parser(sub, positive_int) -> None:
                     help="bench: the baselines; train: the DQN, then held-out evaluation; eval: a checkpoint's policy")
     sp.add_argument("--net", default="treelstm", choices=["treelstm", "mathfunc"])
     where = sp.add_mutually_exclusive_group()
-    where.add_argument("--devices", help="real devices, measured: cpu, cpu:K (a logical CPU device), cuda:K")
+    where.add_argument("--devices", type=names, help="real devices, measured: cpu, cpu:K (a logical CPU device), cuda:K")
     where.add_argument("--simulated", help="a machine on the cost model, e.g. cpu+4gpu (the default), 2cpu+2gpu")
     sp.add_argument("--width", type=positive_int, default=None,
                     help="each node's size: TreeLSTM hidden size (default 150), MathFunc vector length (default 1)")
@@ -62,7 +62,7 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
     outs.want("curve CSV", stem and stem + ".csv", "csv")
     outs.want("curve PNG", stem and stem + ".png", "figure")
     seconds = parse_duration(args.budget, "--budget") if args.budget else None
-    setup = Setup(net=args.net, width=args.width, devices=args.devices.split(",") if args.devices else None,
+    setup = Setup(net=args.net, width=args.width, devices=args.devices,
                   simulated=None if args.devices else (args.simulated or "cpu+4gpu"), mode=args.mode,
                   repeats=args.repeats, normalized=args.normalized, seed=args.seed, train_trees=args.train_trees,
                   test_trees=args.test_trees)
