@@ -134,7 +134,8 @@ def _value_actions(sp: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 def _is_numeric(a: argparse.Action) -> bool:
-    typed = a.type in (int, float) or getattr(a.type, "__module__", "") == "pipeplan.argtypes"
+    typed = a.type in (int, float) or getattr(a.type, "__name__", "") in ("positive_int", "non_negative_int",
+                                                                          "threads", "seed")
     return typed or a.dest in ("memory_limit", "budget")
 
 
@@ -309,7 +310,7 @@ def _must_refuse(old, mutant: str) -> bool:
 
 def mutations(kind: str) -> list[tuple[str, tuple, bool]]:
     """(id, spec, strict) of every mutation of the valid ``kind`` document: a value replaced,
-    an unknown key added, a list shortened. Strict (exit 2 required): ``_must_refuse``, and
+    an unknown key added, a list shortened or emptied. Strict (exit 2 required): ``_must_refuse``, and
     an unknown key in a graph or cluster."""
     doc = _valid_doc(kind)
     out = []
@@ -320,7 +321,7 @@ def mutations(kind: str) -> list[tuple[str, tuple, bool]]:
             strict = _must_refuse(old, name) and not _recomputed(path)
             out.append((f"{where} = {name}", ("set", path, name), strict))
         if isinstance(old, list) and old:
-            out.append((f"{where} shortened", ("shorten", path), False))
+            out += [(f"{where} shortened", ("shorten", path), False), (f"{where} emptied", ("empty", path), False)]
     for path in [()] + _paths(doc):
         if isinstance(_at(doc, path), dict):
             free = kind == "plan" or path[:1] == ("meta",)  # a plan's planner sections, a graph's meta
@@ -360,6 +361,8 @@ def _mutant(kind: str, spec: tuple):
         _at(doc, spec[1])["unexpected_key"] = 1
     elif spec[0] == "shorten":
         _at(doc, spec[1]).pop()
+    elif spec[0] == "empty":
+        _at(doc, spec[1]).clear()
     else:
         path, name = spec[1], spec[2]
         _at(doc, path[:-1])[path[-1]] = copy.deepcopy(MUTANTS[name])
@@ -414,7 +417,7 @@ class FifoWatch:
     """Unblocks a command stuck opening a FIFO of ``folder`` (opens its other end after
     ``after_s``) and records that it was stuck."""
 
-    def __init__(self, folder: Path, after_s: float = 2.0) -> None:
+    def __init__(self, folder: Path, after_s: float = 1.0) -> None:
         self.fifos = [p for p in folder.iterdir() if p.is_fifo()]
         self.stuck: list[str] = []
         self._done = threading.Event()
@@ -492,8 +495,24 @@ def check_answer(case: Case, code, out: str, err: str, before: set[str], folder:
 
 ALL = option_cases()
 assert len({c.id for c in ALL}) == len(ALL), "case ids must be unique"
-#: The fast share of the corpus (``-m "not slow"``): every case but the bulk, one in 10 of those.
-FAST = {c.id for i, c in enumerate(ALL) if not c.bulk or i % 10 == 0}
+#: Cases the fast share always runs: one of each hostile input the project has met.
+KEY_CASES = {
+    "plan --model nodes.0.fwd_s = 400-digit integer", "plan --model nodes.0.fwd_s = 1e308",
+    "plan --model nodes.0.fwd_s = string", "plan --model top + unknown key", "plan --model nodes.0 + unknown key",
+    "plan --model graph.txt cut after line 10", "plan --model graph.txt cut after line 30",
+    "plan --model missing (a newline in its name)", "plan --model FIFO", "plan --model /dev/zero",
+    "plan --cluster a mapping as a key", "plan --cluster an alias bomb", "plan --cluster NaN link",
+    "plan --cluster a link matrix of the wrong shape", "plan --cluster a full cluster with no devices",
+    "simulate PLAN prediction = list", "simulate PLAN microbatches = string", "simulate PLAN search_s = string",
+    "simulate PLAN cluster.devices emptied", "simulate PLAN cluster.server_links.bandwidth.0.0 = nan",
+    "simulate PLAN cluster.server_links.bandwidth.0 shortened", "simulate PLAN FIFO",
+    "plan --schedule empty", "compare --planners empty", "dynamic --devices empty", "compare --planners list 'gpipe,'",
+    f"train --seed {10**20}", "dynamic --seed -1", f"plan --planner joint -O seed={10**20}",
+    "plan --planner drl-pp -O checkpoint=empty", "profile --threads 100000", "dynamic --threads 100000",
+}
+#: The fast share of the corpus (``-m "not slow"``): the key cases, every other of the rest
+#: but the bulk, one in 15 of those.
+FAST = KEY_CASES | {c.id for i, c in enumerate(ALL) if (not c.bulk and i % 2 == 0) or i % 15 == 0}
 
 
 def _params(cases: list[Case]) -> list:
@@ -510,6 +529,10 @@ def _params(cases: list[Case]) -> list:
 def test_hostile_input_is_one_line_and_exit_2(case, tmp_path, monkeypatch, capsys):
     code, out, err, before = run_case(case, tmp_path, monkeypatch, capsys)
     check_answer(case, code, out, err, before, tmp_path)
+
+
+def test_the_key_cases_are_in_the_corpus():
+    assert KEY_CASES <= {c.id for c in ALL}
 
 
 def test_every_command_has_a_valid_base(tmp_path, monkeypatch, capsys):
