@@ -324,7 +324,8 @@ def mutations(kind: str) -> list[tuple[str, tuple, bool]]:
             out += [(f"{where} shortened", ("shorten", path), False), (f"{where} emptied", ("empty", path), False)]
     for path in [()] + _paths(doc):
         if isinstance(_at(doc, path), dict):
-            free = kind == "plan" or path[:1] == ("meta",)  # a plan's planner sections, a graph's meta
+            # free-form: a graph's meta, a plan's planner sections, prediction and stages
+            free = "meta" in path or (kind == "plan" and path[:1] not in (("graph",), ("cluster",)))
             out.append((f"{'.'.join(map(str, path)) or 'top'} + unknown key", ("extra", path), not free))
     return out
 

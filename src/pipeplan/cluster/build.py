@@ -205,7 +205,7 @@ def _links_to_dict(c: Cluster, bw: np.ndarray) -> dict:
 def _links_from_dict(d: dict, devices: list[Device]) -> tuple[np.ndarray, np.ndarray]:
     if "server_links" not in d:
         return np.array(d["bandwidth_matrix"], dtype=float), np.array(d["latency_matrix"], dtype=float)
-    s = d["server_links"]
+    s = check_keys(d["server_links"], {"bandwidth", "latency", "self_bandwidth", "self_latency"}, "server_links")
     rank = {name: i for i, name in enumerate(dict.fromkeys(x.server for x in devices))}
     idx = np.array([rank[x.server] for x in devices])
     out = []
@@ -237,8 +237,16 @@ def cluster_to_dict(c: Cluster) -> dict:
             **_links_to_dict(c, bw)}
 
 
+_FULL_KEYS = {"name", "devices", "bandwidth_matrix", "latency_matrix", "server_links", *CALIBRATED, "duplex"}
+
+
 def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
     """Inverse of :func:`cluster_to_dict`."""
+    check_keys(d, _FULL_KEYS, source)
+    if not isinstance(d.get("devices"), list):
+        raise PipeplanError(f"{source}: 'devices' must be a list")
+    for k, x in enumerate(d["devices"]):
+        check_keys(x, _DEVICE_KEYS, f"{source}: devices[{k}]")
     try:
         devices = [Device(name=name_field(x, "name", "", source), kind=str(x.get("kind", "GPU")),
                           memory=float(x["memory"]),

@@ -76,9 +76,9 @@ def _numbers(nd: dict, where: str):
 def graph_from_dict(d: object, source: str = "graph") -> Graph:
     if not isinstance(d, dict):
         raise PipeplanError(f"{source}: a graph must be a JSON object")
-    check_keys(d, _TOP_KEYS, source)
     if d.get("format") != FORMAT:
         raise PipeplanError(f"{source}: expected \"format\": \"{FORMAT}\", got {d.get('format')!r}")
+    check_keys(d, _TOP_KEYS, source)
     nodes_in = d.get("nodes")
     if not isinstance(nodes_in, list):
         raise PipeplanError(f"{source}: 'nodes' must be a list")
