@@ -167,3 +167,70 @@ def test_compare_table_is_one_line_per_planner_with_one_unit_per_column(capsys):
         units = {re.sub(r"[\d.\s]", "", r.split("│")[col]) for r in rows[:2]}
         assert len(units) == 1, (col, units)
     assert "speedup vs dp: - everywhere because dp was not compared" in out
+
+
+def test_ctrl_c_while_the_parser_is_built_is_one_line_and_130(monkeypatch, capsys):
+    """Building the parser imports every planner (the first second of any command)."""
+    import pipeplan.cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeplan.cli, "build_parser", interrupted)
+    assert main(["compare", "--model", "zoo:alexnet", "--cluster", "v100x4"]) == 130
+    assert capsys.readouterr().err == "pipeplan: interrupted\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after_s", [0.2, 0.5, 0.8])
+def test_ctrl_c_in_the_first_second_of_compare_is_one_line_and_130(after_s):
+    """SIGINT to a real `pipeplan compare` at several moments of its start: exit 130 and one
+    line, or killed by the signal (a shell's 130 too: before Python installs its handler, or
+    when CPython re-raises an interrupt that met code run through PyRun_*) with at most that
+    line; never a traceback. (Later, Ctrl-C stops the running planner's search instead.)"""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeplan", "compare", "--model", "zoo:bert-large", "--cluster",
+                             "spp-sim"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (130, -signal.SIGINT) and err in ("pipeplan: interrupted\n", ""), (proc.returncode, err)
+    assert proc.returncode == -signal.SIGINT or err, err
+
+
+def test_messages_quoting_user_text_stay_one_line(tmp_path, capsys):
+    """A path with a newline or an escape sequence is printed escaped, on the error's one line."""
+    bad = tmp_path / "x\ny\x1b[31m"
+    assert main(["simulate", str(bad), "--trace", str(tmp_path / "t\nj.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err and "x\\ny\\x1b[31m" in err, err
+    assert main(["plan", "--model", "zoo:alexnet", "--cluster", "v100x4", "--out", str(tmp_path / "p\n.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "p\\n.txt" in err, err
+    from pipeplan.errors import one_line
+
+    assert one_line("a\nb\x1b[2J\u2028µs") == "a\\nb\\x1b[2J\\u2028µs"
+
+
+def test_yaml_anchors_and_large_files_are_read_while_alias_bombs_are_not():
+    """Aliases are counted by what they add once expanded, not the document's own size."""
+    from pipeplan.cluster import cluster_from_dict
+    from pipeplan.errors import PipeplanError
+    from pipeplan.readers import parse_yaml
+
+    shared = ("gpu: &gpu {kind: V100, memory: 16GiB}\n"
+              "devices: [{name: a, <<: *gpu}, {name: b, <<: *gpu}]\n")
+    doc = parse_yaml(shared, "c.yaml")
+    del doc["gpu"]
+    assert [d.memory for d in cluster_from_dict({**doc, "bandwidth": "10GB/s"}).devices] == [16 * 2.0**30] * 2
+    n = 400  # 160,400 values, no alias
+    assert len(parse_yaml("m: [" + ", ".join(["[" + ", ".join(["1"] * n) + "]"] * n) + "]\n", "big.yaml")["m"]) == n
+    bomb = "a: &a [" + ", ".join(["x"] * 400) + "]\nb: [" + ", ".join(["*a"] * 400) + "]\n"  # 160,000 by aliases
+    with pytest.raises(PipeplanError, match="aliases expand to more than 100,000 values"):
+        parse_yaml(bomb, "bomb.yaml")

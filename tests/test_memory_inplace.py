@@ -118,7 +118,7 @@ def test_native_defaults_and_errors():
         graph_from_dict(base)
     base["nodes"][1]["inplace"] = False
     base["nodes"][1]["saved_bytes"] = -1
-    with pytest.raises(PipeplanError, match="negative or non-finite saved size"):
+    with pytest.raises(PipeplanError, match="saved_bytes.*-1 is out of range"):
         graph_from_dict(base)
 
 

@@ -102,3 +102,24 @@ def test_a_failing_writer_leaves_nothing(tmp_path):
     with pytest.raises(PipeplanError, match=r"--gantt .*\(No space left on device\); nothing was written"):
         outs.write_all()
     assert not list(tmp_path.iterdir())  # neither output, no temporary file
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_replaced_file_keeps_its_owner_group_and_mode(tmp_path):
+    out = tmp_path / "p.json"
+    out.write_text("{}")
+    os.chown(out, 65534, 65534)
+    os.chmod(out, 0o640)
+    assert main([*PLAN, "--out", str(out)]) == 0
+    st = os.stat(out)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, 65534, 0o640)
+    assert out.read_text() != "{}"
+
+
+def test_another_users_file_is_refused_where_its_owner_cannot_be_kept(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "p.json"
+    out.write_text("keep")
+    mine = os.stat(out)
+    monkeypatch.setattr(os, "geteuid", lambda: mine.st_uid + 1)  # as if another, unprivileged user
+    one_error(*run_cli([*PLAN, "--out", str(out)], capsys), "belongs to another user")
+    assert out.read_text() == "keep"

@@ -15,31 +15,14 @@ import sys
 import threading
 from pathlib import Path
 
-from .errors import Infeasible, PipeplanError, Terminated
+from .argtypes import names as _names, non_negative_int, positive_int as _positive_int, seed as _seed, threads
+from .errors import Infeasible, PipeplanError, Terminated, one_line
 from .outputs import Outputs
 from .progress_bar import planning_progress, training_progress
 
 
 MODEL_SPEC_HELP = ("example:mlp|transformer|cnn|resnet, hf:gpt2?n_layer=4&... or hf:bert?... (transformers "
                    "from a config), or package.module:factory")
-
-
-def _int_at_least(low: int):
-    """An argparse type: an integer >= ``low``."""
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
-        return v
-
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_nonnegative_int = _int_at_least(0)
 
 
 def _positive_seconds(text: str) -> float:
@@ -116,8 +99,8 @@ def cmd_plan(args) -> int:
     if result.over_memory:
         names = default_planners(cluster) if args.planner == "best" else [args.planner]
         way_out = _way_out(args, graph, cluster, names, [result])
-        print(f"pipeplan: warning: the plan does not fit in memory: {overflow_text(result)} ({plan.planner}, "
-              f"{fmt_time(result.iteration_s)} per iteration); {way_out}", file=sys.stderr)
+        print(f"pipeplan: warning: the plan does not fit in memory: {one_line(overflow_text(result))} "
+              f"({plan.planner}, {fmt_time(result.iteration_s)} per iteration); {way_out}", file=sys.stderr)
     if args.json:
         print(json.dumps(plan.to_dict()))
     else:
@@ -296,7 +279,7 @@ def cmd_compare(args) -> int:
     outs.want("--gantt", args.gantt, "figure")
     outs.want("--out", args.out, "json")
     graph, cluster = _load_inputs(args)
-    names = args.planners.split(",") if args.planners else default_planners(cluster)
+    names = args.planners or default_planners(cluster)
     with planning_progress("comparing") as progress:
         rows = compare(graph, cluster, names, _options(args), progress)
     top = best_row(rows) if any(r.result is not None for r in rows) else None
@@ -325,7 +308,7 @@ def cmd_compare(args) -> int:
     if top is None or not top.fits:
         why = "no planner has a plan that fits in memory" if top is not None else "no planner could plan this"
         results = [r.result for r in rows if r.result is not None]
-        print(f"pipeplan: error: {why}; {_way_out(args, graph, cluster, names, results)}", file=sys.stderr)
+        print(f"pipeplan: error: {why}; {one_line(_way_out(args, graph, cluster, names, results))}", file=sys.stderr)
         return 2
     return 0
 
@@ -569,7 +552,13 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors are one line too (exit code 2), like every other user error."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
+
+    def _get_value(self, action: argparse.Action, arg_string: str):
+        """An option given an empty value is refused, never read as its default."""
+        if arg_string == "" and action.option_strings:
+            raise argparse.ArgumentError(action, "an empty value; give one, or leave the option out")
+        return super()._get_value(action, arg_string)
 
 
 def _add_run_parser(sub) -> None:
@@ -577,7 +566,7 @@ def _add_run_parser(sub) -> None:
     sp.add_argument("plan", help="plan JSON (its nodes must be the model's layers)")
     sp.add_argument("--model", required=True, help=MODEL_SPEC_HELP)
     sp.add_argument("--steps", type=_positive_int, default=5, help="measured iterations (default 5)")
-    sp.add_argument("--warmup", type=_nonnegative_int, default=1, help="iterations before measuring (default 1)")
+    sp.add_argument("--warmup", type=non_negative_int, default=1, help="iterations before measuring (default 1)")
     sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker process (default 1)")
     sp.add_argument("--hang-timeout", type=_positive_seconds, default=60.0,
                     help="seconds without progress on any rank before the run is ended, naming the rank "
@@ -651,7 +640,7 @@ def _add_train_parser(sub) -> None:
                     help="the budget: plans scored (drl-pp) or episodes (automap-infer), reproducible on any "
                          f"machine (default {', '.join(f'{v:,} for {k}' for k, v in TRAIN_EVALUATIONS.items())} "
                          "unless --budget alone is given)")
-    sp.add_argument("--seed", type=int, default=0, help="seed of the weights and samples (default 0)")
+    sp.add_argument("--seed", type=_seed, default=0, help="seed of the weights and samples (default 0)")
     sp.add_argument("--init", help="start from this checkpoint (fine-tune) instead of from scratch")
     sp.add_argument("--out", help="write the checkpoint (.pt) here, and its learning curve as .csv and .png beside it "
                                   "(default: NAME.pt, e.g. drl-pp.pt, in the current directory)")
@@ -695,7 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("compare", help="run several planners on the same inputs and rank them")
     _model_cluster(sp)
-    sp.add_argument("--planners", help="comma-separated planner names (default: all)")
+    sp.add_argument("--planners", type=_names, help="comma-separated planner names (default: all)")
     sp.add_argument("--gantt", help="write the best plan's Gantt chart (PNG, SVG or PDF) here")
     sp.add_argument("--out", help="write the best plan's JSON here (as 'pipeplan plan' would)")
     sp.set_defaults(fn=cmd_compare)
@@ -704,8 +693,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("model_spec", help=MODEL_SPEC_HELP)
     sp.add_argument("--microbatch", type=_positive_int, help="samples per microbatch (default: the example input's)")
     sp.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    sp.add_argument("--threads", type=_positive_int, default=1, help="threads (use the runtime's, default 1)")
-    sp.add_argument("--warmup", type=int, default=3)
+    sp.add_argument("--threads", type=threads, default=1, help="threads (use the runtime's, default 1)")
+    sp.add_argument("--warmup", type=non_negative_int, default=3, help="repetitions before measuring (default 3)")
     sp.add_argument("--reps", type=_positive_int, default=10, help="repetitions; the median is kept")
     sp.add_argument("--out", help="write the graph JSON here")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
@@ -762,21 +751,28 @@ def _add_ir_parsers(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[2:] if argv is None else argv[1:])  # the command, for checkpoints to cite
+    """Parse ``argv`` and run its command; a user error is one line and exit code 2, Ctrl-C
+    (from the first import on) one line and 130."""
     try:
+        args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[2:] if argv is None else argv[1:])  # the command, for checkpoints to cite
         with _sigterm_unwinds():
             return args.fn(args)
     except (PipeplanError, Infeasible) as e:
-        print(f"pipeplan: error: {e}", file=sys.stderr)
+        print(f"pipeplan: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"pipeplan: {args.command} interrupted (Ctrl-C)", file=sys.stderr)
+        print(f"pipeplan: {_command(argv)}interrupted (Ctrl-C)", file=sys.stderr)
         return 130
     except Terminated:
-        print(f"pipeplan: {args.command} interrupted (SIGTERM)", file=sys.stderr)
+        print(f"pipeplan: {_command(argv)}interrupted (SIGTERM)", file=sys.stderr)
         return 128 + signal.SIGTERM
+
+
+def _command(argv: list[str] | None) -> str:
+    """The subcommand's name and a space, for a message (empty before one is known)."""
+    words = sys.argv[1:] if argv is None else argv
+    return f"{one_line(words[0])} " if words and not words[0].startswith("-") else ""
 
 
 @contextlib.contextmanager

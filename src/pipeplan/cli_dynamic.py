@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from .argtypes import names, seed, threads
 from .errors import PipeplanError
 from .outputs import Outputs
 
@@ -19,7 +20,7 @@ def add_parser(sub, positive_int) -> None:
                     help="bench: the baselines; train: the DQN, then held-out evaluation; eval: a checkpoint's policy")
     sp.add_argument("--net", default="treelstm", choices=["treelstm", "mathfunc"])
     where = sp.add_mutually_exclusive_group()
-    where.add_argument("--devices", help="real devices, measured: cpu, cpu:K (a logical CPU device), cuda:K")
+    where.add_argument("--devices", type=names, help="real devices, measured: cpu, cpu:K (a logical CPU device), cuda:K")
     where.add_argument("--simulated", help="a machine on the cost model, e.g. cpu+4gpu (the default), 2cpu+2gpu")
     sp.add_argument("--machine", help="with the simulated machine: the file of its CPU's model (JSON: the calibration, "
                                       "when and where it was measured); default out/dynamic-machine.json, measured and "
@@ -28,7 +29,7 @@ def add_parser(sub, positive_int) -> None:
                     help="each node's size: TreeLSTM hidden size (default 150), MathFunc vector length (default 1)")
     sp.add_argument("--episodes", type=positive_int, default=10_000, help="training episodes (default 10000, §8.2)")
     sp.add_argument("--budget", default=None, help="train: stop after this long too, e.g. 90s, 5m")
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--seed", type=seed, default=0)
     sp.add_argument("--normalized", action="store_true",
                     help="reward = -(time / all-CPU time of the same tree) (§9.3) instead of -ms")
     sp.add_argument("--mode", default="devices", choices=["devices", "threads", "sequential"],
@@ -37,7 +38,7 @@ def add_parser(sub, positive_int) -> None:
     sp.add_argument("--repeats", type=positive_int, default=10, help="with --devices: runs averaged (default 10)")
     sp.add_argument("--train-trees", type=positive_int, default=1000, help="training inputs (default 1000)")
     sp.add_argument("--test-trees", type=positive_int, default=50, help="held-out inputs (default 50)")
-    sp.add_argument("--threads", type=positive_int, default=1,
+    sp.add_argument("--threads", type=threads, default=1,
                     help="torch intra-op threads (default 1: one core per logical CPU device)")
     sp.add_argument("--checkpoint", help="eval: the checkpoint to evaluate")
     sp.add_argument("--out", help="train: write the checkpoint here (.pt; the curve goes beside it as .csv, .png)")
@@ -70,7 +71,7 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
     seconds = parse_duration(args.budget, "--budget") if args.budget else None
     if args.devices and args.machine:
         raise PipeplanError("dynamic: --machine goes with the simulated machine; real --devices are measured")
-    setup = Setup(net=args.net, width=args.width, devices=args.devices.split(",") if args.devices else None,
+    setup = Setup(net=args.net, width=args.width, devices=args.devices,
                   simulated=None if args.devices else (args.simulated or "cpu+4gpu"), mode=args.mode,
                   repeats=args.repeats, normalized=args.normalized, seed=args.seed, train_trees=args.train_trees,
                   test_trees=args.test_trees)

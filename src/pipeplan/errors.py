@@ -1,6 +1,12 @@
 """Exceptions: ``PipeplanError`` is what a user can cause (the CLI prints it as one line and
 exits 2); ``Infeasible`` is what a search meets (a candidate that cannot run) and handles;
-``Terminated`` is SIGTERM at the CLI (one line, exit 143)."""
+``Terminated`` is SIGTERM at the CLI (one line, exit 143). ``one_line`` makes any message
+that quotes user text safe to print as one line."""
+
+import re
+
+#: Control characters (C0, DEL, C1) and Unicode's line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class PipeplanError(ValueError):
@@ -16,3 +22,10 @@ class Terminated(BaseException):
     """SIGTERM arrived: the command unwinds as after Ctrl-C (worker processes ended, partial
     outputs removed); a ``BaseException`` like ``KeyboardInterrupt``, so that no handler of
     ``Exception`` takes it for a failure."""
+
+
+def one_line(text: str) -> str:
+    """``text`` with each control character written as its Python escape (a newline as
+    ``\\n``, ESC as ``\\x1b``): a path or value quoted in a message cannot break it into
+    several lines or move the terminal's cursor."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)

@@ -12,6 +12,14 @@ from .errors import PipeplanError
 MAX_DEVICES = 4096
 #: Layers (nodes) in one model graph.
 MAX_LAYERS = 20000
+#: The largest figures a model file may give one layer (one microbatch on the reference
+#: device): about 11 days, an exabyte, 10^24 FLOPs. Larger ones are typos or junk, and would
+#: overflow the simulator's sums.
+LAYER_RANGES = {"s": 1e6, "bytes": 1e18, "FLOPs": 1e24}
+#: Bytes in one input file (graph, cluster, plan): the largest profile is a few MiB.
+MAX_FILE_BYTES = 2**30
+#: Seeds: numpy's legacy generators and torch take at most 32 bits.
+MAX_SEED = 2**32 - 1
 #: Microbatches per iteration: the simulator's task graph is microbatches x stages x 4.
 MAX_MICROBATCHES = 65536
 
@@ -26,6 +34,14 @@ def check_layers(count: int, where: str) -> None:
     if count > MAX_LAYERS:
         raise PipeplanError(f"{where}: {count:,} layers; pipeplan plans for at most {MAX_LAYERS:,} "
                             "(merge layers into blocks: a stage boundary falls between blocks anyway)")
+
+
+def check_layer_value(value: float, unit: str, where: str) -> float:
+    """``value`` when it lies in 0 .. ``LAYER_RANGES[unit]``; else PipeplanError."""
+    bound = LAYER_RANGES[unit]
+    if not 0 <= value <= bound:  # NaN fails too
+        raise PipeplanError(f"{where}: {value:g} is out of range (0 to {bound:g} {unit})")
+    return value
 
 
 def check_microbatches(count: int, where: str) -> None:
@@ -47,16 +63,16 @@ def check_threads(count: int, where: str) -> None:
 
 #: Bytes of one example microbatch built on this machine (``--microbatch``, ``hf:...&microbatch=``):
 #: a profile holds several activations of it at once.
-MAX_INPUT_BYTES = 4 << 30
+MAX_EXAMPLE_INPUT_BYTES = 4 << 30
 #: Parameters of a model built from a config with random weights (``hf:``): 4 GB in fp32
 #: before gradients and optimizer state, and minutes of initialization beyond it.
 MAX_BUILT_PARAMETERS = 1_000_000_000
 
 
 def check_input_bytes(nbytes: float, where: str) -> None:
-    if nbytes > MAX_INPUT_BYTES:
+    if nbytes > MAX_EXAMPLE_INPUT_BYTES:
         raise PipeplanError(f"{where}: one microbatch of input is {nbytes:,.0f} bytes; at most "
-                            f"{MAX_INPUT_BYTES:,} (a smaller microbatch or sequence)")
+                            f"{MAX_EXAMPLE_INPUT_BYTES:,} (a smaller microbatch or sequence)")
 
 
 def check_built_parameters(count: float, where: str) -> None:

@@ -5,7 +5,9 @@ A target must be a new name or a regular file (not a directory, device, FIFO, so
 symlink), in a place where a file can be created, with an extension that names a format
 the output has. Each file is written to a temporary file beside it and renamed over the
 target only once every output of the command is written; new files get the umask's mode,
-a replaced file keeps its own.
+a replaced file keeps its own mode, owner and group (a file whose owner or group the user
+could not give the new one, i.e. another user's file when not running as root, is refused
+before any work).
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ def check_target(option: str, path: str, formats: tuple[str, ...]) -> Path:
             raise PipeplanError(f"{where}: is not a regular file (a device, FIFO or socket); name a file")
         if not os.access(p, os.W_OK):
             raise PipeplanError(f"{where}: the file is not writable")
+        if not _can_give_owner(os.stat(p)):
+            raise PipeplanError(f"{where}: the file belongs to another user or group; replacing it would change its "
+                                "owner (remove it first, or name another file)")
     if p.suffix.lower() not in formats:
         raise PipeplanError(f"{where}: the extension decides the format; use {', '.join(formats)}")
     folder = _existing_ancestor(p)
@@ -65,6 +70,21 @@ def check_target(option: str, path: str, formats: tuple[str, ...]) -> Path:
     except OSError as e:
         raise PipeplanError(f"{where}: cannot create a file in {folder} ({e.strerror})") from None
     return p
+
+
+def _can_give_owner(st: os.stat_result) -> bool:
+    """Can this process give a new file ``st``'s owner and group (``os.chown``)?"""
+    if os.geteuid() == 0:
+        return True
+    return st.st_uid == os.geteuid() and (st.st_gid == os.getegid() or st.st_gid in os.getgroups())
+
+
+def _keep_owner(tmp: str, target: Path) -> None:
+    """Give ``tmp`` the owner and group of the file it will replace, when they differ."""
+    if target.is_file():
+        st = os.stat(target)
+        if (st.st_uid, st.st_gid) != (os.stat(tmp).st_uid, os.stat(tmp).st_gid):
+            os.chown(tmp, st.st_uid, st.st_gid)
 
 
 def _mode_for(target: Path) -> int:
@@ -101,6 +121,7 @@ class Outputs:
                 tmp = self._temporary(out)
                 done.append((tmp, out))
                 out.write(tmp)
+                _keep_owner(tmp, out.path)
                 os.chmod(tmp, _mode_for(out.path))
             for tmp, out in done:
                 os.replace(tmp, out.path)

@@ -10,6 +10,7 @@ file is self-contained: ``pipeplan simulate plan.json`` needs nothing else.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ FORMAT = "pipeplan.plan/1"
 #: "split": every replica takes an even share of each microbatch (SPP §III-B);
 #: "round-robin": replica r of k takes whole microbatches r, r+k, ... (PipeDream, data parallelism).
 REPLICA_MODES = ("split", "round-robin")
+#: The longest search a plan file may say it took (a year).
+MAX_SEARCH_S = 3.2e7
 
 
 @dataclass
@@ -141,22 +144,39 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
         if not isinstance(s, dict) or not isinstance(s.get("nodes"), list) or not isinstance(s.get("devices"), list):
             raise PipeplanError(f"{source}: stages[{k}] needs lists 'nodes' and 'devices'")
         stages.append(Stage([str(x) for x in s["nodes"]], [str(x) for x in s["devices"]]))
-    m = d["microbatches"]
-    if isinstance(m, bool) or not isinstance(m, int):
-        raise PipeplanError(f"{source}: microbatches must be an integer, got {m!r}")
-    return Plan(graph=graph, cluster=cluster, stages=stages, microbatches=m,
-                schedule=str(d.get("schedule", "1f1b")), planner=str(d.get("planner", "manual")),
-                search_s=float(d.get("search_s") or 0.0), setup_s=float(d.get("setup_s") or 0.0),
-                optimizer=str(d.get("optimizer", "adam")),
-                replicas=str(d.get("replicas", "split")), allocation=d.get("allocation"),
-                recompute=d.get("recompute"),
-                prediction=dict(d.get("prediction") or {}),
+    field = _typed_fields(d, source)
+    microbatches = field("microbatches", int, None, "an integer")
+    if microbatches is None:
+        raise PipeplanError(f"{source}: microbatches must be an integer, got null")
+    search_s = field("search_s", (int, float), 0.0, "a number")
+    if not 0 <= search_s <= MAX_SEARCH_S:
+        raise PipeplanError(f"{source}: search_s must be a number from 0 to {MAX_SEARCH_S:g}, got {search_s!r}")
+    return Plan(graph=graph, cluster=cluster, stages=stages, microbatches=microbatches,
+                schedule=field("schedule", str, "1f1b", "a string"),
+                planner=field("planner", str, "manual", "a string"),
+                search_s=float(search_s), setup_s=float(field("setup_s", (int, float), 0.0, "a number")),
+                optimizer=field("optimizer", str, "adam", "a string"),
+                replicas=field("replicas", str, "split", "a string"), allocation=d.get("allocation"),
+                recompute=d.get("recompute"), prediction=field("prediction", dict, {}, "an object"),
                 extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS})
+
+
+def _typed_fields(d: dict, source: str):
+    """``field(key, types, default, what)``: the plan's value under ``key`` when of ``types``
+    (true is not a number), its default when absent or null, else PipeplanError."""
+    def field(key: str, types: type | tuple[type, ...], default: Any, what: str) -> Any:
+        v = d.get(key)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, types):
+            raise PipeplanError(f"{source}: {key} must be {what}, got {v!r}")
+        return v
+    return field
 
 
 def load_plan(path: str | Path) -> Plan:
     p = Path(path)
-    if not p.is_file():
+    if not os.path.lexists(p):
         raise PipeplanError(f"plan file {str(path)!r} not found")
     return plan_from_dict(load_json(p, "plan file"), source=str(path))
 
@@ -182,7 +202,7 @@ def validate(plan: Plan) -> None:
     """Every node in exactly one stage; a device in several stages only when they have the same
     device list (``_check_shared_devices``); devices exist; no graph edge from a later stage to
     an earlier one; M >= 1."""
-    g, c = plan.graph, plan.cluster
+    g = plan.graph
     if not plan.stages:
         raise PipeplanError("plan: no stages")
     if plan.replicas not in REPLICA_MODES:

@@ -1,13 +1,16 @@
 """Reading the files users give: text, JSON and YAML, each failure one PipeplanError naming
 the file (and the line where the parser knows it).
 
-Text is UTF-8 (a leading byte-order mark is dropped); JSON objects and YAML mappings may not
-repeat a key; a file nested deeper than the parsers' recursion allows is refused, not a crash.
+Only regular files are read (a FIFO or a device is refused before it is opened), of at
+most ``limits.MAX_FILE_BYTES``. Text is UTF-8 (a leading byte-order mark is dropped); JSON
+objects and YAML mappings may not repeat a key; a file nested deeper than the parsers'
+recursion allows is refused, not a crash.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import stat
 from pathlib import Path
@@ -16,6 +19,7 @@ from typing import Any
 import yaml
 
 from .errors import PipeplanError
+from .limits import MAX_FILE_BYTES
 
 
 def _kind(mode: int) -> str:
@@ -26,20 +30,24 @@ def _kind(mode: int) -> str:
     return "a special file"
 
 
-def regular_file(path: str | Path, what: str = "file") -> Path:
-    """``path`` if it names a regular file (links followed); one line otherwise, before
-    anything opens it: reading a FIFO blocks until a writer comes, a device never ends."""
+def regular_file(path: str | Path, what: str = "file", max_bytes: int = MAX_FILE_BYTES) -> Path:
+    """``path`` if it names a regular file (links followed) of at most ``max_bytes``; one line
+    otherwise, before anything opens it: reading a FIFO blocks until a writer comes, a device
+    never ends."""
     p = Path(path)
     try:
-        mode = p.stat().st_mode
+        st = p.stat()
     except FileNotFoundError:
         raise PipeplanError(f"{what} {str(path)!r}: no such file") from None
     except OSError as e:
         raise PipeplanError(f"{what} {str(path)!r}: cannot read it ({e.strerror})") from None
-    if stat.S_ISDIR(mode):
+    if stat.S_ISDIR(st.st_mode):
         raise PipeplanError(f"{what} {str(path)!r}: is a directory")
-    if not stat.S_ISREG(mode):
-        raise PipeplanError(f"{what} {str(path)!r}: is {_kind(mode)}, not a regular file")
+    if not stat.S_ISREG(st.st_mode):
+        raise PipeplanError(f"{what} {str(path)!r}: is {_kind(st.st_mode)}, not a regular file")
+    if st.st_size > max_bytes:
+        raise PipeplanError(f"{what} {str(path)!r}: {st.st_size:,} bytes; pipeplan reads files of at most "
+                            f"{max_bytes:,}")
     return p
 
 
@@ -56,6 +64,26 @@ def read_text(path: str | Path, what: str = "file") -> str:
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         raise PipeplanError(f"{path}:{line}: not UTF-8 text (byte {e.start}); is this the right file?") from None
+
+
+def check_keys(d: Any, allowed: set[str], where: str) -> dict:
+    """``d`` when it is a mapping whose keys are all ``allowed``; else PipeplanError naming
+    the first unknown key (a misspelt key is never silently ignored)."""
+    if not isinstance(d, dict):
+        raise PipeplanError(f"{where}: expected a mapping, got {type(d).__name__}")
+    extra = sorted(set(map(str, d)) - allowed)
+    if extra:
+        raise PipeplanError(f"{where}: unknown key {extra[0]!r} (allowed: {', '.join(sorted(allowed))})")
+    return d
+
+
+def name_field(d: dict, key: str, default: str, where: str) -> str:
+    """``d[key]`` as a name: text or an integer (YAML reads ``name: 0`` as one), ``default``
+    when absent; anything else (a number such as NaN, a list) is refused."""
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise PipeplanError(f"{where}: {key!r} must be a name (text), got {v!r}")
+    return str(v)
 
 
 def _no_duplicates(where: str):
@@ -76,14 +104,52 @@ def parse_json(text: str, where: str) -> Any:
         raise PipeplanError(f"{where}:{e.lineno}: not valid JSON ({e.msg})") from None
     except RecursionError:
         raise PipeplanError(f"{where}: nested too deeply; not a pipeplan file") from None
+    except PipeplanError:
+        raise
+    except ValueError:  # an integer of more digits than Python converts
+        raise PipeplanError(f"{where}: a number has too many digits; not a pipeplan file") from None
+
+
+#: Values a YAML document's aliases may add once expanded: far more than any cluster file
+#: shares, far less than an alias bomb ("billion laughs") would build.
+MAX_YAML_ALIAS_VALUES = 100_000
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, float]) -> float:
+    """Values under ``node`` with every alias expanded, counted without expanding them (each
+    shared node once, in ``memo``); a node that contains itself counts as infinite."""
+    key = id(node)
+    if key in memo:
+        return math.inf if memo[key] < 0 else memo[key]
+    memo[key] = -1
+    children = node.value if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)) else []
+    flat = [c for pair in children for c in pair] if isinstance(node, yaml.MappingNode) else children
+    memo[key] = 1 + sum(_expanded_size(c, memo) for c in flat)
+    return memo[key]
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader that refuses a key repeated in one mapping."""
+    """YAML's safe loader that refuses a key repeated in one mapping, a mapping or list used
+    as a key, and aliases that add more than ``MAX_YAML_ALIAS_VALUES`` values once expanded
+    (checked before anything is built)."""
+
+    def construct_document(self, node):
+        memo: dict[int, float] = {}
+        if _expanded_size(node, memo) - len(memo) > MAX_YAML_ALIAS_VALUES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"its aliases expand to more than {MAX_YAML_ALIAS_VALUES:,} values", node.start_mark)
+        return super().construct_document(node)
 
     def construct_mapping(self, node, deep=False):
+        """Each key once among the mapping's own (a merge ``<<: *anchor`` supplies defaults
+        that its own keys override, as YAML means)."""
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise yaml.constructor.ConstructorError(None, None, "a mapping or list used as a key",
+                                                        key_node.start_mark)
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice in one mapping",
@@ -109,6 +175,10 @@ def parse_yaml(text: str, where: str) -> Any:
         raise PipeplanError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
     except RecursionError:
         raise PipeplanError(f"{where}: nested too deeply; not a pipeplan file") from None
+    except PipeplanError:
+        raise
+    except ValueError:  # an integer of more digits than Python converts
+        raise PipeplanError(f"{where}: a number has too many digits; not a pipeplan file") from None
 
 
 def load_json(path: str | Path, what: str = "file") -> Any:

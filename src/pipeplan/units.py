@@ -37,7 +37,7 @@ def _number(text: object, what: str, example: str) -> float | None:
     if isinstance(text, bool):
         raise PipeplanError(f"{what}: expected a number or a string with a unit, got {text!r}")
     if isinstance(text, (int, float)):
-        return _finite_nonneg(float(text), text, what)
+        return _finite_nonneg(float(text) if abs(text) < 2**1024 else math.inf, text, what)
     if not isinstance(text, str):
         raise PipeplanError(f"{what}: expected a number or a string with a unit, got {text!r}")
     try:

@@ -22,7 +22,7 @@ def load_cluster(spec: str) -> Cluster:
         return preset(spec)
     path = Path(spec)
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
-        if not path.is_file():
+        if not path.exists():
             raise PipeplanError(f"cluster file {spec!r} not found")
         data = load_json_or_yaml(path, "cluster file")
         if isinstance(data, dict) and "bandwidth_matrix" in data:

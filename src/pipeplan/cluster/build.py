@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from ..errors import PipeplanError
 from ..limits import check_devices
+from ..readers import check_keys, name_field
 from ..units import parse_bandwidth, parse_bytes, parse_time
 from .kinds import kind as lookup_kind
 from .model import Cluster, Device, Resource
@@ -43,17 +45,8 @@ _SERVER_KEYS = {"name", "gpus", "kind", "memory", "speed", "intra"}
 _LINK_KEYS = {"from", "to", "bandwidth", "latency", "directed"}
 
 
-def _check_keys(d: Any, allowed: set[str], where: str) -> dict:
-    if not isinstance(d, dict):
-        raise PipeplanError(f"{where}: expected a mapping, got {type(d).__name__}")
-    extra = sorted(set(d) - allowed)
-    if extra:
-        raise PipeplanError(f"{where}: unknown key {extra[0]!r} (allowed: {', '.join(sorted(allowed))})")
-    return d
-
-
 def _device(d: dict, where: str, server: str = "") -> Device:
-    _check_keys(d, _DEVICE_KEYS, where)
+    check_keys(d, _DEVICE_KEYS, where)
     if "name" not in d:
         raise PipeplanError(f"{where}: a device needs a 'name'")
     k = lookup_kind(str(d.get("kind", "GPU")))
@@ -67,7 +60,7 @@ def _device(d: dict, where: str, server: str = "") -> Device:
             raise PipeplanError(f"{where}: resources must be a non-empty list")
         res = []
         for i, r in enumerate(d["resources"]):
-            _check_keys(r, _RESOURCE_KEYS, f"{where}: resources[{i}]")
+            check_keys(r, _RESOURCE_KEYS, f"{where}: resources[{i}]")
             try:
                 res.append(Resource(str(r["name"]), float(r["fwd_speed"]), float(r["bwd_speed"])))
             except (KeyError, TypeError, ValueError):
@@ -76,7 +69,7 @@ def _device(d: dict, where: str, server: str = "") -> Device:
     solo = d.get("solo_speed")
     if solo is not None and (isinstance(solo, bool) or not isinstance(solo, (int, float)) or not solo > 0):
         raise PipeplanError(f"{where}: solo_speed must be a number > 0, got {solo!r}")
-    return Device(name=str(d["name"]), kind=k.name, memory=memory, speed=float(speed),
+    return Device(name=name_field(d, "name", "", where), kind=k.name, memory=memory, speed=float(speed),
                   server=str(d.get("server", server)), resources=resources,
                   solo_speed=None if solo is None else float(solo))
 
@@ -95,13 +88,13 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
         links:                        # overrides, symmetric unless directed: true
           - {from: gpu0, to: gpu1, bandwidth: 128Gbps, latency: 5us}
     """
-    d = _check_keys(d, _TOP_KEYS, source)
-    name = str(d.get("name", "cluster"))
+    d = check_keys(d, _TOP_KEYS, source)
+    name = name_field(d, "name", "cluster", source)
     devices: list[Device] = []
     intra_of: dict[str, float] = {}
     for k, s in enumerate(d.get("servers") or []):
         where = f"{source}: servers[{k}]"
-        _check_keys(s, _SERVER_KEYS, where)
+        check_keys(s, _SERVER_KEYS, where)
         sname = str(s.get("name", f"s{k}"))
         gpus = s.get("gpus", 1)
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
@@ -135,7 +128,7 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
     index = {dev.name: i for i, dev in enumerate(devices)}
     for k, link in enumerate(d.get("links") or []):
         where = f"{source}: links[{k}]"
-        _check_keys(link, _LINK_KEYS, where)
+        check_keys(link, _LINK_KEYS, where)
         try:
             a, b = index[str(link["from"])], index[str(link["to"])]
         except KeyError as e:
@@ -212,12 +205,18 @@ def _links_to_dict(c: Cluster, bw: np.ndarray) -> dict:
 def _links_from_dict(d: dict, devices: list[Device]) -> tuple[np.ndarray, np.ndarray]:
     if "server_links" not in d:
         return np.array(d["bandwidth_matrix"], dtype=float), np.array(d["latency_matrix"], dtype=float)
-    s = d["server_links"]
+    s = check_keys(d["server_links"], {"bandwidth", "latency", "self_bandwidth", "self_latency"}, "server_links")
     rank = {name: i for i, name in enumerate(dict.fromkeys(x.server for x in devices))}
     idx = np.array([rank[x.server] for x in devices])
     out = []
     for key in ("bandwidth", "latency"):
-        m = np.array(s[key], dtype=float)[np.ix_(idx, idx)]
+        if math.isnan(float(s[f"self_{key}"])):
+            raise PipeplanError(f"server_links: self_{key} is not a number")
+        m = np.array(s[key], dtype=float)
+        if m.shape != (len(rank), len(rank)):
+            raise PipeplanError(f"server_links: {key} is {m.shape}, expected {(len(rank), len(rank))} (one per "
+                                "pair of servers)")
+        m = m[np.ix_(idx, idx)]
         np.fill_diagonal(m, float(s[f"self_{key}"]))
         out.append(m)
     return out[0], out[1]
@@ -238,19 +237,32 @@ def cluster_to_dict(c: Cluster) -> dict:
             **_links_to_dict(c, bw)}
 
 
+_FULL_KEYS = {"name", "devices", "bandwidth_matrix", "latency_matrix", "server_links", *CALIBRATED, "duplex"}
+
+
 def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
     """Inverse of :func:`cluster_to_dict`."""
+    check_keys(d, _FULL_KEYS, source)
+    if not isinstance(d.get("devices"), list):
+        raise PipeplanError(f"{source}: 'devices' must be a list")
+    for k, x in enumerate(d["devices"]):
+        check_keys(x, _DEVICE_KEYS, f"{source}: devices[{k}]")
     try:
-        devices = [Device(name=str(x["name"]), kind=str(x.get("kind", "GPU")), memory=float(x["memory"]),
+        devices = [Device(name=name_field(x, "name", "", source), kind=str(x.get("kind", "GPU")),
+                          memory=float(x["memory"]),
                           speed=float(x["speed"]), server=str(x.get("server", "")),
                           resources=tuple(Resource(str(r["name"]), float(r["fwd_speed"]), float(r["bwd_speed"]))
                                           for r in x.get("resources", [])),
                           solo_speed=None if x.get("solo_speed") is None else float(x["solo_speed"]))
                    for x in d["devices"]]
+        if not devices:
+            raise PipeplanError("no devices")
         bw, lat = _links_from_dict(d, devices)
         meta = {k: float(d[k]) for k in CALIBRATED if k in d}
         if d.get("duplex") in ("full", "half"):
             meta["duplex"] = d["duplex"]
-        return Cluster(str(d.get("name", "cluster")), devices, bw, lat, meta=meta)
-    except (KeyError, TypeError, ValueError) as e:
+        return Cluster(name_field(d, "name", "cluster", source), devices, bw, lat, meta=meta)
+    except PipeplanError as e:
+        raise PipeplanError(f"{source}: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise PipeplanError(f"{source}: malformed cluster ({e.__class__.__name__}: {e})") from None

@@ -13,6 +13,10 @@ import numpy as np
 
 from ..errors import PipeplanError
 
+#: The longest link latency a cluster may have (an hour): more is a typo, and would overflow
+#: the simulator's sums.
+MAX_LATENCY_S = 3600.0
+
 
 @dataclass(frozen=True)
 class Resource:
@@ -86,8 +90,11 @@ class Cluster:
                 raise PipeplanError(f"{where}: {what} matrix is {arr.shape}, expected {(v, v)}")
         np.fill_diagonal(self.bandwidth, np.inf)
         np.fill_diagonal(self.latency, 0.0)
-        if np.any(self.bandwidth < 0) or np.any(self.latency < 0) or np.any(np.isnan(self.latency)):
-            raise PipeplanError(f"{where}: negative bandwidth or latency")
+        if np.any(np.isnan(self.bandwidth) | (self.bandwidth < 0)) or not np.all(np.isfinite(self.latency)) \
+                or np.any(self.latency < 0):
+            raise PipeplanError(f"{where}: a link's bandwidth or latency is negative or not a number")
+        if np.any(self.latency > MAX_LATENCY_S):
+            raise PipeplanError(f"{where}: a link's latency is over {MAX_LATENCY_S:g} s")
         self.speed = np.array([d.speed for d in self.devices])
         self.fspeed = np.array([d.fwd_speed for d in self.devices])
         self.bspeed = np.array([d.bwd_speed for d in self.devices])

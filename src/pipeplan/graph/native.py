@@ -22,8 +22,10 @@ import math
 from pathlib import Path
 
 from ..errors import PipeplanError
-from ..readers import load_json
+from ..limits import check_layer_value
+from ..readers import check_keys, load_json, name_field
 from .model import Graph, NodeSpec, default_saved
+from .scale import profiled_microbatch
 
 FORMAT = "pipeplan.graph/1"
 
@@ -50,9 +52,16 @@ def graph_to_dict(g: Graph) -> dict:
     return out
 
 
+_TOP_KEYS = {"format", "name", "meta", "nodes", "edges"}
+#: Each node's numeric keys and their units (limits.LAYER_RANGES).
+_UNITS = {"fwd_s": "s", "bwd_s": "s", "params_bytes": "bytes", "act_bytes": "bytes", "saved_bytes": "bytes",
+          "flops": "FLOPs"}
+_NODE_KEYS = {"id", "desc", "inplace", *_UNITS}
+
+
 def _numbers(nd: dict, where: str):
     """``num(key[, default])``: the node's number under ``key`` (JSON numbers only: true is
-    not 1 s), or its default when absent or null."""
+    not 1 s; within ``limits.LAYER_RANGES``), or its default when absent or null."""
     missing = object()
 
     def num(key: str, default: object = missing) -> float:
@@ -63,7 +72,9 @@ def _numbers(nd: dict, where: str):
             return float(default)  # type: ignore[arg-type]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise PipeplanError(f"{where}: {key!r} must be a number, got {v!r}")
-        return float(v)
+        if isinstance(v, int) and v.bit_length() > 64:
+            raise PipeplanError(f"{where}: {key!r}: an integer of {v.bit_length()} bits is out of range")
+        return check_layer_value(float(v), _UNITS[key], f"{where}: {key!r}")
     return num
 
 
@@ -72,6 +83,7 @@ def graph_from_dict(d: object, source: str = "graph") -> Graph:
         raise PipeplanError(f"{source}: a graph must be a JSON object")
     if d.get("format") != FORMAT:
         raise PipeplanError(f"{source}: expected \"format\": \"{FORMAT}\", got {d.get('format')!r}")
+    check_keys(d, _TOP_KEYS, source)
     nodes_in = d.get("nodes")
     if not isinstance(nodes_in, list):
         raise PipeplanError(f"{source}: 'nodes' must be a list")
@@ -80,11 +92,12 @@ def graph_from_dict(d: object, source: str = "graph") -> Graph:
         where = f"{source}: nodes[{k}]"
         if not isinstance(nd, dict) or "id" not in nd:
             raise PipeplanError(f"{where}: each node needs an 'id'")
+        check_keys(nd, _NODE_KEYS, where)
         inplace = nd.get("inplace", False)
         if not isinstance(inplace, bool):
             raise PipeplanError(f"{where} ({nd.get('id')!r}): 'inplace' must be true or false, got {inplace!r}")
         num = _numbers(nd, f"{where} ({nd.get('id')!r})")
-        nodes.append(NodeSpec(id=str(nd["id"]), fwd=num("fwd_s"), bwd=num("bwd_s"),
+        nodes.append(NodeSpec(id=name_field(nd, "id", "", where), fwd=num("fwd_s"), bwd=num("bwd_s"),
                               params=num("params_bytes", 0.0), act=num("act_bytes", 0.0),
                               desc=str(nd.get("desc", "")), flops=num("flops", float("nan")), inplace=inplace,
                               saved=None if nd.get("saved_bytes") is None else num("saved_bytes")))
@@ -97,8 +110,11 @@ def graph_from_dict(d: object, source: str = "graph") -> Graph:
     tied = d.get("tied") or {}
     if not isinstance(tied, dict):
         raise PipeplanError(f"{source}: 'tied' must be an object: parameter name -> [node ids using it]")
-    return Graph.from_nodes(str(d.get("name", "model")), nodes,
-                            [(str(a), str(b)) for a, b in edges], meta=meta, tied=tied)
+    graph = Graph.from_nodes(name_field(d, "name", "model", source), nodes, [(str(a), str(b)) for a, b in edges],
+                             meta=meta, tied=tied)
+    if meta.get("microbatch") is not None:
+        profiled_microbatch(graph)  # a positive integer, or one line
+    return graph
 
 
 def save_graph(g: Graph, path: str | Path) -> None:

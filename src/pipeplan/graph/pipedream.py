@@ -153,8 +153,30 @@ def parse_pipedream(text: str, name: str, source: str = "graph.txt") -> Graph:
     nodes = [NodeSpec(nd.id, 0.0, 0.0, nd.params, nd.act, nd.desc, nd.flops) if nd.id in input_load else nd
              for nd in nodes]
     g = Graph.from_nodes(name, nodes, edges, meta={"source": "pipedream", "input_load_s": input_load})
+    _check_connected(g, source)
     inplace, saved = memory_of_layers(g.desc, g.act.tolist(), g.succ)
     return dataclasses.replace(g, inplace=np.array(inplace, dtype=bool), saved=np.array(saved))
+
+
+def _check_connected(g: Graph, source: str) -> None:
+    """A profile is one model: its nodes connected (edges taken both ways). A file cut short
+    (nodes without their edges, edges missing at the end) leaves nodes connected to nothing
+    or to a part of the model only; planning on what survived would be silently wrong."""
+    component = list(range(len(g)))
+
+    def root(i: int) -> int:
+        while component[i] != i:
+            component[i] = component[component[i]]
+            i = component[i]
+        return i
+
+    for u, v in g.edges:
+        component[root(u)] = root(v)
+    roots = {root(i) for i in range(len(g))}
+    if len(roots) > 1:
+        alone = next(g.ids[i] for i in range(len(g)) if root(i) != root(0))
+        raise PipeplanError(f"{source}: the graph falls apart into {len(roots)} pieces (node {alone!r} is not "
+                            f"connected to node {g.ids[0]!r}); is the file cut short?")
 
 
 def load_pipedream(path: Path) -> Graph:

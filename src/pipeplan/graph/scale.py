@@ -49,7 +49,7 @@ def profiled_microbatch(graph: Graph) -> int:
     if b0 is None:
         raise PipeplanError(f"model {graph.name!r}: its costs do not say how many samples a microbatch has "
                             "(meta 'microbatch'), so they cannot be scaled to another microbatch size")
-    if isinstance(b0, bool) or not isinstance(b0, (int, float)) or b0 < 1 or int(b0) != b0:
+    if isinstance(b0, bool) or not isinstance(b0, (int, float)) or not 1 <= b0 < 2**31 or int(b0) != b0:
         raise PipeplanError(f"model {graph.name!r}: meta 'microbatch' must be a positive integer, got {b0!r}")
     return int(b0)
 

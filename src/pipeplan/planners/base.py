@@ -23,7 +23,7 @@ from ..graph import Graph
 from ..plan import Plan
 from ..sim import SimResult, simulate
 from ..sim.engine import warm_up
-from ..limits import check_microbatches
+from ..limits import MAX_SEED, check_microbatches
 from ..units import fmt_bytes
 from .tied import keep_tied_together
 from .variants import fit_memory, plan_for_global_batch
@@ -51,6 +51,8 @@ class PlanOptions:
 # -- typed planner options -------------------------------------------------------------------
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+#: The range of a ``seed`` option (the ``--seed`` of train and dynamic takes the same).
+SEED_RANGE = {"min": 0, "max": MAX_SEED}
 _EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -69,8 +71,8 @@ def _base_type(hint: Any) -> tuple[type, bool]:
 def _bounds_text(meta: Any) -> str:
     """A numeric option's range from its metadata: ``min``/``max`` (inclusive), ``above``/
     ``below`` (exclusive), e.g. '> 0' or '> 0 and < 1'."""
-    parts = [f"{op} {meta[k]:g}" for k, op in (("above", ">"), ("min", ">="), ("below", "<"), ("max", "<="))
-             if meta.get(k) is not None]
+    parts = [f"{op} {meta[k] if isinstance(meta[k], int) else format(meta[k], 'g')}"
+             for k, op in (("above", ">"), ("min", ">="), ("below", "<"), ("max", "<=")) if meta.get(k) is not None]
     return " and ".join(parts)
 
 
@@ -86,6 +88,8 @@ def _parse_value(text: str, hint: Any, choices: tuple[str, ...] | None, meta: An
     base, optional = _base_type(hint)
     bounds = _bounds_text(meta) if base in (int, float) else ""
     expected = f"one of {', '.join(choices)}" if choices else _EXPECTED[base] + (f" {bounds}" if bounds else "")
+    if not text.strip():
+        raise ValueError(f"{expected}, not an empty value")
     if optional and text.strip().lower() == "none":
         return None
     value: Any

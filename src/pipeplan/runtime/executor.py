@@ -38,7 +38,7 @@ from torch import nn
 from ..errors import PipeplanError
 from ..plan import Plan
 from ..schedule import Kind, make_schedule
-from .data import equal_replication, global_batch, pipeline_samples, share_size, squared_error
+from .data import equal_replication
 from .direct import stage_major_ranks, train_direct
 from .models import input_signature, load_model, user_code
 from .pipelined import pipelined_ranks, train_pipelined

@@ -19,7 +19,7 @@ from ...cluster import Cluster
 from ...errors import PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan
-from ..base import PlanOptions, planner_options, register
+from ..base import SEED_RANGE, PlanOptions, planner_options, register
 from .problem import RADIUS, CutProblem, layer_of, server_boundaries
 
 #: Episodes of online training by default: about 5 minutes here, within which the Table 7
@@ -40,7 +40,7 @@ class AutomapOptions:
         "a wall-clock cap on training, in seconds (default: none)")})
     radius: int = field(default=RADIUS, metadata={"min": 0, "help": (
         "devices around each center device cut (network boundary) a cut may map to (§4.4)")})
-    seed: int = field(default=0, metadata={"min": 0, "help": "seed of the DQN's weights and exploration"})
+    seed: int = field(default=0, metadata={**SEED_RANGE, "help": "seed of the DQN's weights and exploration"})
 
 
 def default_stages(cluster: Cluster) -> int:

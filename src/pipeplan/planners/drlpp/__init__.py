@@ -16,7 +16,7 @@ from ...budget import Budget
 from ...cluster import Cluster
 from ...graph import Graph
 from ...plan import Plan
-from ..base import PlanOptions, planner_options, register
+from ..base import SEED_RANGE, PlanOptions, planner_options, register
 
 DEFAULT_EVALUATIONS = 4000
 #: Plans the training scores per second (benchmarks/results/drlpp/evaluate.md: 702 in 10.3 s),
@@ -35,7 +35,7 @@ class DrlppOptions:
     budget: float | None = field(default=None, metadata={"above": 0, "help": (
         "a wall-clock cap on training, in seconds (default: none, so that the same command gives the same plan "
         "on any machine)")})
-    seed: int = field(default=0, metadata={"min": 0, "help": "seed of the agent's weights and samples"})
+    seed: int = field(default=0, metadata={**SEED_RANGE, "help": "seed of the agent's weights and samples"})
     replicas: str = field(default="round-robin", metadata={"choices": ("round-robin", "split"), "help": (
         "how a partition's accelerators share the microbatches: whole ones in turn (PipeDream's, the paper's) "
         "or each split across them")})

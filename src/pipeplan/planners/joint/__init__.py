@@ -29,7 +29,7 @@ from ...graph import Graph, linearize
 from ...plan import Plan
 from ...schedule import SCHEDULES
 from ...sim import SimResult, simulate
-from ..base import PlanOptions, planner_options, register
+from ..base import SEED_RANGE, PlanOptions, planner_options, register
 from ..exact import MAX_DEVICES, MAX_LAYERS, device_classes, search_exhaustively, within_limits
 from ..variants import batch_choices
 from . import chunked
@@ -70,7 +70,7 @@ class JointOptions:
         "help": "comma-separated schedules to search (auto: " + ", ".join(SEARCH_SCHEDULES) + " where built)"})
     patience: int = field(default=16, metadata={"help": "kicks in a row without improvement before the "
                                                         "local search stops", "min": 1})
-    seed: int = field(default=0, metadata={"help": "seed of the local search's kicks"})
+    seed: int = field(default=0, metadata={**SEED_RANGE, "help": "seed of the local search's kicks"})
 
 
 def search_schedules(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
