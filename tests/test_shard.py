@@ -5,11 +5,16 @@ CLI's interface and its bad inputs."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
+import torch
+from torch import nn
 
 from pipeplan.cli import main
+from pipeplan.errors import PipeplanError
+from pipeplan.ir.program import export_module
 from pipeplan.planners.automap.shard import ShardRequest, shard
 
 pytest.importorskip("transformers")
@@ -96,11 +101,52 @@ def test_cli_json_interface(capsys):
     (["--model", "t5-tiny", "--devices", "2", "--hybrid", "--reward", "paper"], "--hybrid needs --reward cost"),
     (["--model", "t5-tiny", "--devices", "2", "--check"], "--workers and --check go with --run"),
     (["--model", "t5-tiny", "--devices", "2", "--budget", "soon"], "--budget"),
+    (["--model", "t5-tiny", "--devices", "2", "--seed", "-1"], "--seed must be between 0 and"),
+    (["--model", "t5-tiny", "--devices", "2", "--seed", "99999999999999999999"], "--seed must be between 0 and"),
+    (["--model", "test_shard:mismatched", "--devices", "2"], "torch.export failed (RuntimeError: a and b"),
+    (["--model", "test_shard:data_dependent", "--devices", "2"], "a tensor whose shape depends on the data"),
 ])
-def test_cli_bad_inputs(argv, message, capsys):
+def test_cli_bad_inputs(argv, message, capfd):
     assert main(["shard", *argv]) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1
+    out, err = capfd.readouterr()
+    assert message in err and len(err.strip().splitlines()) == 1 and not out  # no stack trace of torch's
+
+
+def mismatched() -> tuple[nn.Module, torch.Tensor]:
+    """A model whose input does not fit its first layer (``test_shard:mismatched``)."""
+    return nn.Sequential(nn.Linear(5, 4)), torch.randn(2, 4)
+
+
+def test_a_failed_export_logs_no_stack_trace():
+    """torch's fake tensors log a failing op's stack trace as an error before the exception;
+    the one-line error says enough."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("torch._subclasses.fake_tensor")  # its own handler; it does not propagate
+    logger.addHandler(handler)
+    model, x = mismatched()
+    try:
+        with pytest.raises(PipeplanError, match="torch.export failed"):
+            export_module(model, (x,), "mismatched")
+    finally:
+        logger.removeHandler(handler)
+    assert not records
+
+
+class _Positives(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        return y[y > 0].sum()
+
+
+def data_dependent() -> tuple[nn.Module, torch.Tensor]:
+    """A model whose values' shape depends on the data (``test_shard:data_dependent``)."""
+    return _Positives(), torch.randn(2, 4)
 
 
 @pytest.mark.slow

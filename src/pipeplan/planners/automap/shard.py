@@ -23,6 +23,7 @@ from ...learn.harness import Budget, Progress
 from .sharding import Config, ShardProblem, search
 
 METHODS = ("dqn", "milp", "both")
+MAX_SEED = 2**32 - 1  # numpy's and torch's generators both take it
 REWARDS = ("paper", "cost")
 
 
@@ -53,6 +54,8 @@ class ShardRequest:
             raise PipeplanError("--adp and --hybrid exclude each other (--hybrid decides inputs and parameters)")
         if self.hybrid and self.reward != "cost":
             raise PipeplanError("--hybrid needs --reward cost (the paper's reward does not price the gathers)")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise PipeplanError(f"--seed must be between 0 and {MAX_SEED}, got {self.seed}")
         if not self.budget_s > 0:
             raise PipeplanError(f"--budget must be > 0 seconds, got {self.budget_s}")
 
