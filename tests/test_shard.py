@@ -4,6 +4,7 @@ CLI's interface and its bad inputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -15,6 +16,7 @@ from torch import nn
 from pipeplan.cli import main
 from pipeplan.errors import PipeplanError
 from pipeplan.ir.program import export_module
+from pipeplan.planners.automap import shard as shard_module
 from pipeplan.planners.automap.shard import ShardRequest, shard
 
 pytest.importorskip("transformers")
@@ -65,6 +67,54 @@ def test_dqn_finds_table3_on_t5(t5_milp):
     out = shard(ShardRequest("t5-tiny", 2, method="dqn", budget_s=30, seed=1))
     assert_table3(out["parameters"])
     assert out["predicted"]["step_s"] == pytest.approx(t5_milp["predicted"]["step_s"])
+
+
+#: two devices over 10 Gbps: cutting VGG-19-tiny's variables costs more than it saves
+SLOW_PAIR = "hier:servers=1,gpus=2,intra=10Gbps"
+
+
+def test_a_plan_predicted_slower_than_replicated_is_not_returned(monkeypatch):
+    """With the cost reward, a search whose best plan is predicted slower than everything
+    replicated (here: the paper's objective standing in for a poor search) returns everything
+    replicated, and says what the search found."""
+    paper_milp = shard_module._milp
+    monkeypatch.setattr(shard_module, "_milp",
+                        lambda problem, req: paper_milp(problem, dataclasses.replace(req, reward="paper")))
+    out = shard(ShardRequest("vgg19-tiny", 2, cluster=SLOW_PAIR, method="milp"))
+    assert out["returned"] == "replicated" and out["replicated_better"]
+    assert all(d is None for d in by_name(out).values())
+    assert out["predicted"] == out["replicated"]
+    assert out["searched"]["step_s"] > out["replicated"]["step_s"]
+
+
+def test_the_papers_reward_warns_when_replicated_is_better(capsys):
+    assert main(["shard", "--model", "vgg19-tiny", "--devices", "2", "--cluster", SLOW_PAIR, "--method", "milp",
+                 "--reward", "paper"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: everything replicated is predicted better than this plan" in out
+    assert "partitioned on dim" in out  # the paper's plan is still the one shown
+
+
+def test_run_runs_the_plan_shown(monkeypatch, capsys):
+    """``--run`` plans on the same cluster as without it, and runs the plan printed."""
+    from pipeplan.runtime import tensor_parallel
+
+    argv = ["shard", "--model", "vgg19-tiny", "--devices", "2", "--method", "milp", "--json"]
+    assert main(argv) == 0
+    shown = json.loads(capsys.readouterr().out)
+    ran = {}
+
+    def fake_run(spec, placements, inputs, workers, **kw):
+        ran.update(placements=placements, inputs=inputs, workers=workers)
+        return {"measured_s": 1.0, "max_rel_diff": None, "workers": workers, "check": {"verdict": "not checked"}}
+
+    monkeypatch.setattr(tensor_parallel, "run_sharded", fake_run)
+    assert main([*argv, "--run"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cluster"] == shown["cluster"] == "automap-c"
+    assert out["parameters"] == shown["parameters"] and out["inputs"] == shown["inputs"]
+    assert ran["placements"] == {p["name"]: p["partition_dim"] for p in shown["parameters"]}
+    assert ran["inputs"] == {p["name"]: p["partition_dim"] for p in shown["inputs"]} and ran["workers"] == 2
 
 
 def test_vgg19_on_three_servers_is_table4():
