@@ -20,8 +20,10 @@ way the runtime runs it, on the first N devices of the cluster (one line, as Aut
   partitioned, plus the activations kept for backward (the computed floating-point tensors
   that need a gradient, views excluded), cut by N where partitioned.
 
-All-reduces are SPP's ring (``costmodel.allreduce_time``) over the N devices; nothing
-overlaps. The time of an op's tuple is fixed by the tuple alone, so the whole cost is linear
+All-reduces are SPP's ring (``costmodel.allreduce_time``: bandwidth and the links' own
+latency) over the N devices plus NCCL's latency of a ring collective (``ring_latency``: a base
+and a latency per ring step, from NCCL's tuning model; docs/opp.md), so that a collective of
+a few bytes is never free; nothing overlaps. The time of an op's tuple is fixed by the tuple alone, so the whole cost is linear
 in one-hot choices and the same model is the objective of the integer program (``milp``).
 """
 
@@ -46,6 +48,24 @@ IDENTITY = {"clone", "_to_copy"}
 BACKWARD_FACTOR = 2.0
 SOFTMAX = {"_softmax", "_log_softmax"}
 BIAS = {"addmm": 0, "convolution": 2}  # the bias added once to a partial product: its gradient is whole
+#: NCCL's latency model of a ring collective with its low-latency protocol, the one it picks for
+#: small messages (src/graph/tuning.cc: baseLat and hwLat of Ring/LL): a base per collective and
+#: a latency per ring step, NVLink's within a server and the network's between servers; seconds
+RING_BASE_LATENCY = 3.6e-6
+STEP_LATENCY_INTRA = 0.47e-6
+STEP_LATENCY_INTER = 2.7e-6
+
+
+def ring_latency(cluster: Cluster, group: list[int], all_reduce: bool = True) -> float:
+    """NCCL's latency term of a ring all-reduce (2(p-1) steps, 2(servers-1) of them between
+    servers) or all-gather / reduce-scatter (p-1 steps, servers-1 between servers) over
+    ``group``; 0 for fewer than 2 devices."""
+    p, servers = len(group), len({cluster.devices[i].server for i in group})
+    if p < 2:
+        return 0.0
+    rounds = 2 if all_reduce else 1
+    steps, inter = rounds * (p - 1), rounds * (servers - 1)
+    return RING_BASE_LATENCY + (steps - inter) * STEP_LATENCY_INTRA + inter * STEP_LATENCY_INTER
 
 
 def _flops(op: OpInfo, prog: TensorProgram) -> tuple[float, str]:
@@ -135,11 +155,13 @@ class CostModel:
         self.root = roots(self.prog)
         nbytes = np.array([t.numel * t.itemsize for t in self.prog.tensors], dtype=float)
         self.cluster = cluster
-        self.ar = np.array([allreduce_time(cluster, self.group, b) for b in nbytes])
-        # ring all-gather = half a ring all-reduce; its backward, a reduce-scatter of the gradient;
-        # a parameter is gathered again for the backward (FSDP's way: it is not kept whole)
+        self.ar = np.array([self.allreduce(b) for b in nbytes])
+        # ring all-gather = half a ring all-reduce's traffic and steps; its backward, a reduce-scatter
+        # of the gradient; a parameter is gathered again for the backward (FSDP's way: not kept whole)
         is_param = np.array([t.kind == PARAM for t in self.prog.tensors])
-        self.ag = self.ar / 2 * (1.0 + self.grad + is_param)
+        gather = np.array([allreduce_time(cluster, self.group, b) / 2 + ring_latency(cluster, self.group, False)
+                           if b > 0 else 0.0 for b in nbytes])
+        self.ag = gather * (1.0 + self.grad + is_param)
         self.price = {"f": self.ar, "b": self.ar, "g": self.ag}
         self.param_mem = np.array([state_bytes(b, optimizer) if t.kind == PARAM else 0.0
                                    for t, b in zip(self.prog.tensors, nbytes)])
@@ -149,6 +171,12 @@ class CostModel:
                 kept[list(op.outputs)] = True
         self.act_mem = np.where(kept & self.grad & np.array([t.kind != PARAM for t in self.prog.tensors]), nbytes, 0.0)
         self.tuples = [self._tuple_cost(op, table, speed) for op, table in zip(self.prog.ops, prop.tables)]
+
+    def allreduce(self, nbytes: float) -> float:
+        """A ring all-reduce of ``nbytes`` over the plan's devices (0 for nothing)."""
+        if nbytes <= 0:
+            return 0.0
+        return allreduce_time(self.cluster, self.group, nbytes) + ring_latency(self.cluster, self.group)
 
     def _tuple_cost(self, op: OpInfo, table: OpTable, speed: float) -> TupleCost:
         whole = op_seconds(op, self.prog, speed)
@@ -181,7 +209,7 @@ class CostModel:
         if masks[0].bit_count() != 1 or code < 2 or dim_of(code)[0] != dim:
             return 0.0
         rows = x.numel // x.shape[dim] * x.itemsize
-        return 3 * allreduce_time(self.cluster, self.group, rows)
+        return 3 * self.allreduce(rows)
 
     def memory_of(self, placement: dict[int, int]) -> float:
         """Peak bytes on a device when tensor t has placement code ``placement[t]``."""
