@@ -228,6 +228,7 @@ def test_cost_of_megatron_mlp_is_its_closed_form(mlp):
     assert got.compute_s == pytest.approx(expect_compute)
     assert got.comm_s == pytest.approx(expect_comm)
     assert got.collectives == 1
+    assert got.by_phase == {"forward": {"all_reduce": 1}, "backward": {}}
 
 
 @pytest.mark.parametrize("devices, all_reduce_us, gather_us", [

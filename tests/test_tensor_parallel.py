@@ -10,14 +10,16 @@ from pipeplan.runtime.shard_models import build
 from pipeplan.runtime import tensor_parallel
 from pipeplan.runtime.tensor_parallel import (ShardConfig, check_against_reference, max_rel_diff, reference_run,
                                               run_sharded, validate_placements)
+from test_shard import VGG19_HYBRID_PLAN
 
 #: Megatron's MLP: the first linear split by rows (its output features), the second by
 #: columns (its input features); the all-reduce sits after the second
 MEGATRON_MLP = {"0.weight": 0, "0.bias": 0, "2.weight": 1}
 
 #: the paper's Table 4 in PyTorch's (out, in) weights: Keras' kernel dimension 1 is dimension 0 here
-VGG_TABLE4 = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1, "fc2.bias": 0,
-              "predictions.weight": 0, "predictions.bias": 0}
+#: (the planner returns 3 of these 6 differently: ``test_shard.VGG19_HYBRID_PLAN``)
+PAPER_TABLE4 = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1, "fc2.bias": 0,
+                "predictions.weight": 0, "predictions.bias": 0}
 
 
 def mlp() -> tuple[nn.Module, torch.Tensor]:
@@ -59,10 +61,11 @@ def test_megatron_mlp_on_two_workers():
 
 
 @pytest.mark.slow
-def test_vgg19_fc_partitioned_convs_replicated():
-    result = run_sharded("vgg19-tiny", VGG_TABLE4, None, workers=2, steps=3)
+@pytest.mark.parametrize("plan", [PAPER_TABLE4, VGG19_HYBRID_PLAN], ids=["paper", "planner"])
+def test_vgg19_fc_partitioned_convs_replicated_batch_split(plan):
+    result = run_sharded("vgg19-tiny", plan, {"features": 0}, workers=2, steps=3)
     assert_ok(result)
-    assert not any("conv" in n for n in result["partitioned"])
+    assert result["partitioned"] == sorted(n for n, d in plan.items() if d is not None)
 
 
 @pytest.mark.slow
@@ -104,6 +107,26 @@ def test_replicas_that_drift_apart_are_a_mismatch():
     result = run_sharded("runtime_models:rank_skewed", {"4.weight": 0}, None, workers=2, steps=2)
     assert result["check"]["verdict"] == "mismatch"
     assert result["max_rel_diff"] > 1e-5 or result["check"]["replica_spread"] > 1e-5
+
+
+def test_collectives_run_are_counted_and_compared_with_the_priced_ones():
+    """Megatron's MLP on 2 gloo workers: the forward all-reduce of fc2's partial output, and in
+    the backward one more (DTensor hands the gradient back partial and all-reduces it), which
+    ``ir.cost`` does not price: given the priced collectives, the check says they differ."""
+    priced = {"forward": {"all_reduce": 1}, "backward": {}}
+    result = run_sharded("test_tensor_parallel:mlp", MEGATRON_MLP, None, workers=2, steps=2,
+                         expected_collectives=priced)
+    assert result["collectives"] == {"forward": {"all_reduce": 1}, "backward": {"all_reduce": 1}}
+    assert result["max_rel_diff"] < 1e-5  # the numbers agree; the data moved does not
+    assert (result["check"]["verdict"], result["check"]["collectives"]) == ("mismatch", "differ")
+
+
+def test_the_collectives_check_ignores_kinds_counted_zero():
+    out = {"collectives": {"forward": {"all_reduce": 2}, "backward": {}}, "check": {"verdict": "ok"}}
+    tensor_parallel._check_collectives(out, {"forward": {"all_reduce": 2, "all_gather": 0}})
+    assert (out["check"]["verdict"], out["check"]["collectives"]) == ("ok", "same")
+    tensor_parallel._check_collectives(out, {"forward": {"all_reduce": 2}, "backward": {"reduce_scatter": 1}})
+    assert (out["check"]["verdict"], out["check"]["collectives"]) == ("mismatch", "differ")
 
 
 @pytest.mark.slow

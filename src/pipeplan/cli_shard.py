@@ -66,7 +66,8 @@ def _run(args, out: dict) -> int:
     placements = {p["name"]: p["partition_dim"] for p in out["parameters"]}
     inputs = {p["name"]: p["partition_dim"] for p in out["inputs"]}
     ran = run_sharded(args.model, placements, inputs, args.devices, steps=args.steps, check=args.check,
-                      seed=args.seed, batch=args.batch, seq=args.seq)
+                      seed=args.seed, batch=args.batch, seq=args.seq,
+                      expected_collectives=out["predicted"]["by_phase"])
     out["run"] = ran
     out["measured_s"], out["max_rel_diff"] = ran["measured_s"], ran["max_rel_diff"]
     out["predicted_s"] = out["predicted"]["step_s"]
@@ -112,6 +113,8 @@ def _print(out: dict) -> None:
         print(f"run on {r['workers']} processes: measured {fmt_time(r['measured_s'])} a step against predicted "
               f"{fmt_time(out['predicted_s'])}; check: {r['check']['verdict']}"
               + (f" (largest relative difference {r['max_rel_diff']:.1e})" if r["max_rel_diff"] is not None else ""))
+        print(f"collectives run: {_counts(r['collectives'])}; priced: {_counts(out['predicted']['by_phase'])}"
+              + ("" if r["check"].get("collectives") != "differ" else " (they differ)"))
 
 
 def _print_replicated(out: dict) -> None:
@@ -125,3 +128,10 @@ def _print_replicated(out: dict) -> None:
     elif out["replicated_better"]:
         print("warning: everything replicated is predicted better than this plan (the paper's reward counts "
               "partitions, not time; --reward cost returns the better one)")
+
+
+def _counts(by_phase: dict | None) -> str:
+    """``forward 2 all_reduce, backward 1 all_reduce`` (or ``none``)."""
+    parts = [f"{phase} " + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()) if n)
+             for phase, kinds in (by_phase or {}).items() if any(kinds.values())]
+    return "; ".join(parts) or "none"

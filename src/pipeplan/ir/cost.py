@@ -139,6 +139,7 @@ class PlanCost:
     collectives: int
     memory_bytes: float
     fits: bool
+    by_phase: dict | None = None  # forward/backward -> collective kind -> calls (what a run should issue)
 
 
 class CostModel:
@@ -227,7 +228,7 @@ class CostModel:
         holds one placement. Greedy where choices remain (where to all-reduce a partial sum);
         ``milp`` optimizes them exactly."""
         dom = list(dom)
-        compute, extra = 0.0, 0.0
+        compute, extra, softmaxes = 0.0, 0.0, 0
         paid: dict[str, set[int]] = {"f": set(), "b": set(), "g": set()}
         for o, table in enumerate(self.prop.tables):
             tc, n_in = self.tuples[o], len(self.prog.ops[o].inputs)
@@ -241,6 +242,7 @@ class CostModel:
             k = alive[int(np.argmin(price))]
             compute += tc.compute[k]
             extra += tc.extra_comm[k]
+            softmaxes += tc.extra_comm[k] > 0
             for kind, ts in tc.comm_sets(k):
                 paid[kind].update(ts)
             if len(alive) > 1:
@@ -252,7 +254,21 @@ class CostModel:
         comm = float(sum(self.price[kind][t] for kind, ts in paid.items() for t in ts)) + extra
         mem = self.memory_of({t: self._code(dom[t]) for t in range(len(dom))})
         count = sum(len(ts) for ts in paid.values())
-        return PlanCost(compute + comm, compute, comm, count, mem, bool(mem <= self.memory))
+        return PlanCost(compute + comm, compute, comm, count, mem, bool(mem <= self.memory),
+                        self._phases(paid, softmaxes))
+
+    def _phases(self, paid: dict[str, set[int]], softmaxes: int) -> dict:
+        """The collectives of a step by phase and kind: forward all-reduces of partial sums and
+        all-gathers; backward all-reduces of partial gradients, reduce-scatters of gathered
+        tensors' gradients and parameters gathered again; a softmax along a cut dimension, two
+        all-reduces forward (row max and sum) and one backward."""
+        gathered = list(paid["g"])
+        forward = {"all_reduce": len(paid["f"]) + 2 * softmaxes, "all_gather": len(gathered)}
+        backward = {"all_reduce": len(paid["b"]) + softmaxes,
+                    "reduce_scatter": int(sum(self.grad[t] for t in gathered)),
+                    "all_gather": int(sum(self.prog.tensors[t].kind == PARAM for t in gathered))}
+        return {phase: {k: n for k, n in kinds.items() if n}
+                for phase, kinds in (("forward", forward), ("backward", backward))}
 
     @staticmethod
     def _code(mask: int) -> int:

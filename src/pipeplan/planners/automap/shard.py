@@ -71,10 +71,10 @@ def _cost_dict(c: PlanCost | None) -> dict | None:
     if c is None:
         return None
     if not math.isfinite(c.step_s):
-        return {"step_s": None, "compute_s": None, "comm_s": None, "collectives": None, "memory_bytes": None,
-                "fits": False}
+        return {"step_s": None, "compute_s": None, "comm_s": None, "collectives": None, "by_phase": None,
+                "memory_bytes": None, "fits": False}
     return {"step_s": c.step_s, "compute_s": c.compute_s, "comm_s": c.comm_s, "collectives": c.collectives,
-            "memory_bytes": c.memory_bytes, "fits": c.fits}
+            "by_phase": c.by_phase, "memory_bytes": c.memory_bytes, "fits": c.fits}
 
 
 def build_problem(req: ShardRequest):
