@@ -34,6 +34,32 @@ def convnet() -> tuple[nn.Module, torch.Tensor]:
     return net, torch.randn(8, 3, 6, 6)
 
 
+class _GPT2Logits(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        from transformers import GPT2LMHeadModel
+
+        self.lm = GPT2LMHeadModel(config)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=input_ids, use_cache=False).logits
+
+
+def gpt2_logits() -> tuple[nn.Module, torch.Tensor]:
+    """A Hugging Face GPT-2 (2 layers, n_embd 32) returning its logits, built with transformers'
+    default attention (``test_tensor_parallel:gpt2_logits`` in the workers)."""
+    from transformers import GPT2Config
+
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0)
+    return _GPT2Logits(config), torch.randint(0, 64, (4, 16))
+
+
+#: Megatron's MLP in GPT-2's Conv1D layout ([in, out] weights): c_fc by its outputs, c_proj by its inputs
+GPT2_MLP = {f"transformer.h.{i}.mlp.{name}": dim for i in range(2)
+            for name, dim in (("c_fc.weight", 1), ("c_fc.bias", 0), ("c_proj.weight", 0))}
+
+
 def t5_table3(name: str = "t5-tiny") -> dict[str, int]:
     """The paper's Table 3 (attention q, k, v by heads, o by its input; MLP wi by rows, wo by
     columns; the embedding by vocabulary; norms replicated), in PyTorch's weight layout."""
@@ -94,6 +120,18 @@ def test_t5_with_table3_partitioning():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("spec, prefix", [("gpt2-tiny", ""), ("test_tensor_parallel:gpt2_logits", "lm.")])
+def test_hugging_face_gpt2_runs_under_dtensor(spec, prefix):
+    """GPT-2's attention runs eager under DTensor (CPU's fused attention has no sharding
+    strategy), the built-in model and a user's built with transformers' default attention."""
+    pytest.importorskip("transformers")
+    plan = {prefix + n: d for n, d in GPT2_MLP.items()}
+    result = run_sharded(spec, plan, None, workers=2, steps=2, seq=16)
+    assert_ok(result)
+    assert result["partitioned"] == sorted(plan)
+
+
+@pytest.mark.slow
 def test_bert_batch_split_and_sharded_embedding():
     result = run_sharded("bert-tiny", {"bert.embeddings.word_embeddings.weight": 0},
                          {"input_ids": 0, "labels": 0}, workers=2, steps=2, seq=16)
@@ -109,6 +147,7 @@ def test_replicas_that_drift_apart_are_a_mismatch():
     assert result["max_rel_diff"] > 1e-5 or result["check"]["replica_spread"] > 1e-5
 
 
+@pytest.mark.slow
 def test_collectives_run_are_counted_and_compared_with_the_priced_ones():
     """Megatron's MLP on 2 gloo workers: the forward all-reduce of fc2's partial output, and in
     the backward one more (DTensor hands the gradient back partial and all-reduces it), which

@@ -12,7 +12,8 @@ def add_parser(sub, positive_int) -> None:
     sp = sub.add_parser("shard", help="operator partitioning / auto data parallelism of a PyTorch model "
                                       "(Auto-MAP's DQN or the exact integer program); optionally run it with DTensor")
     sp.add_argument("--model", required=True,
-                    help="t5-base, t5-3b, t5-11b, t5-tiny, bert, bert-tiny, vgg19, vgg19-tiny, or package.module:factory")
+                    help="t5-base, t5-3b, t5-11b, t5-tiny, bert, bert-tiny, gpt2, gpt2-tiny, vgg19, vgg19-tiny, "
+                         "or package.module:factory")
     sp.add_argument("--devices", type=positive_int, required=True, help="devices the variables are cut across")
     sp.add_argument("--cluster", default="automap-c",
                     help="whose first N devices the plan is made and priced for, with --run too (default automap-c)")
@@ -33,7 +34,8 @@ def add_parser(sub, positive_int) -> None:
     sp.add_argument("--workers", type=positive_int, default=None, help="with --run: processes (default --devices)")
     sp.add_argument("--steps", type=positive_int, default=3, help="with --run: training steps (default 3)")
     sp.add_argument("--check", action="store_true", help="with --run: compare with one-process training (and time "
-                                                          "it, to scale the prediction); exit 1 unless within 1e-5")
+                                                          "it, to scale the prediction), and the collectives run with "
+                                                          "those priced; exit 1 unless within 1e-5 and the same")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_shard)
 
