@@ -163,7 +163,9 @@ def _gpt2_class() -> type:
         """GPT-2 whose forward is the language-model loss of its input (next-token cross-entropy)."""
 
         def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-            return super().forward(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+            # an explicit mask: without one transformers looks for packed sequences, reading values
+            mask = torch.ones_like(input_ids)
+            return super().forward(input_ids=input_ids, attention_mask=mask, labels=input_ids, use_cache=False).loss
 
     return GPT2Loss
 
