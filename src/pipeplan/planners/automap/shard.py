@@ -23,8 +23,8 @@ from ...learn.harness import Budget, Progress
 from .sharding import Config, ShardProblem, search
 
 METHODS = ("dqn", "milp", "both")
-MAX_SEED = 2**32 - 1  # numpy's and torch's generators both take it
 REWARDS = ("paper", "cost")
+MAX_SEED = 2**32 - 1  # numpy's and torch's generators both take it
 
 
 @dataclass
