@@ -223,10 +223,31 @@ def test_cost_of_megatron_mlp_is_its_closed_form(mlp):
     # permute, addmm, relu, permute, addmm cut; pow and mean run on the all-reduced output
     expect_compute = sum(whole[:5]) / 2 + whole[5] + whole[6]
     fc2_out = prog.ops[4].outputs[0]
-    expect_comm = allreduce_time(cluster, [0, 1], prog.tensors[fc2_out].numel * 4)
+    nccl_latency = 3.6e-6 + 2 * 0.47e-6  # NCCL's ring: base + 2(p-1) steps inside a server
+    expect_comm = allreduce_time(cluster, [0, 1], prog.tensors[fc2_out].numel * 4) + nccl_latency
     assert got.compute_s == pytest.approx(expect_compute)
     assert got.comm_s == pytest.approx(expect_comm)
     assert got.collectives == 1
+    assert got.by_phase == {"forward": {"all_reduce": 1}, "backward": {}}
+
+
+@pytest.mark.parametrize("devices, all_reduce_us, gather_us", [
+    (2, 3.6 + 2 * 0.47, 3.6 + 0.47),
+    (8, 3.6 + 14 * 0.47, 3.6 + 7 * 0.47),
+    (16, 3.6 + 28 * 0.47 + 2 * 2.7, 3.6 + 14 * 0.47 + 2.7)])  # two servers: 2 (resp. 1) steps between them
+def test_small_collectives_cost_nccl_ring_latency(devices, all_reduce_us, gather_us):
+    """automap-c (8 V100 a server, links without latency of their own): a collective of a few
+    bytes costs NCCL's ring latency (3.6 us, 0.47 us a step inside a server, 2.7 us a step
+    between servers) on top of its bytes over the bandwidth."""
+    cluster = load_cluster("automap-c")
+    prog = program(MLP(), torch.randn(4, 8), names=("x",))
+    model = CostModel(Propagator(prog, devices, gathers=True), cluster)
+    bias = prog.by_source("fc2.bias").id  # 4 floats
+    group = list(range(devices))
+    assert model.ar[bias] == pytest.approx(allreduce_time(cluster, group, 16) + all_reduce_us * 1e-6)
+    gather = allreduce_time(cluster, group, 16) / 2 + gather_us * 1e-6
+    assert model.ag[bias] == pytest.approx(3 * gather)  # gathered, its gradient reduce-scattered, gathered again
+    assert model.ar[bias] > 4e-6  # not the 0.08 ns of bandwidth alone
 
 
 class Deep(nn.Module):

@@ -4,12 +4,19 @@ CLI's interface and its bad inputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import re
 
 import pytest
+import torch
+from torch import nn
 
 from pipeplan.cli import main
+from pipeplan.errors import PipeplanError
+from pipeplan.ir.program import export_module
+from pipeplan.planners.automap import shard as shard_module
 from pipeplan.planners.automap.shard import ShardRequest, shard
 
 pytest.importorskip("transformers")
@@ -32,9 +39,14 @@ def by_name(out: dict) -> dict[str, int | None]:
     return {p["name"]: p["partition_dim"] for p in out["parameters"] + out["inputs"]}
 
 
+#: T5-tiny's examples large enough that compute, not collectives' latency, decides the plan (at
+#: the default 8 x 32, everything replicated is predicted fastest)
+T5_EXAMPLES = {"batch": 64, "seq": 128}
+
+
 @pytest.fixture(scope="module")
 def t5_milp() -> dict:
-    return shard(ShardRequest("t5-tiny", 2, method="milp"))
+    return shard(ShardRequest("t5-tiny", 2, method="milp", **T5_EXAMPLES))
 
 
 def test_cost_optimum_of_t5_is_table3(t5_milp):
@@ -47,7 +59,7 @@ def test_cost_optimum_of_t5_is_table3(t5_milp):
 def test_the_papers_reward_prefers_more_partitions_than_table3(t5_milp):
     """+0.4 a partitioned dimension: cutting the hidden dimension everywhere (layer norms
     included) scores higher than Table 3 and is predicted slower (docs/opp.md)."""
-    paper = shard(ShardRequest("t5-tiny", 2, method="milp", reward="paper"))
+    paper = shard(ShardRequest("t5-tiny", 2, method="milp", reward="paper", **T5_EXAMPLES))
     assert paper["paper_score"] > t5_milp["paper_score"]
     norms = [p["partition_dim"] for p in paper["parameters"] if "layer_norm" in p["name"]]
     assert all(d == 0 for d in norms)
@@ -57,19 +69,75 @@ def test_the_papers_reward_prefers_more_partitions_than_table3(t5_milp):
 @pytest.mark.slow
 def test_dqn_finds_table3_on_t5(t5_milp):
     # seed 1 meets Table 3 after ~300 episodes and its two-stage search ends by itself (~10 s idle)
-    out = shard(ShardRequest("t5-tiny", 2, method="dqn", budget_s=30, seed=1))
+    out = shard(ShardRequest("t5-tiny", 2, method="dqn", budget_s=30, seed=1, **T5_EXAMPLES))
     assert_table3(out["parameters"])
     assert out["predicted"]["step_s"] == pytest.approx(t5_milp["predicted"]["step_s"])
 
 
-def test_vgg19_on_three_servers_is_table4():
-    """Convolutions replicated (data parallel: the batch split), the classifier partitioned."""
+#: two devices over 10 Gbps: cutting VGG-19-tiny's variables costs more than it saves
+SLOW_PAIR = "hier:servers=1,gpus=2,intra=10Gbps"
+
+
+def test_a_plan_predicted_slower_than_replicated_is_not_returned(monkeypatch):
+    """With the cost reward, a search whose best plan is predicted slower than everything
+    replicated (here: the paper's objective standing in for a poor search) returns everything
+    replicated, and says what the search found."""
+    paper_milp = shard_module._milp
+    monkeypatch.setattr(shard_module, "_milp",
+                        lambda problem, req: paper_milp(problem, dataclasses.replace(req, reward="paper")))
+    out = shard(ShardRequest("vgg19-tiny", 2, cluster=SLOW_PAIR, method="milp"))
+    assert out["returned"] == "replicated" and out["replicated_better"]
+    assert all(d is None for d in by_name(out).values())
+    assert out["predicted"] == out["replicated"]
+    assert out["searched"]["step_s"] > out["replicated"]["step_s"]
+
+
+def test_the_papers_reward_warns_when_replicated_is_better(capsys):
+    assert main(["shard", "--model", "vgg19-tiny", "--devices", "2", "--cluster", SLOW_PAIR, "--method", "milp",
+                 "--reward", "paper"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: everything replicated is predicted better than this plan" in out
+    assert "partitioned on dim" in out  # the paper's plan is still the one shown
+
+
+def test_run_runs_the_plan_shown(monkeypatch, capsys):
+    """``--run`` plans on the same cluster as without it, and runs the plan printed."""
+    from pipeplan.runtime import tensor_parallel
+
+    argv = ["shard", "--model", "vgg19-tiny", "--devices", "2", "--method", "milp", "--json"]
+    assert main(argv) == 0
+    shown = json.loads(capsys.readouterr().out)
+    ran = {}
+
+    def fake_run(spec, placements, inputs, workers, **kw):
+        ran.update(placements=placements, inputs=inputs, workers=workers)
+        return {"measured_s": 1.0, "max_rel_diff": None, "workers": workers, "check": {"verdict": "not checked"}}
+
+    monkeypatch.setattr(tensor_parallel, "run_sharded", fake_run)
+    assert main([*argv, "--run"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cluster"] == shown["cluster"] == "automap-c"
+    assert out["parameters"] == shown["parameters"] and out["inputs"] == shown["inputs"]
+    assert ran["placements"] == {p["name"]: p["partition_dim"] for p in shown["parameters"]}
+    assert ran["inputs"] == {p["name"]: p["partition_dim"] for p in shown["inputs"]} and ran["workers"] == 2
+
+
+#: what the integer program returns for VGG-19 on automap-b (24 devices, --hybrid, batch 32), in
+#: PyTorch's [out, in] layout; the paper's Table 4 differs in fc2.weight (1: by input features),
+#: predictions.weight (0: by classes) and predictions.bias (0) (docs/opp.md explains each)
+VGG19_HYBRID_PLAN = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 0, "fc2.bias": 0, "predictions.weight": 1,
+                     "predictions.bias": None}
+
+
+def test_vgg19_on_three_servers_is_table4_but_three_variables():
+    """Convolutions replicated (data parallel: the batch split), the classifier partitioned:
+    Table 4's pattern, with 3 of its 6 classifier variables cut differently."""
     out = shard(ShardRequest("vgg19", 24, cluster="automap-b", method="milp", hybrid=True, batch=32))
     dims = by_name(out)
-    assert dims["features"] == 0
-    convs = [d for n, d in dims.items() if "conv" in n and n.endswith("weight")]
-    assert len(convs) == 16 and all(d is None for d in convs)
-    assert all(dims[f"{n}.weight"] is not None for n in ("fc1", "fc2", "predictions"))
+    assert (dims["features"], dims["labels"]) == (0, None)
+    convs = [d for n, d in dims.items() if "conv" in n]
+    assert len(convs) == 32 and all(d is None for d in convs)
+    assert {n: dims[n] for n in VGG19_HYBRID_PLAN} == VGG19_HYBRID_PLAN
 
 
 @pytest.mark.parametrize("model, split", [
@@ -96,11 +164,52 @@ def test_cli_json_interface(capsys):
     (["--model", "t5-tiny", "--devices", "2", "--hybrid", "--reward", "paper"], "--hybrid needs --reward cost"),
     (["--model", "t5-tiny", "--devices", "2", "--check"], "--workers and --check go with --run"),
     (["--model", "t5-tiny", "--devices", "2", "--budget", "soon"], "--budget"),
+    (["--model", "t5-tiny", "--devices", "2", "--seed", "-1"], "--seed must be between 0 and"),
+    (["--model", "t5-tiny", "--devices", "2", "--seed", "99999999999999999999"], "--seed must be between 0 and"),
+    (["--model", "test_shard:mismatched", "--devices", "2"], "torch.export failed (RuntimeError: a and b"),
+    (["--model", "test_shard:data_dependent", "--devices", "2"], "a tensor whose shape depends on the data"),
 ])
-def test_cli_bad_inputs(argv, message, capsys):
+def test_cli_bad_inputs(argv, message, capfd):
     assert main(["shard", *argv]) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1
+    out, err = capfd.readouterr()
+    assert message in err and len(err.strip().splitlines()) == 1 and not out  # no stack trace of torch's
+
+
+def mismatched() -> tuple[nn.Module, torch.Tensor]:
+    """A model whose input does not fit its first layer (``test_shard:mismatched``)."""
+    return nn.Sequential(nn.Linear(5, 4)), torch.randn(2, 4)
+
+
+def test_a_failed_export_logs_no_stack_trace():
+    """torch's fake tensors log a failing op's stack trace as an error before the exception;
+    the one-line error says enough."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("torch._subclasses.fake_tensor")  # its own handler; it does not propagate
+    logger.addHandler(handler)
+    model, x = mismatched()
+    try:
+        with pytest.raises(PipeplanError, match="torch.export failed"):
+            export_module(model, (x,), "mismatched")
+    finally:
+        logger.removeHandler(handler)
+    assert not records
+
+
+class _Positives(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        return y[y > 0].sum()
+
+
+def data_dependent() -> tuple[nn.Module, torch.Tensor]:
+    """A model whose values' shape depends on the data (``test_shard:data_dependent``)."""
+    return _Positives(), torch.randn(2, 4)
 
 
 @pytest.mark.slow

@@ -7,11 +7,12 @@ import torch
 from pipeplan.errors import PipeplanError
 from pipeplan.runtime.shard_models import SHARD_MODELS, VGG19, build, load_shard_model
 
-TINY = ("t5-tiny", "bert-tiny", "vgg19-tiny")
+TINY = ("t5-tiny", "bert-tiny", "gpt2-tiny", "vgg19-tiny")
 
 #: published parameter counts (T5: Raffel et al. 2020 with the shared embedding; VGG-19 with
-#: 1000 classes: Simonyan & Zisserman 2015; BERT-base: Devlin et al. 2019)
-PUBLISHED = {"t5-base": 223e6, "t5-3b": 2.85e9, "t5-11b": 11.3e9, "vgg19": 143.7e6, "bert": 110e6}
+#: 1000 classes: Simonyan & Zisserman 2015; BERT-base: Devlin et al. 2019; GPT-2 small: Radford
+#: et al. 2019, 124 M with the tied embedding)
+PUBLISHED = {"t5-base": 223e6, "t5-3b": 2.85e9, "t5-11b": 11.3e9, "vgg19": 143.7e6, "bert": 110e6, "gpt2": 124e6}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))

@@ -10,14 +10,16 @@ from pipeplan.runtime.shard_models import build
 from pipeplan.runtime import tensor_parallel
 from pipeplan.runtime.tensor_parallel import (ShardConfig, check_against_reference, max_rel_diff, reference_run,
                                               run_sharded, validate_placements)
+from test_shard import VGG19_HYBRID_PLAN
 
 #: Megatron's MLP: the first linear split by rows (its output features), the second by
 #: columns (its input features); the all-reduce sits after the second
 MEGATRON_MLP = {"0.weight": 0, "0.bias": 0, "2.weight": 1}
 
 #: the paper's Table 4 in PyTorch's (out, in) weights: Keras' kernel dimension 1 is dimension 0 here
-VGG_TABLE4 = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1, "fc2.bias": 0,
-              "predictions.weight": 0, "predictions.bias": 0}
+#: (the planner returns 3 of these 6 differently: ``test_shard.VGG19_HYBRID_PLAN``)
+PAPER_TABLE4 = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1, "fc2.bias": 0,
+                "predictions.weight": 0, "predictions.bias": 0}
 
 
 def mlp() -> tuple[nn.Module, torch.Tensor]:
@@ -30,6 +32,32 @@ def convnet() -> tuple[nn.Module, torch.Tensor]:
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
                         nn.Conv2d(8, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
     return net, torch.randn(8, 3, 6, 6)
+
+
+class _GPT2Logits(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        from transformers import GPT2LMHeadModel
+
+        self.lm = GPT2LMHeadModel(config)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=input_ids, use_cache=False).logits
+
+
+def gpt2_logits() -> tuple[nn.Module, torch.Tensor]:
+    """A Hugging Face GPT-2 (2 layers, n_embd 32) returning its logits, built with transformers'
+    default attention (``test_tensor_parallel:gpt2_logits`` in the workers)."""
+    from transformers import GPT2Config
+
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0)
+    return _GPT2Logits(config), torch.randint(0, 64, (4, 16))
+
+
+#: Megatron's MLP in GPT-2's Conv1D layout ([in, out] weights): c_fc by its outputs, c_proj by its inputs
+GPT2_MLP = {f"transformer.h.{i}.mlp.{name}": dim for i in range(2)
+            for name, dim in (("c_fc.weight", 1), ("c_fc.bias", 0), ("c_proj.weight", 0))}
 
 
 def t5_table3(name: str = "t5-tiny") -> dict[str, int]:
@@ -59,10 +87,11 @@ def test_megatron_mlp_on_two_workers():
 
 
 @pytest.mark.slow
-def test_vgg19_fc_partitioned_convs_replicated():
-    result = run_sharded("vgg19-tiny", VGG_TABLE4, None, workers=2, steps=3)
+@pytest.mark.parametrize("plan", [PAPER_TABLE4, VGG19_HYBRID_PLAN], ids=["paper", "planner"])
+def test_vgg19_fc_partitioned_convs_replicated_batch_split(plan):
+    result = run_sharded("vgg19-tiny", plan, {"features": 0}, workers=2, steps=3)
     assert_ok(result)
-    assert not any("conv" in n for n in result["partitioned"])
+    assert result["partitioned"] == sorted(n for n, d in plan.items() if d is not None)
 
 
 @pytest.mark.slow
@@ -91,6 +120,18 @@ def test_t5_with_table3_partitioning():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("spec, prefix", [("gpt2-tiny", ""), ("test_tensor_parallel:gpt2_logits", "lm.")])
+def test_hugging_face_gpt2_runs_under_dtensor(spec, prefix):
+    """GPT-2's attention runs eager under DTensor (CPU's fused attention has no sharding
+    strategy), the built-in model and a user's built with transformers' default attention."""
+    pytest.importorskip("transformers")
+    plan = {prefix + n: d for n, d in GPT2_MLP.items()}
+    result = run_sharded(spec, plan, None, workers=2, steps=2, seq=16)
+    assert_ok(result)
+    assert result["partitioned"] == sorted(plan)
+
+
+@pytest.mark.slow
 def test_bert_batch_split_and_sharded_embedding():
     result = run_sharded("bert-tiny", {"bert.embeddings.word_embeddings.weight": 0},
                          {"input_ids": 0, "labels": 0}, workers=2, steps=2, seq=16)
@@ -104,6 +145,27 @@ def test_replicas_that_drift_apart_are_a_mismatch():
     result = run_sharded("runtime_models:rank_skewed", {"4.weight": 0}, None, workers=2, steps=2)
     assert result["check"]["verdict"] == "mismatch"
     assert result["max_rel_diff"] > 1e-5 or result["check"]["replica_spread"] > 1e-5
+
+
+@pytest.mark.slow
+def test_collectives_run_are_counted_and_compared_with_the_priced_ones():
+    """Megatron's MLP on 2 gloo workers: the forward all-reduce of fc2's partial output, and in
+    the backward one more (DTensor hands the gradient back partial and all-reduces it), which
+    ``ir.cost`` does not price: given the priced collectives, the check says they differ."""
+    priced = {"forward": {"all_reduce": 1}, "backward": {}}
+    result = run_sharded("test_tensor_parallel:mlp", MEGATRON_MLP, None, workers=2, steps=2,
+                         expected_collectives=priced)
+    assert result["collectives"] == {"forward": {"all_reduce": 1}, "backward": {"all_reduce": 1}}
+    assert result["max_rel_diff"] < 1e-5  # the numbers agree; the data moved does not
+    assert (result["check"]["verdict"], result["check"]["collectives"]) == ("mismatch", "differ")
+
+
+def test_the_collectives_check_ignores_kinds_counted_zero():
+    out = {"collectives": {"forward": {"all_reduce": 2}, "backward": {}}, "check": {"verdict": "ok"}}
+    tensor_parallel._check_collectives(out, {"forward": {"all_reduce": 2, "all_gather": 0}})
+    assert (out["check"]["verdict"], out["check"]["collectives"]) == ("ok", "same")
+    tensor_parallel._check_collectives(out, {"forward": {"all_reduce": 2}, "backward": {"reduce_scatter": 1}})
+    assert (out["check"]["verdict"], out["check"]["collectives"]) == ("mismatch", "differ")
 
 
 @pytest.mark.slow

@@ -122,7 +122,8 @@ def runs() -> list[dict]:
         inputs = {p["name"]: p["partition_dim"] for p in out["inputs"]}
         t0 = time.perf_counter()
         try:
-            ran = run_sharded(model, placed, inputs, workers, steps=5, check=True)
+            ran = run_sharded(model, placed, inputs, workers, steps=5, check=True,
+                              expected_collectives=out["predicted"]["by_phase"])
         except PipeplanError as e:  # a placement DTensor cannot run: say so
             rows.append({"model": model, "workers": workers, "rules": "hybrid" if hybrid else "strict",
                          "error": str(e)})

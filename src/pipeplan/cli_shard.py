@@ -12,10 +12,11 @@ def add_parser(sub, positive_int) -> None:
     sp = sub.add_parser("shard", help="operator partitioning / auto data parallelism of a PyTorch model "
                                       "(Auto-MAP's DQN or the exact integer program); optionally run it with DTensor")
     sp.add_argument("--model", required=True,
-                    help="t5-base, t5-3b, t5-11b, t5-tiny, bert, bert-tiny, vgg19, vgg19-tiny, or package.module:factory")
+                    help="t5-base, t5-3b, t5-11b, t5-tiny, bert, bert-tiny, gpt2, gpt2-tiny, vgg19, vgg19-tiny, "
+                         "or package.module:factory")
     sp.add_argument("--devices", type=positive_int, required=True, help="devices the variables are cut across")
-    sp.add_argument("--cluster", default=None,
-                    help="whose first N devices (default automap-c; with --run, this machine's workers, calibrated)")
+    sp.add_argument("--cluster", default="automap-c",
+                    help="whose first N devices the plan is made and priced for, with --run too (default automap-c)")
     mode = sp.add_mutually_exclusive_group()
     mode.add_argument("--adp", action="store_true", help="auto data parallelism: find the inputs' batch dimensions")
     mode.add_argument("--hybrid", action="store_true",
@@ -33,7 +34,8 @@ def add_parser(sub, positive_int) -> None:
     sp.add_argument("--workers", type=positive_int, default=None, help="with --run: processes (default --devices)")
     sp.add_argument("--steps", type=positive_int, default=3, help="with --run: training steps (default 3)")
     sp.add_argument("--check", action="store_true", help="with --run: compare with one-process training (and time "
-                                                          "it, to scale the prediction); exit 1 unless within 1e-5")
+                                                          "it, to scale the prediction), and the collectives run with "
+                                                          "those priced; exit 1 unless within 1e-5 and the same")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_shard)
 
@@ -46,12 +48,9 @@ def cmd_shard(args: argparse.Namespace) -> int:
         raise PipeplanError(f"--workers {args.workers} must equal --devices {args.devices} (one process a device)")
     if (args.workers is not None or args.check) and not args.run:
         raise PipeplanError("--workers and --check go with --run")
-    req = ShardRequest(args.model, args.devices, cluster=args.cluster or "automap-c", adp=args.adp, hybrid=args.hybrid,
+    req = ShardRequest(args.model, args.devices, cluster=args.cluster, adp=args.adp, hybrid=args.hybrid,
                        method=args.method, reward=args.reward, budget_s=parse_duration(args.budget, "--budget"),
                        seed=args.seed, batch=args.batch, seq=args.seq)
-    req.check()
-    if args.run and not args.cluster:
-        req.cluster = _calibrated(args.devices)
     out = shard(req)
     code = 0
     if args.run:
@@ -63,20 +62,14 @@ def cmd_shard(args: argparse.Namespace) -> int:
     return code
 
 
-def _calibrated(devices: int):
-    """This machine's ``devices`` worker processes, calibrated briefly."""
-    from .runtime.calibrate import calibrate
-
-    return calibrate(workers=devices, seconds=0.5)[0]
-
-
 def _run(args, out: dict) -> int:
     from .runtime.tensor_parallel import run_sharded
 
     placements = {p["name"]: p["partition_dim"] for p in out["parameters"]}
     inputs = {p["name"]: p["partition_dim"] for p in out["inputs"]}
     ran = run_sharded(args.model, placements, inputs, args.devices, steps=args.steps, check=args.check,
-                      seed=args.seed, batch=args.batch, seq=args.seq)
+                      seed=args.seed, batch=args.batch, seq=args.seq,
+                      expected_collectives=out["predicted"]["by_phase"])
     out["run"] = ran
     out["measured_s"], out["max_rel_diff"] = ran["measured_s"], ran["max_rel_diff"]
     out["predicted_s"] = out["predicted"]["step_s"]
@@ -108,6 +101,7 @@ def _print(out: dict) -> None:
     print(f"predicted step {fmt_time(pred['step_s'])} (compute {fmt_time(pred['compute_s'])}, communication "
           f"{fmt_time(pred['comm_s'])}, {pred['collectives']} collectives), {fmt_bytes(pred['memory_bytes'])} a "
           f"device{'' if pred['fits'] else ' (does not fit)'}; everything replicated: {fmt_time(base['step_s'])}")
+    _print_replicated(out)
     if "dqn" in out:
         d = out["dqn"]
         print(f"DQN: {d['episodes']} episodes in {d['search_s']:.1f} s, best plan met after {d['found_s']:.1f} s, "
@@ -121,3 +115,25 @@ def _print(out: dict) -> None:
         print(f"run on {r['workers']} processes: measured {fmt_time(r['measured_s'])} a step against predicted "
               f"{fmt_time(out['predicted_s'])}; check: {r['check']['verdict']}"
               + (f" (largest relative difference {r['max_rel_diff']:.1e})" if r["max_rel_diff"] is not None else ""))
+        print(f"collectives run: {_counts(r['collectives'])}; priced: {_counts(out['predicted']['by_phase'])}"
+              + ("" if r["check"].get("collectives") != "differ" else " (they differ)"))
+
+
+def _print_replicated(out: dict) -> None:
+    """One line where everything replicated is predicted better than the search's plan."""
+    from .units import fmt_time
+
+    if out["returned"] == "replicated":
+        step = out["searched"]["step_s"]
+        print(f"everything replicated is returned: predicted better than the best plan the search found "
+              f"({'unpriced' if step is None else fmt_time(step)}{'' if out['searched']['fits'] else ', does not fit'})")
+    elif out["replicated_better"]:
+        print("warning: everything replicated is predicted better than this plan (the paper's reward counts "
+              "partitions, not time; --reward cost returns the better one)")
+
+
+def _counts(by_phase: dict | None) -> str:
+    """``forward 2 all_reduce, backward 1 all_reduce`` (or ``none``)."""
+    parts = [f"{phase} " + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()) if n)
+             for phase, kinds in (by_phase or {}).items() if any(kinds.values())]
+    return "; ".join(parts) or "none"

@@ -20,8 +20,10 @@ way the runtime runs it, on the first N devices of the cluster (one line, as Aut
   partitioned, plus the activations kept for backward (the computed floating-point tensors
   that need a gradient, views excluded), cut by N where partitioned.
 
-All-reduces are SPP's ring (``costmodel.allreduce_time``) over the N devices; nothing
-overlaps. The time of an op's tuple is fixed by the tuple alone, so the whole cost is linear
+All-reduces are SPP's ring (``costmodel.allreduce_time``: bandwidth and the links' own
+latency) over the N devices plus NCCL's latency of a ring collective (``ring_latency``: a base
+and a latency per ring step, from NCCL's tuning model; docs/opp.md), so that a collective of
+a few bytes is never free; nothing overlaps. The time of an op's tuple is fixed by the tuple alone, so the whole cost is linear
 in one-hot choices and the same model is the objective of the integer program (``milp``).
 """
 
@@ -46,6 +48,24 @@ IDENTITY = {"clone", "_to_copy"}
 BACKWARD_FACTOR = 2.0
 SOFTMAX = {"_softmax", "_log_softmax"}
 BIAS = {"addmm": 0, "convolution": 2}  # the bias added once to a partial product: its gradient is whole
+#: NCCL's latency model of a ring collective with its low-latency protocol, the one it picks for
+#: small messages (src/graph/tuning.cc: baseLat and hwLat of Ring/LL): a base per collective and
+#: a latency per ring step, NVLink's within a server and the network's between servers; seconds
+RING_BASE_LATENCY = 3.6e-6
+STEP_LATENCY_INTRA = 0.47e-6
+STEP_LATENCY_INTER = 2.7e-6
+
+
+def ring_latency(cluster: Cluster, group: list[int], all_reduce: bool = True) -> float:
+    """NCCL's latency term of a ring all-reduce (2(p-1) steps, 2(servers-1) of them between
+    servers) or all-gather / reduce-scatter (p-1 steps, servers-1 between servers) over
+    ``group``; 0 for fewer than 2 devices."""
+    p, servers = len(group), len({cluster.devices[i].server for i in group})
+    if p < 2:
+        return 0.0
+    rounds = 2 if all_reduce else 1
+    steps, inter = rounds * (p - 1), rounds * (servers - 1)
+    return RING_BASE_LATENCY + (steps - inter) * STEP_LATENCY_INTRA + inter * STEP_LATENCY_INTER
 
 
 def _flops(op: OpInfo, prog: TensorProgram) -> tuple[float, str]:
@@ -119,6 +139,7 @@ class PlanCost:
     collectives: int
     memory_bytes: float
     fits: bool
+    by_phase: dict | None = None  # forward/backward -> collective kind -> calls (what a run should issue)
 
 
 class CostModel:
@@ -135,11 +156,13 @@ class CostModel:
         self.root = roots(self.prog)
         nbytes = np.array([t.numel * t.itemsize for t in self.prog.tensors], dtype=float)
         self.cluster = cluster
-        self.ar = np.array([allreduce_time(cluster, self.group, b) for b in nbytes])
-        # ring all-gather = half a ring all-reduce; its backward, a reduce-scatter of the gradient;
-        # a parameter is gathered again for the backward (FSDP's way: it is not kept whole)
+        self.ar = np.array([self.allreduce(b) for b in nbytes])
+        # ring all-gather = half a ring all-reduce's traffic and steps; its backward, a reduce-scatter
+        # of the gradient; a parameter is gathered again for the backward (FSDP's way: not kept whole)
         is_param = np.array([t.kind == PARAM for t in self.prog.tensors])
-        self.ag = self.ar / 2 * (1.0 + self.grad + is_param)
+        gather = np.array([allreduce_time(cluster, self.group, b) / 2 + ring_latency(cluster, self.group, False)
+                           if b > 0 else 0.0 for b in nbytes])
+        self.ag = gather * (1.0 + self.grad + is_param)
         self.price = {"f": self.ar, "b": self.ar, "g": self.ag}
         self.param_mem = np.array([state_bytes(b, optimizer) if t.kind == PARAM else 0.0
                                    for t, b in zip(self.prog.tensors, nbytes)])
@@ -149,6 +172,12 @@ class CostModel:
                 kept[list(op.outputs)] = True
         self.act_mem = np.where(kept & self.grad & np.array([t.kind != PARAM for t in self.prog.tensors]), nbytes, 0.0)
         self.tuples = [self._tuple_cost(op, table, speed) for op, table in zip(self.prog.ops, prop.tables)]
+
+    def allreduce(self, nbytes: float) -> float:
+        """A ring all-reduce of ``nbytes`` over the plan's devices (0 for nothing)."""
+        if nbytes <= 0:
+            return 0.0
+        return allreduce_time(self.cluster, self.group, nbytes) + ring_latency(self.cluster, self.group)
 
     def _tuple_cost(self, op: OpInfo, table: OpTable, speed: float) -> TupleCost:
         whole = op_seconds(op, self.prog, speed)
@@ -181,7 +210,7 @@ class CostModel:
         if masks[0].bit_count() != 1 or code < 2 or dim_of(code)[0] != dim:
             return 0.0
         rows = x.numel // x.shape[dim] * x.itemsize
-        return 3 * allreduce_time(self.cluster, self.group, rows)
+        return 3 * self.allreduce(rows)
 
     def memory_of(self, placement: dict[int, int]) -> float:
         """Peak bytes on a device when tensor t has placement code ``placement[t]``."""
@@ -199,7 +228,7 @@ class CostModel:
         holds one placement. Greedy where choices remain (where to all-reduce a partial sum);
         ``milp`` optimizes them exactly."""
         dom = list(dom)
-        compute, extra = 0.0, 0.0
+        compute, extra, softmaxes = 0.0, 0.0, 0
         paid: dict[str, set[int]] = {"f": set(), "b": set(), "g": set()}
         for o, table in enumerate(self.prop.tables):
             tc, n_in = self.tuples[o], len(self.prog.ops[o].inputs)
@@ -213,6 +242,7 @@ class CostModel:
             k = alive[int(np.argmin(price))]
             compute += tc.compute[k]
             extra += tc.extra_comm[k]
+            softmaxes += tc.extra_comm[k] > 0
             for kind, ts in tc.comm_sets(k):
                 paid[kind].update(ts)
             if len(alive) > 1:
@@ -224,7 +254,21 @@ class CostModel:
         comm = float(sum(self.price[kind][t] for kind, ts in paid.items() for t in ts)) + extra
         mem = self.memory_of({t: self._code(dom[t]) for t in range(len(dom))})
         count = sum(len(ts) for ts in paid.values())
-        return PlanCost(compute + comm, compute, comm, count, mem, bool(mem <= self.memory))
+        return PlanCost(compute + comm, compute, comm, count, mem, bool(mem <= self.memory),
+                        self._phases(paid, softmaxes))
+
+    def _phases(self, paid: dict[str, set[int]], softmaxes: int) -> dict:
+        """The collectives of a step by phase and kind: forward all-reduces of partial sums and
+        all-gathers; backward all-reduces of partial gradients, reduce-scatters of gathered
+        tensors' gradients and parameters gathered again; a softmax along a cut dimension, two
+        all-reduces forward (row max and sum) and one backward."""
+        gathered = list(paid["g"])
+        forward = {"all_reduce": len(paid["f"]) + 2 * softmaxes, "all_gather": len(gathered)}
+        backward = {"all_reduce": len(paid["b"]) + softmaxes,
+                    "reduce_scatter": int(sum(self.grad[t] for t in gathered)),
+                    "all_gather": int(sum(self.prog.tensors[t].kind == PARAM for t in gathered))}
+        return {phase: {k: n for k, n in kinds.items() if n}
+                for phase, kinds in (("forward", forward), ("backward", backward))}
 
     @staticmethod
     def _code(mask: int) -> int:

@@ -141,6 +141,9 @@ class _Reader:
     def _new(self, key: Any, name: str, val: Any, kind: str, source: str | None = None) -> int:
         if not isinstance(val, torch.Tensor):
             return -1
+        if not all(isinstance(s, int) for s in val.shape):
+            raise PipeplanError(f"{name}: a tensor whose shape depends on the data ({tuple(val.shape)}); "
+                                "sharding needs every shape fixed by the example inputs")
         if kind == PARAM and source is not None:
             ident = id(self.ep.state_dict.get(source))
             for other, tid in self.alias.items():
@@ -149,7 +152,7 @@ class _Reader:
                     return tid
             self.alias[source] = len(self.tensors)
         tid = len(self.tensors)
-        self.tensors.append(TensorInfo(tid, name, tuple(int(s) for s in val.shape), kind, source,
+        self.tensors.append(TensorInfo(tid, name, tuple(val.shape), kind, source,
                                        str(val.dtype).removeprefix("torch."), val.element_size()))
         self.ids[key] = tid
         return tid
@@ -225,9 +228,9 @@ def program_from_export(ep: "torch.export.ExportedProgram", name: str,
 def quiet_export(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> "torch.export.ExportedProgram":
     """Export and decompose to core ATen (training mode as the module is), without torch's
     warnings, log lines and prints (on a failure torch.export prints the partial graph to
-    stderr; the exception says enough)."""
+    stderr and its fake tensors log the stack trace as an error; the exception says enough)."""
     disabled = logging.root.manager.disable
-    logging.disable(logging.WARNING)
+    logging.disable(logging.CRITICAL)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), \
                 contextlib.redirect_stdout(io.StringIO()):
@@ -246,4 +249,7 @@ def export_module(module: nn.Module, inputs: tuple[torch.Tensor, ...], name: str
     except Exception as e:  # torch.export's many error types
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise PipeplanError(f"model {name!r}: torch.export failed ({type(e).__name__}: {reason[:300]})") from None
-    return program_from_export(ep, name, input_names)
+    try:
+        return program_from_export(ep, name, input_names)
+    except PipeplanError as e:
+        raise PipeplanError(f"model {name!r}: {e}") from None

@@ -10,6 +10,10 @@ a plan replicates or partitions.
   tests and CPU runs. Inputs ``(input_ids, decoder_input_ids, labels)``.
 - ``bert``, ``bert-tiny``: ``BertForMaskedLM`` (bert-base sizes), dropout 0, masked-LM
   cross-entropy on ``labels``. Inputs ``(input_ids, labels)``.
+- ``gpt2``, ``gpt2-tiny``: ``GPT2LMHeadModel`` (GPT-2 small sizes; tiny: 2 layers, n_embd 64),
+  dropout 0, language-model cross-entropy of the inputs shifted by one. GPT-2's attention
+  projection ``c_attn`` is one fused ``Conv1D`` (q | k | v in one weight), which the rules do not
+  cut (a cut by heads is a strided one across the three blocks). Input ``(input_ids,)``.
 - ``vgg19``, ``vgg19-tiny``: VGG-19 (Simonyan & Zisserman 2015, configuration E) written here
   with Keras' layer names, the ones of the paper's Table 4: ``block1_conv1`` ... ``block5_conv4``,
   ``fc1``, ``fc2``, ``predictions``. Keras' dense kernel is (in, out) and PyTorch's Linear
@@ -20,7 +24,8 @@ Parameter names are the module's ``named_parameters`` names (the HF models' own 
 ``shared.weight``, ``encoder.block.0.layer.0.SelfAttention.q.weight``); a tied parameter's
 other names map to it by ``ShardModel.aliases``. The HF models use the eager attention
 (matmul, softmax, matmul): explicit operations in the exported graph, and DTensor has no
-sharding strategy for the backward of CPU's fused scaled-dot-product attention. ``meta=True``
+sharding strategy for CPU's fused scaled-dot-product attention; a user's model built by
+transformers with another attention is switched to the eager one (``eager_attention``). ``meta=True``
 builds shapes only (``torch.device("meta")``): t5-11b's 11.3 B parameters cost no memory.
 Weights are random (seeded); nothing is ever downloaded.
 """
@@ -143,6 +148,49 @@ def build_bert(name: str, batch: int, seq: int) -> tuple[nn.Module, tuple[torch.
     return module, (input_ids, labels), ("input_ids", "labels")
 
 
+# ----------------------------------------------------------------------------- GPT-2
+
+_GPT2_SIZES: dict[str, dict] = {
+    "gpt2-tiny": dict(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=128),
+    "gpt2": dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024),
+}
+
+
+def _gpt2_class() -> type:
+    tf = _transformers()
+
+    class GPT2Loss(tf.GPT2LMHeadModel):
+        """GPT-2 whose forward is the language-model loss of its input (next-token cross-entropy)."""
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            # an explicit mask: without one transformers looks for packed sequences, reading values
+            mask = torch.ones_like(input_ids)
+            return super().forward(input_ids=input_ids, attention_mask=mask, labels=input_ids, use_cache=False).loss
+
+    return GPT2Loss
+
+
+def build_gpt2(name: str, batch: int, seq: int) -> tuple[nn.Module, tuple[torch.Tensor, ...], tuple[str, ...]]:
+    tf = _transformers()
+    sizes = _GPT2_SIZES[name]
+    if seq > sizes["n_positions"]:
+        raise PipeplanError(f"model {name!r}: seq {seq} is over its {sizes['n_positions']} positions")
+    last = sizes["vocab_size"] - 1  # GPT-2's end-of-text token, the vocabulary's last
+    cfg = tf.GPT2Config(**sizes, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
+                        use_cache=False, bos_token_id=last, eos_token_id=last, attn_implementation="eager")
+    module = _gpt2_class()(cfg)
+    return module, (torch.randint(0, cfg.vocab_size, (batch, seq)),), ("input_ids",)
+
+
+def eager_attention(module: nn.Module) -> None:
+    """Switch a transformers model inside ``module`` to the eager attention (matmul, softmax,
+    matmul), which DTensor can shard; other modules are left as they are."""
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if getattr(config, "_attn_implementation", "eager") != "eager":
+            config._attn_implementation = "eager"
+
+
 # ----------------------------------------------------------------------------- VGG-19
 
 #: configuration E: output channels of each block's 3x3 convolutions (each block ends in a max-pool)
@@ -209,6 +257,8 @@ SHARD_MODELS: dict[str, tuple[_Builder, str]] = {
     "t5-11b": (build_t5, "T5-11B, 11.3 B parameters"),
     "bert-tiny": (build_bert, "BERT (masked LM), hidden 64, 2 layers, vocab 256"),
     "bert": (build_bert, "BERT-base (masked LM), 110 M parameters"),
+    "gpt2-tiny": (build_gpt2, "GPT-2 (language model), n_embd 64, 2 layers, 4 heads, vocab 256"),
+    "gpt2": (build_gpt2, "GPT-2 small (language model), 124 M parameters"),
     "vgg19-tiny": (build_vgg19, "VGG-19 at 1/8 width, 32x32 images, fc 64, 10 classes"),
     "vgg19": (build_vgg19, "VGG-19, 224x224 images, 1000 classes, 143.7 M parameters"),
 }
@@ -256,6 +306,7 @@ def _user_model(spec: str, meta: bool, seed: int) -> ShardModel:
     else:
         module, x = call_factory(spec, expected)
     module.train()
+    eager_attention(module)
     return ShardModel(spec, _with_squared_loss(module), (x,), ("input",))
 
 

@@ -28,6 +28,7 @@ What DTensor (torch 2.13, CPU, gloo) cannot do as is, met on the built-in models
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue as queue_mod
 import statistics
@@ -186,26 +187,83 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def train(module: nn.Module, inputs: tuple, steps: int, lr: float,
-          distributed: bool) -> tuple[list[float], list[float]]:
+#: the kinds of collective counted, by their op names without underscores
+COLLECTIVES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+               "alltoall": "all_to_all", "broadcast": "broadcast"}
+
+
+def _collective_name(func) -> str | None:
+    """``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all`` or ``broadcast`` for a
+    collective op (functional or c10d: ``all_gather_into_tensor``, ``_allgather_base_``, ...);
+    None for any other op."""
+    if "c10d" not in getattr(func, "namespace", ""):
+        return None
+    plain = func._opname.replace("_", "")
+    return next((kind for key, kind in COLLECTIVES.items() if plain.startswith(key)), None)
+
+
+def _collective_counter():
+    """A dispatch mode counting the collectives DTensor issues (``counts``: kind -> calls). It
+    sees the ops DTensor desugars to; unlike ``CommDebugMode`` it hooks no module, so that it
+    adds no gradient of its own (CommDebugMode's backward hooks make inputs require one)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.counts: dict[str, int] = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            from torch.distributed.tensor import DTensor
+
+            if any(issubclass(t, DTensor) for t in types):
+                return NotImplemented  # let DTensor run first and desugar into plain ops and collectives
+            kind = _collective_name(func)
+            if kind is not None:
+                self.counts[kind] = self.counts.get(kind, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    return Counter()
+
+
+@contextlib.contextmanager
+def _counting(counts: dict | None, phase: str):
+    """Count the collectives run inside the block into ``counts[phase]``; nothing when
+    ``counts`` is None."""
+    if counts is None:
+        yield
+        return
+    with _collective_counter() as counter:
+        yield
+    got = counts.setdefault(phase, {})
+    for kind, n in counter.counts.items():
+        got[kind] = got.get(kind, 0) + n
+
+
+def train(module: nn.Module, inputs: tuple, steps: int, lr: float, distributed: bool,
+          collectives: dict | None = None) -> tuple[list[float], list[float]]:
     """``steps`` plain-SGD steps on ``inputs``: (loss of each step, seconds of each step).
     ``distributed``: DTensor training, each step between barriers, plain tensors made in the
-    forward taken as replicated."""
+    forward taken as replicated; ``collectives``: filled with the collectives of the first
+    step's forward and backward (``{"forward": {"all_reduce": n, ...}, "backward": {...}}``)."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.experimental import implicit_replication
 
     opt = torch.optim.SGD(module.parameters(), lr=lr)
     losses, times = [], []
-    for _ in range(steps):
+    for step in range(steps):
         if distributed:
             dist.barrier()
         t0 = time.perf_counter()
         opt.zero_grad()
         if distributed:
+            counts = collectives if step == 0 else None
             with implicit_replication():
-                loss = module(*inputs)
-                loss = loss.redistribute(placements=[Replicate()])  # a Partial loss is summed first
-                loss.backward()
+                with _counting(counts, "forward"):
+                    loss = module(*inputs)
+                    loss = loss.redistribute(placements=[Replicate()])  # a Partial loss is summed first
+                with _counting(counts, "backward"):
+                    loss.backward()
                 opt.step()
         else:
             loss = module(*inputs)
@@ -230,13 +288,15 @@ def _worker(rank: int, world: int, init_method: str, cfg: dict, results) -> None
         model = load_shard_model(cfg["spec"], batch=cfg["batch"], seq=cfg["seq"], seed=cfg["seed"])
         distribute_parameters(model.module, mesh, cfg["placements"])
         inputs = distribute_inputs(model, mesh, cfg["input_dims"])
-        losses, times = train(model.module, inputs, cfg["steps"], cfg["lr"], distributed=True)
+        collectives = {"forward": {}, "backward": {}}
+        losses, times = train(model.module, inputs, cfg["steps"], cfg["lr"], True, collectives)
         params, spread = None, 0.0
         if cfg["check"]:
             full = {n: _full(p.detach()) for n, p in model.module.named_parameters()}
             params = {n: t.numpy().copy() for n, t in full.items()} if rank == 0 else None
             spread = replica_spread(model.module)
-        results.put(("done", rank, {"losses": losses, "times": times, "params": params, "spread": spread}))
+        results.put(("done", rank, {"losses": losses, "times": times, "params": params, "spread": spread,
+                                    "collectives": collectives}))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as e:  # report to the parent, which ends the run
@@ -403,12 +463,16 @@ def uneven_splits(model: ShardModel, placements: dict[str, int | None], input_di
 
 def run_sharded(spec: str, placements: dict[str, int | None], input_dims: dict[str, int | None] | None,
                 workers: int, steps: int = 3, check: bool = True, lr: float = 1e-2, seed: int = 0,
-                batch: int = 8, seq: int = 32, threads: int = 1, timeout_s: float = 600.0) -> dict:
+                batch: int = 8, seq: int = 32, threads: int = 1, timeout_s: float = 600.0,
+                expected_collectives: dict | None = None) -> dict:
     """Train ``spec`` (``shard_models.load_shard_model``) sharded as ``placements`` (parameter
     name -> dimension split over the ``workers`` devices, None or absent: replicated) with
     inputs split as ``input_dims`` (input name -> dimension); return the median step time
-    (the first step excluded), the losses and, with ``check``, the largest relative
-    difference from single-process training."""
+    (the first step excluded), the losses, the collectives DTensor ran in the first step
+    (``collectives``: forward and backward, by kind) and, with ``check``, the largest relative
+    difference from single-process training. With ``check`` and ``expected_collectives`` (the
+    collectives the plan was priced with, in the same form), a run whose collectives differ
+    is a mismatch too: DTensor moved data the plan did not say it would."""
     if workers < 1 or steps < 1:
         raise PipeplanError(f"run_sharded: workers and steps must be >= 1, got {workers} and {steps}")
     shapes = load_shard_model(spec, batch=batch, seq=seq, meta=":" not in spec, seed=seed)
@@ -425,6 +489,7 @@ def run_sharded(spec: str, placements: dict[str, int | None], input_dims: dict[s
     times = [max(done[r]["times"][i] for r in done) for i in range(steps)]  # a step ends when every rank did
     out = {"measured_s": statistics.median(times[1:] or times), "per_step_s": times,
            "losses": done[0]["losses"], "workers": workers, "max_rel_diff": None,
+           "collectives": done[0]["collectives"],
            "check": {"verdict": "not checked", "tolerance": TOLERANCE},
            "partitioned": sorted(n for n, d in full_p.items() if d is not None),
            "split_inputs": sorted(n for n, d in full_in.items() if d is not None),
@@ -435,4 +500,19 @@ def run_sharded(spec: str, placements: dict[str, int | None], input_dims: dict[s
         out["check"]["replica_spread"] = spread
         if spread >= TOLERANCE:
             out["check"]["verdict"] = "mismatch"
+        if expected_collectives is not None:
+            _check_collectives(out, expected_collectives)
     return out
+
+
+def _check_collectives(out: dict, expected: dict) -> None:
+    """Compare the collectives run with those ``expected`` (phase -> kind -> count; kinds with
+    0 may be left out); a difference makes the verdict "mismatch"."""
+    def nonzero(counts: dict) -> dict:
+        return {phase: {k: n for k, n in kinds.items() if n} for phase, kinds in counts.items()}
+
+    ran, want = nonzero(out["collectives"]), nonzero(expected)
+    same = all(ran.get(p, {}) == want.get(p, {}) for p in set(ran) | set(want))
+    out["check"].update(collectives="same" if same else "differ", expected_collectives=want)
+    if not same:
+        out["check"]["verdict"] = "mismatch"

@@ -76,6 +76,7 @@ class ShardProblem:
     baseline: PlanCost | None
     adp: bool
     costed: bool = False
+    replicated: Domains | None = None  # every decided tensor replicated: the baseline's plan
 
     @classmethod
     def build(cls, prog: TensorProgram, devices: int, cluster: Cluster | None, adp: bool = False,
@@ -100,11 +101,9 @@ class ShardProblem:
             linkage = linkage_groups(prop, start, pos)
             order = decision_order(linkage, undecided)
         cost = CostModel(prop, cluster) if cluster is not None else None
-        baseline = None
-        if cost is not None:
-            replicated = {t.id: bit(R) for t in tensors}
-            baseline = cost.evaluate(prop.narrow(start, replicated)[0])
-        return cls(prop, start, pos, order, linkage, cost, baseline, adp, costed)
+        replicated = prop.narrow(start, {t.id: bit(R) for t in tensors})[0]
+        baseline = cost.evaluate(replicated) if cost is not None else None
+        return cls(prop, start, pos, order, linkage, cost, baseline, adp, costed, replicated)
 
     def score(self, dom: Domains) -> float:
         """Auto-MAP's reward of a whole plan: +0.4 a partitioned, +0.1 a replicated dimension,
