@@ -2,7 +2,6 @@
 
 import json
 import multiprocessing
-import os
 import time
 
 import numpy as np
