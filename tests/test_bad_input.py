@@ -178,7 +178,7 @@ def test_ctrl_c_while_the_parser_is_built_is_one_line_and_130(monkeypatch, capsy
 
     monkeypatch.setattr(pipeplan.cli, "build_parser", interrupted)
     assert main(["compare", "--model", "zoo:alexnet", "--cluster", "v100x4"]) == 130
-    assert capsys.readouterr().err == "pipeplan: interrupted\n"
+    assert capsys.readouterr().err == "pipeplan: compare interrupted (Ctrl-C)\n"
 
 
 @pytest.mark.slow
@@ -200,7 +200,7 @@ def test_ctrl_c_in_the_first_second_of_compare_is_one_line_and_130(after_s):
     time.sleep(after_s)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode in (130, -signal.SIGINT) and err in ("pipeplan: interrupted\n", ""), (proc.returncode, err)
+    assert proc.returncode in (130, -signal.SIGINT) and err in ("pipeplan: compare interrupted (Ctrl-C)\n", ""), (proc.returncode, err)
     assert proc.returncode == -signal.SIGINT or err, err
 
 

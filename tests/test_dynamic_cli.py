@@ -82,7 +82,6 @@ def test_bench_on_real_logical_cpus(capsys):
     (["eval", "--checkpoint", "/nonexistent/x.pt"], "no such file"),
     (["bench", "--width", "1000000000"], "width 1,000,000,000 is out of range"),
     (["bench", "--net", "mathfunc", "--width", "1000000000"], "width 1,000,000,000 is out of range"),
-    (["bench", "--threads", "100000"], "--threads: 100,000 threads"),
     (["bench", "--machine", "m.json", "--devices", "cpu"], "--machine goes with the simulated machine"),
     (["bench", "--machine", "/dev/null/m.json"], "--machine /dev/null/m.json: /dev/null is not a directory"),
     (["bench", "--machine", "."], "--machine '.': is a directory"),

@@ -90,15 +90,7 @@ PLAIN_FILES = {"missing (a newline in its name)": ("no\nsuch.json", None), "dire
                "binary junk": ("junk.json", bytes(range(256)) * 8)}
 #: Cases that fail in code other engineers own (runtime launchers' options, checkpoints,
 #: shard): expected to fail until it is fixed there.
-OWNED_ELSEWHERE = {
-    *(f"calibrate --seconds {v}" for v in NUMBERS),
-    *(f"run --{option} {v}" for option in ("hang-timeout", "timeout") for v in NUMBERS),
-    "run --warmup -1", f"run --warmup {10**20}",
-    *(f"{option} {what}" for option in ("train --init", "shard --cluster") for what in [*PLAIN_FILES, "/dev/zero"]),
-    "shard --seed -1", f"shard --seed {10**20}",
-    "calibrate --threads 100000", "run --threads 100000",
-    "dynamic --checkpoint FIFO", "plan --planner drl-pp -O checkpoint= FIFO",
-}
+OWNED_ELSEWHERE: set[str] = set()  # cases another part of the code base must still fix
 
 
 @dataclass(frozen=True)

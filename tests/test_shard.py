@@ -164,8 +164,6 @@ def test_cli_json_interface(capsys):
     (["--model", "t5-tiny", "--devices", "2", "--hybrid", "--reward", "paper"], "--hybrid needs --reward cost"),
     (["--model", "t5-tiny", "--devices", "2", "--check"], "--workers and --check go with --run"),
     (["--model", "t5-tiny", "--devices", "2", "--budget", "soon"], "--budget"),
-    (["--model", "t5-tiny", "--devices", "2", "--seed", "-1"], "--seed must be between 0 and"),
-    (["--model", "t5-tiny", "--devices", "2", "--seed", "99999999999999999999"], "--seed must be between 0 and"),
     (["--model", "test_shard:mismatched", "--devices", "2"], "torch.export failed (RuntimeError: a and b"),
     (["--model", "test_shard:data_dependent", "--devices", "2"], "a tensor whose shape depends on the data"),
 ])

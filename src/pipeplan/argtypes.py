@@ -4,9 +4,10 @@ with argparse's one-line usage error, before any work."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
-from .limits import MAX_SEED
+from .limits import MAX_CALIBRATION_S, MAX_SEED
 
 
 #: The largest count any option takes (C's int: thread counts, torch sizes).
@@ -56,3 +57,22 @@ def names(text: str) -> list[str]:
 def seed(text: str) -> int:
     """A seed: an integer from 0 to ``limits.MAX_SEED`` (the -O seed= options' range too)."""
     return _integer(text, 0, MAX_SEED)
+
+
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds > 0 (not nan, not inf)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return v
+
+
+def calibration_seconds(text: str) -> float:
+    """One calibration measurement's length: seconds > 0, at most ``limits.MAX_CALIBRATION_S``."""
+    v = positive_seconds(text)
+    if v > MAX_CALIBRATION_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_CALIBRATION_S:g} s, got {text!r}")
+    return v

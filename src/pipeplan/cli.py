@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import signal
 import sys
 import threading
 from pathlib import Path
 
-from .argtypes import names as _names, non_negative_int, positive_int as _positive_int, seed as _seed, threads
+from .argtypes import calibration_seconds, non_negative_int, positive_seconds, seed as _seed, threads
+from .argtypes import names as _names, positive_int as _positive_int
 from .errors import Infeasible, PipeplanError, Terminated, one_line
 from .outputs import Outputs
 from .progress_bar import planning_progress, training_progress
@@ -23,17 +23,6 @@ from .progress_bar import planning_progress, training_progress
 
 MODEL_SPEC_HELP = ("example:mlp|transformer|cnn|resnet, hf:gpt2?n_layer=4&... or hf:bert?... (transformers "
                    "from a config), or package.module:factory")
-
-
-def _positive_seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0 (not nan, not inf)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
-    return v
 
 
 def _load_inputs(args):
@@ -151,7 +140,7 @@ def cmd_train(args) -> int:
     the checkpoint), print the best plan it found."""
     import shlex
 
-    from .learn.harness import Budget, save_bytes
+    from .learn.harness import Budget, load_checkpoint, save_bytes
     from .planners.drlpp.run import train_agent
     from .report import print_plan
     from .sim import simulate
@@ -171,6 +160,8 @@ def cmd_train(args) -> int:
     evaluations = args.evaluations or (None if seconds else TRAIN_EVALUATIONS[args.agent])
     budget = Budget(seconds=seconds, evaluations=evaluations)
     command = shlex.join(["pipeplan", "train", *(args.argv or [])])
+    if args.init:  # a checkpoint to start from is read before any work (its weights again by the agent)
+        load_checkpoint(args.init, args.agent)
     if args.agent == "automap-infer":
         return _train_automap_infer(args, outs, budget, command)
     if args.data is not None:
@@ -567,11 +558,11 @@ def _add_run_parser(sub) -> None:
     sp.add_argument("--model", required=True, help=MODEL_SPEC_HELP)
     sp.add_argument("--steps", type=_positive_int, default=5, help="measured iterations (default 5)")
     sp.add_argument("--warmup", type=non_negative_int, default=1, help="iterations before measuring (default 1)")
-    sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker process (default 1)")
-    sp.add_argument("--hang-timeout", type=_positive_seconds, default=60.0,
+    sp.add_argument("--threads", type=threads, default=1, help="threads per worker process (default 1)")
+    sp.add_argument("--hang-timeout", type=positive_seconds, default=60.0,
                     help="seconds without progress on any rank before the run is ended, naming the rank "
                          "that stopped first (default 60)")
-    sp.add_argument("--timeout", type=_positive_seconds, default=None, help="optional wall-clock cap in seconds")
+    sp.add_argument("--timeout", type=positive_seconds, default=None, help="optional wall-clock cap in seconds")
     sp.add_argument("--check", action="store_true",
                     help="also train in one process and compare parameters and buffers; exit 1 unless "
                          "they agree (check.verdict: pass, fail or not comparable)")
@@ -711,8 +702,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("calibrate", help="measure this machine's worker processes and links")
     sp.add_argument("--workers", type=_positive_int, help="worker processes (default: the GPUs, else 2)")
     sp.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    sp.add_argument("--threads", type=_positive_int, default=1, help="threads per worker (default 1)")
-    sp.add_argument("--seconds", type=float, default=2.0,
+    sp.add_argument("--threads", type=threads, default=1, help="threads per worker (default 1)")
+    sp.add_argument("--seconds", type=calibration_seconds, default=2.0,
                     help="length of each compute measurement in seconds (at most 3600)")
     sp.add_argument("--model", help="benchmark this model's training step (MODEL_SPEC) instead of a fixed MLP")
     sp.add_argument("--no-runtime", action="store_true",

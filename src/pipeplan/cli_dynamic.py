@@ -52,7 +52,6 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
     from .dynamic import agent as dqn
     from .dynamic.experiment import Setup, baselines, build, describe, report, strip, train
     from .learn.harness import Budget, save_bytes
-    from .limits import check_threads
     from .progress_bar import training_progress
     from .units import parse_duration
 
@@ -62,7 +61,6 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
         raise PipeplanError(f"dynamic {args.action}: --checkpoint goes with eval")
     if args.action != "train" and (args.out or args.budget):
         raise PipeplanError(f"dynamic {args.action}: --out and --budget go with train")
-    check_threads(args.threads, "--threads")
     outs = Outputs()
     stem = args.out[:-3] if args.out and args.out.endswith(".pt") else None
     outs.want("--out", args.out, "checkpoint")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from .argtypes import seed
 from .errors import PipeplanError
 
 
@@ -27,7 +28,7 @@ def add_parser(sub, positive_int) -> None:
                     help="cost: the predicted step time (default); paper: +0.4 a partitioned, +0.1 a replicated "
                          "dimension")
     sp.add_argument("--budget", default="2m", help="search budget, e.g. 90s, 3m (default 2m)")
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--seed", type=seed, default=0)
     sp.add_argument("--batch", type=positive_int, default=8, help="samples in the example inputs (default 8)")
     sp.add_argument("--seq", type=positive_int, default=32, help="sequence length of T5/BERT inputs (default 32)")
     sp.add_argument("--run", action="store_true", help="train with the plan on --workers gloo processes (DTensor)")
@@ -48,7 +49,10 @@ def cmd_shard(args: argparse.Namespace) -> int:
         raise PipeplanError(f"--workers {args.workers} must equal --devices {args.devices} (one process a device)")
     if (args.workers is not None or args.check) and not args.run:
         raise PipeplanError("--workers and --check go with --run")
-    req = ShardRequest(args.model, args.devices, cluster=args.cluster, adp=args.adp, hybrid=args.hybrid,
+    from .cluster import load_cluster
+
+    cluster = load_cluster(args.cluster)  # a bad spec or file is one line before any work
+    req = ShardRequest(args.model, args.devices, cluster=cluster, adp=args.adp, hybrid=args.hybrid,
                        method=args.method, reward=args.reward, budget_s=parse_duration(args.budget, "--budget"),
                        seed=args.seed, batch=args.batch, seq=args.seq)
     out = shard(req)

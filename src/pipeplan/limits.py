@@ -3,7 +3,6 @@ fails at once with one line instead of exhausting memory or time minutes later."
 
 from __future__ import annotations
 
-import os
 
 from .errors import PipeplanError
 
@@ -18,6 +17,8 @@ MAX_LAYERS = 20000
 LAYER_RANGES = {"s": 1e6, "bytes": 1e18, "FLOPs": 1e24}
 #: Bytes in one input file (graph, cluster, plan): the largest profile is a few MiB.
 MAX_FILE_BYTES = 2**30
+#: Seconds one calibration measurement may take (``calibrate --seconds``).
+MAX_CALIBRATION_S = 3600.0
 #: Seeds: numpy's legacy generators and torch take at most 32 bits.
 MAX_SEED = 2**32 - 1
 #: Microbatches per iteration: the simulator's task graph is microbatches x stages x 4.
@@ -48,17 +49,6 @@ def check_microbatches(count: int, where: str) -> None:
     if count > MAX_MICROBATCHES:
         raise PipeplanError(f"{where}: {count:,} microbatches; at most {MAX_MICROBATCHES:,} "
                             "(use larger microbatches: --global-batch picks their size)")
-
-
-#: torch intra-op threads one process may ask for, per core of this machine
-THREADS_PER_CORE = 4
-
-
-def check_threads(count: int, where: str) -> None:
-    cores = os.cpu_count() or 1
-    if count > THREADS_PER_CORE * cores:
-        raise PipeplanError(f"{where}: {count:,} threads; at most {THREADS_PER_CORE * cores:,} on this machine's "
-                            f"{cores} cores")
 
 
 #: Bytes of one example microbatch built on this machine (``--microbatch``, ``hf:...&microbatch=``):

@@ -148,17 +148,23 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
     microbatches = field("microbatches", int, None, "an integer")
     if microbatches is None:
         raise PipeplanError(f"{source}: microbatches must be an integer, got null")
-    search_s = field("search_s", (int, float), 0.0, "a number")
-    if not 0 <= search_s <= MAX_SEARCH_S:
-        raise PipeplanError(f"{source}: search_s must be a number from 0 to {MAX_SEARCH_S:g}, got {search_s!r}")
+    search_s, setup_s = (_seconds(field(key, (int, float), 0.0, "a number"), key, source)
+                         for key in ("search_s", "setup_s"))
     return Plan(graph=graph, cluster=cluster, stages=stages, microbatches=microbatches,
                 schedule=field("schedule", str, "1f1b", "a string"),
                 planner=field("planner", str, "manual", "a string"),
-                search_s=float(search_s), setup_s=float(field("setup_s", (int, float), 0.0, "a number")),
+                search_s=search_s, setup_s=setup_s,
                 optimizer=field("optimizer", str, "adam", "a string"),
                 replicas=field("replicas", str, "split", "a string"), allocation=d.get("allocation"),
                 recompute=d.get("recompute"), prediction=field("prediction", dict, {}, "an object"),
                 extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS})
+
+
+def _seconds(value: float, key: str, source: str) -> float:
+    """A plan's recorded seconds: from 0 to ``MAX_SEARCH_S`` (a year), else one line."""
+    if not 0 <= value <= MAX_SEARCH_S:  # exact for any integer; false for NaN
+        raise PipeplanError(f"{source}: {key} must be a number from 0 to {MAX_SEARCH_S:g}, got {value!r}")
+    return float(value)
 
 
 def _typed_fields(d: dict, source: str):

@@ -52,7 +52,7 @@ def graph_to_dict(g: Graph) -> dict:
     return out
 
 
-_TOP_KEYS = {"format", "name", "meta", "nodes", "edges"}
+_TOP_KEYS = {"format", "name", "meta", "nodes", "edges", "tied"}
 #: Each node's numeric keys and their units (limits.LAYER_RANGES).
 _UNITS = {"fwd_s": "s", "bwd_s": "s", "params_bytes": "bytes", "act_bytes": "bytes", "saved_bytes": "bytes",
           "flops": "FLOPs"}

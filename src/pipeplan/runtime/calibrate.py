@@ -41,6 +41,7 @@ from torch import nn
 from ..cluster.build import CALIBRATED
 from ..cluster.model import Cluster, Device
 from ..errors import PipeplanError
+from ..limits import MAX_CALIBRATION_S
 from .models import user_code
 from .rendezvous import join_local_group, local_rendezvous
 from .steps import MOMENTUM, allreduce_tensors
@@ -48,7 +49,6 @@ from .steps import MOMENTUM, allreduce_tensors
 _SMALL = 4
 #: The longest compute measurement (``seconds``) and the most worker processes a CPU core
 #: (without ``force``): calibration ends, and does not start processes until the system's limit.
-MAX_SECONDS = 3600.0
 WORKERS_PER_CORE = 4
 _ALL_PAIRS_UP_TO = 8
 _SMALL_REPS, _LARGE_REPS, _WARMUP = 100, 8, 3
@@ -309,9 +309,9 @@ def _check_request(workers: int, device: str, threads: int, profile_threads: int
     if workers < 1 or threads < 1 or profile_threads < 1:
         raise PipeplanError(f"calibrate: need workers >= 1 and threads >= 1 (got {workers}, {threads}, "
                             f"{profile_threads})")
-    if not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_CALIBRATION_S):
         raise PipeplanError(f"calibrate: --seconds (each measurement's length) must be > 0 and at most "
-                            f"{MAX_SECONDS:g}, got {seconds:g}")
+                            f"{MAX_CALIBRATION_S:g}, got {seconds:g}")
     if device == "cuda" and workers > torch.cuda.device_count():
         raise PipeplanError(f"calibrate: {workers} workers but only {torch.cuda.device_count()} GPUs")
     cores = os.cpu_count() or 1
