@@ -217,3 +217,18 @@ def test_cli_runs_the_plan_with_dtensor(capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["run"]["check"]["verdict"] == "ok"
     assert out["max_rel_diff"] < 1e-5 and out["measured_s"] > 0 and out["predicted_s"] > 0
+
+
+def test_searches_are_budgeted_in_episodes_and_nodes_by_default():
+    """The DQN's and the integer program's budgets are counts (the same plan on any machine),
+    the defaults the command line names; wall seconds only when asked."""
+    from pipeplan.cli import build_parser
+    from pipeplan.planners.automap.shard import DEFAULT_EPISODES, DEFAULT_NODES, ShardRequest
+
+    req = ShardRequest("t5-tiny", 2)
+    assert (req.episodes, req.nodes, req.budget_s) == (DEFAULT_EPISODES, DEFAULT_NODES, None)
+    shard_parser = build_parser()._subparsers._group_actions[0].choices["shard"]
+    helps = {a.dest: a.help for a in shard_parser._actions}
+    assert f"default {DEFAULT_EPISODES}" in helps["episodes"] and f"default {DEFAULT_NODES}" in helps["nodes"]
+    with pytest.raises(PipeplanError, match="--budget"):
+        ShardRequest("t5-tiny", 2, budget_s=float("nan")).check()

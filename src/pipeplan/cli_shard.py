@@ -27,7 +27,11 @@ def add_parser(sub, positive_int) -> None:
     sp.add_argument("--reward", default="cost", choices=["cost", "paper"],
                     help="cost: the predicted step time (default); paper: +0.4 a partitioned, +0.1 a replicated "
                          "dimension")
-    sp.add_argument("--budget", default="2m", help="search budget, e.g. 90s, 3m (default 2m)")
+    sp.add_argument("--episodes", type=positive_int, default=None,
+                    help="the DQN's budget in episodes (default 500: the same plan on any machine)")
+    sp.add_argument("--nodes", type=positive_int, default=None,
+                    help="the integer program's budget in branch-and-bound nodes (default 20000)")
+    sp.add_argument("--budget", default=None, help="a wall-clock cap on the search, e.g. 90s, 3m (default none)")
     sp.add_argument("--seed", type=seed, default=0)
     sp.add_argument("--batch", type=positive_int, default=8, help="samples in the example inputs (default 8)")
     sp.add_argument("--seq", type=positive_int, default=32, help="sequence length of T5/BERT inputs (default 32)")
@@ -42,6 +46,7 @@ def add_parser(sub, positive_int) -> None:
 
 
 def cmd_shard(args: argparse.Namespace) -> int:
+    from .cluster import load_cluster
     from .planners.automap.shard import ShardRequest, shard
     from .units import parse_duration
 
@@ -49,11 +54,11 @@ def cmd_shard(args: argparse.Namespace) -> int:
         raise PipeplanError(f"--workers {args.workers} must equal --devices {args.devices} (one process a device)")
     if (args.workers is not None or args.check) and not args.run:
         raise PipeplanError("--workers and --check go with --run")
-    from .cluster import load_cluster
-
     cluster = load_cluster(args.cluster)  # a bad spec or file is one line before any work
+    budgets = {k: v for k, v in (("episodes", args.episodes), ("nodes", args.nodes)) if v is not None}
     req = ShardRequest(args.model, args.devices, cluster=cluster, adp=args.adp, hybrid=args.hybrid,
-                       method=args.method, reward=args.reward, budget_s=parse_duration(args.budget, "--budget"),
+                       method=args.method, reward=args.reward, **budgets,
+                       budget_s=parse_duration(args.budget, "--budget") if args.budget is not None else None,
                        seed=args.seed, batch=args.batch, seq=args.seq)
     out = shard(req)
     code = 0

@@ -60,9 +60,12 @@ class _Builder:
         self.ub.append(hi)
 
 
-def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: float = 300.0,
-          memory: bool = True, rewards: dict[tuple[int, int], float] | None = None) -> MilpResult:
-    """The best plan among those ``dom`` allows (``rewards``: the ``paper`` objective's)."""
+def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: float | None = None,
+          memory: bool = True, rewards: dict[tuple[int, int], float] | None = None,
+          node_limit: int | None = None) -> MilpResult:
+    """The best plan among those ``dom`` allows (``rewards``: the ``paper`` objective's), HiGHS
+    stopping after ``node_limit`` branch-and-bound nodes (reproducible) or ``time_limit``
+    seconds (a cap), if given; ``optimal`` says whether it proved the plan best."""
     prop = model.prop
     xs = {(t, c): i for i, (t, c) in enumerate((t, c) for t in range(len(dom)) for c in codes(dom[t]))}
     n = len(xs)
@@ -111,12 +114,15 @@ def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: f
     scale = 1.0 / floor if objective == "cost" and floor > 0 else 1.0
     t0 = time.perf_counter()
     res = milp(c * scale, integrality=np.ones(n), bounds=(0, 1), constraints=LinearConstraint(A, b.lb, b.ub),
-               options={"time_limit": time_limit, "disp": False, "mip_rel_gap": 1e-9})
+               options={"disp": False, "mip_rel_gap": 1e-9,
+                        **({"time_limit": time_limit} if time_limit is not None else {}),
+                        **({"node_limit": node_limit} if node_limit is not None else {})})
     seconds = time.perf_counter() - t0
     if res.status == 2:
         raise PipeplanError("no sharding plan fits the devices' memory (the integer program is infeasible)")
     if res.x is None:
-        raise PipeplanError(f"the integer program found no plan within {time_limit:g} s ({res.message})")
+        raise PipeplanError(f"the integer program found no plan within its budget ({res.message}): give it more "
+                            "--nodes or --budget")
     placement = {t: code for (t, code), i in xs.items() if res.x[i] > 0.5}
     value = float(res.fun) / scale * (1 if objective == "cost" else -1)
     return MilpResult(placement, value, res.status == 0, seconds, n, len(b.lb), res.message)

@@ -27,6 +27,13 @@ REWARDS = ("paper", "cost")
 MAX_SEED = 2**32 - 1  # numpy's and torch's generators both take it
 
 
+#: The searches' budgets by default, so that the same command gives the same plan on any machine:
+#: DQN episodes (T5-base on 4 devices meets Table 3 within ~450, benchmarks/results/automap/shard-t5.md)
+#: and the integer program's branch-and-bound nodes.
+DEFAULT_EPISODES = 500
+DEFAULT_NODES = 20_000
+
+
 @dataclass
 class ShardRequest:
     """What to shard, on what, and how to search."""
@@ -38,7 +45,9 @@ class ShardRequest:
     hybrid: bool = False
     method: str = "dqn"
     reward: str = "cost"
-    budget_s: float = 120.0
+    episodes: int = DEFAULT_EPISODES  # the DQN's budget
+    nodes: int = DEFAULT_NODES  # the integer program's budget: branch-and-bound nodes
+    budget_s: float | None = None  # an optional wall-clock cap on either
     seed: int = 0
     batch: int = 8
     seq: int = 32
@@ -56,8 +65,10 @@ class ShardRequest:
             raise PipeplanError("--hybrid needs --reward cost (the paper's reward does not price the gathers)")
         if not 0 <= self.seed <= MAX_SEED:
             raise PipeplanError(f"--seed must be between 0 and {MAX_SEED}, got {self.seed}")
-        if not self.budget_s > 0:
-            raise PipeplanError(f"--budget must be > 0 seconds, got {self.budget_s}")
+        if self.episodes < 1 or self.nodes < 1:
+            raise PipeplanError(f"--episodes and --nodes must be >= 1, got {self.episodes} and {self.nodes}")
+        if self.budget_s is not None and not (math.isfinite(self.budget_s) and self.budget_s > 0):
+            raise PipeplanError(f"--budget must be a finite number of seconds > 0, got {self.budget_s}")
 
 
 def _entries(problem: ShardProblem, dom: Domains, kind: str, aliases: dict[str, str]) -> list[dict]:
@@ -94,7 +105,7 @@ def build_problem(req: ShardRequest):
 def _milp(problem: ShardProblem, req: ShardRequest) -> tuple[Domains, dict]:
     """The integer program's plan: every tensor's placement (activations too), propagated."""
     objective = "paper" if req.reward == "paper" else "cost"
-    res = solve(problem.cost, problem.start, objective, time_limit=max(10.0, req.budget_s),
+    res = solve(problem.cost, problem.start, objective, time_limit=req.budget_s, node_limit=req.nodes,
                 rewards=problem.rewards() if objective == "paper" else None)
     dom, conflict = problem.prop.narrow(problem.start, {t: bit(c) for t, c in res.placement.items()})
     assert conflict is None, problem.prop.describe_conflict(conflict)  # the same rules: never
@@ -117,7 +128,7 @@ def shard(req: ShardRequest, progress: Progress | None = None) -> dict:
     chosen: Domains | None = None
     if req.method in ("dqn", "both"):
         t0 = time.perf_counter()
-        res = search(problem, Budget(seconds=req.budget_s), Config(reward=req.reward, adp=req.adp, seed=req.seed),
+        res = search(problem, Budget(req.budget_s, req.episodes), Config(reward=req.reward, adp=req.adp, seed=req.seed),
                      progress)
         chosen = res.domains
         out["dqn"] = {"search_s": time.perf_counter() - t0, "found_s": res.found_s, "stage1_s": res.stage1_s,

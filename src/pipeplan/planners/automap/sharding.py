@@ -238,7 +238,6 @@ def search(problem: ShardProblem, budget: Budget, cfg: Config | None = None,
     returns: list[float] = []
     stage1_s = None
     greedy_prev, streak = None, 0
-    split = (budget.seconds or np.inf) * (1 - cfg.finetune_share)
     while budget.left(episodes):
         ret, _, info = run_episode(env, agent)
         episodes += 1
@@ -257,7 +256,8 @@ def search(problem: ShardProblem, budget: Budget, cfg: Config | None = None,
                         -best[0]))
         if progress is not None:
             progress(curve.points[-1], budget.fraction(episodes))
-        if stage1_s is None and best[1] is not None and (streak >= PATIENCE or budget.elapsed > split):
+        if stage1_s is None and best[1] is not None and (streak >= PATIENCE or
+                                                     budget.fraction(episodes) > 1 - cfg.finetune_share):
             stage1_s = budget.elapsed  # §5.2.1: stable: backtrack and fine-tune
             env.initial = _backtracked(problem, best[1])
             agent.steps, streak = 0, 0
@@ -266,8 +266,8 @@ def search(problem: ShardProblem, budget: Budget, cfg: Config | None = None,
         elif stage1_s is not None and streak >= PATIENCE:
             break
     if best[1] is None:
-        raise PipeplanError(f"no episode completed a plan in {budget.elapsed:.0f} s ({episodes} episodes, "
-                            f"{conflicts} conflicts): give the search a larger --budget")
+        raise PipeplanError(f"no episode completed a plan in {episodes} episodes ({conflicts} conflicts): give the "
+                            "search more --episodes")
     value = problem.value(best[1]) if problem.cost is not None else None
     return ShardResult(best[1], problem.score(best[1]), value, best[2], budget.elapsed, episodes, conflicts,
                        stage1_s if stage1_s is not None else budget.elapsed, curve)
