@@ -54,8 +54,8 @@ duration, and a stage's memory depends only on its own setting (``tests/test_exa
 On a half-duplex cluster or with contention the engine's arbitration can make extra
 recomputation a few percent faster; exact does not search that (docs/spp.md).
 
-The search starts from the SPP plan (an incumbent only). Its budget counts simulations
-(``-O evaluations``, so the same command gives the same plan on any machine), with wall-clock
+The search starts from the SPP plan (an incumbent only). Its budget counts evaluations,
+partial plans bounded and plans simulated (``-O evaluations``, so the same command gives the same plan on any machine), with wall-clock
 seconds only as an optional cap (``-O budget``); when either stops it the plan says
 ``complete: false`` and why. ``tests/test_exact.py`` checks it against a brute force, and
 ``benchmarks/joint/optimality.py`` against an enumeration that shares none of its code.
@@ -83,9 +83,10 @@ MAX_LAYERS, MAX_DEVICES = 12, 8
 SCHEDULES = ("gpipe", "1f1b", "spp-pe")
 MODES = ("split", "round-robin")
 SLACK = 1e-9  # relative: prune only what the bound beats by more than float noise
-#: Simulations the search may run by default: every instance of ``benchmarks/joint/gap.py``
-#: (up to 8 layers, 5 devices) completes within a few thousand.
-DEFAULT_EVALUATIONS = 200_000
+#: Evaluations the search may make by default: partial plans bounded plus plans simulated
+#: (about 0.1 ms and a few ms each here). Every instance of ``benchmarks/joint/gap.py`` (up to
+#: 8 layers, 5 devices) completes well within them.
+DEFAULT_EVALUATIONS = 1_000_000
 
 
 def device_classes(cluster: Cluster) -> list[list[int]]:
@@ -233,11 +234,13 @@ class _Search:
         self.comp = self.lin.fwd_cum + self.lin.bwd_cum
         self.crossed = crossed_cuts(self.graph, self.lin.order)
         self.half = self.cluster.meta.get("duplex", "full") == "half"
-        self.stats = {"candidates": 0, "simulated": 0, "complete": True, "device_classes": len(self.classes)}
+        self.stats = {"candidates": 0, "simulated": 0, "bounded": 0, "evaluations": 0, "complete": True,
+                      "device_classes": len(self.classes)}
 
     def out_of_time(self) -> bool:
         """True (and the search marked incomplete, with why) once the budget is spent."""
-        why = self.budget.why_stopped(self.stats["simulated"])
+        self.stats["evaluations"] = self.stats["simulated"] + self.stats["bounded"]
+        why = self.budget.why_stopped(self.stats["evaluations"])
         if why is not None and self.stats["complete"]:
             self.stats.update(complete=False, incomplete=why)
         return not self.stats["complete"]
@@ -290,6 +293,7 @@ class _Search:
                      path: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per mode: the bound this stage sets, and the chain through it (``path``: one
         microbatch's forward and backward through the stages before, transfers between)."""
+        self.stats["bounded"] += 1
         m = self.options.microbatches
         peak = self.peak[devs]
         work = float(self.comp[end] - self.comp[layer])
@@ -367,7 +371,7 @@ def search_exhaustively(graph: Graph, cluster: Cluster, options: PlanOptions, bu
 @dataclass(frozen=True)
 class ExactOptions:
     evaluations: int = field(default=DEFAULT_EVALUATIONS, metadata={"min": 1, "help": (
-        "simulations the search may run; when they run out the plan says complete: false")})
+        "partial plans bounded plus plans simulated; when they run out the plan says complete: false")})
     budget: float | None = field(default=None, metadata={"above": 0, "help": (
         "a wall-clock cap in seconds (default: none, so that the same command gives the same plan on any "
         "machine); when it stops the search the plan says complete: false")})

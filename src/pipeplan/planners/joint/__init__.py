@@ -50,8 +50,8 @@ LOCAL_MAX_DEVICES = 64
 #: Evaluations by default: small instances converge well within them (benchmarks/joint/gap.py),
 #: tens of devices get their best in seconds (docs/joint.md).
 DEFAULT_EVALUATIONS = 30_000
-#: At most this share of the evaluations goes to the exhaustive phase (full simulations);
-#: the local search has the rest.
+#: At most this share of the evaluations goes to the exhaustive phase (partial plans bounded
+#: and plans simulated); the local search has the rest.
 EXHAUSTIVE_SHARE = 0.5
 #: Evaluations per second the progress bar expects (the batched evaluator on this project's
 #: 2-core machine, benchmarks/joint/speed.py).
@@ -116,7 +116,7 @@ def _exhaustive(graph: Graph, cluster: Cluster, options: PlanOptions, schedules:
                 budget: Budget, seeds: dict) -> tuple[Plan | None, dict]:
     """Exact's space with joint's schedules, the seeds as incumbents (module docstring)."""
     if not within_limits(graph, cluster):
-        return None, {"complete": False, "simulated": 0, "incomplete": (
+        return None, {"complete": False, "evaluations": 0, "incomplete": (
             f"exhaustive phase skipped: it searches at most {MAX_LAYERS} layers and {MAX_DEVICES} devices "
             f"(here {len(graph)} and {len(cluster)}); the local search is not exhaustive")}
     share = Budget(budget.seconds, max(int((budget.evaluations or 0) * EXHAUSTIVE_SHARE), 1))
@@ -162,11 +162,11 @@ def _search(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOpt
     if exhaustive is not None:
         plans["exhaustive"] = exhaustive
     local, lo = _local(graph, cluster, options, opts, schedules,
-                       [p for p, _ in seeds.values()] + list(plans.values()), _rest(budget, ex["simulated"]))
+                       [p for p, _ in seeds.values()] + list(plans.values()), _rest(budget, ex["evaluations"]))
     if local is not None:
         plans["search"] = local
-    facts = {"complete": ex["complete"], "evaluations": ex["simulated"] + lo["evaluations"],
-             "exhaustive": {k: ex[k] for k in ("complete", "simulated", "candidates") if k in ex},
+    facts = {"complete": ex["complete"], "evaluations": ex["evaluations"] + lo["evaluations"],
+             "exhaustive": {k: ex[k] for k in ("complete", "evaluations", "bounded", "simulated") if k in ex},
              "local_converged": lo["converged"]}
     if not ex["complete"]:
         facts["incomplete"] = ex["incomplete"]
