@@ -14,7 +14,8 @@ from torch import nn
 from pipeplan.cluster import load_cluster
 from pipeplan.costmodel import allreduce_time
 from pipeplan.ir.cost import CostModel, op_seconds
-from pipeplan.ir.decisions import decision_order, linkage_groups, placement_rewards, positions, score, vector
+from pipeplan.ir.decisions import (Position, decide, decision_order, linkage_groups, placement_rewards, positions,
+                                   score, vector)
 from pipeplan.ir.milp import solve
 from pipeplan.ir.program import export_module
 from pipeplan.ir.propagate import Propagator, bit, codes, placement_name
@@ -246,6 +247,9 @@ def test_a_fused_qkv_cut_block_by_block_splits_into_head_cuts():
     assert [placement_name(dom[t]) for t in heads] == ["S(2)"] * 3
     back, conflict = prop.narrow(start, {heads[0]: bit(S(2))})
     assert conflict is None and back[w] == bit(S(1, 1))
+    decided, conflict = decide(prop, start, Position(w, 1), partition=True)  # the search's action
+    assert conflict is None and decided[w] == bit(S(1, 1))
+    assert vector(decided, [Position(w, 0), Position(w, 1)]).tolist() == [0, 1]
 
 
 def test_a_split_into_pieces_the_devices_do_not_divide_keeps_its_dimension_whole():

@@ -144,6 +144,13 @@ def test_gpt2s_fused_qkv_is_cut_by_heads(gpt2_milp):
     assert not [n for n, p in params.items() if p["strided"] and "c_attn" not in n]  # plain cuts where they tie
 
 
+def test_dqn_cuts_gpt2s_fused_qkv_as_the_milp_does(gpt2_milp):
+    out = shard(ShardRequest("gpt2-tiny", 2, method="dqn", episodes=40, **GPT2_EXAMPLES))
+    cut = {p["name"]: (p["partition_dim"], p["strided"]) for p in out["parameters"] if "c_attn" in p["name"]}
+    assert set(cut.values()) == {(1, True), (0, True)}
+    assert out["predicted"]["step_s"] == pytest.approx(gpt2_milp["predicted"]["step_s"], rel=0.05)
+
+
 def test_run_refuses_a_strided_plan_in_one_line(gpt2_milp, monkeypatch, capfd):
     """The runtime has no placement for a block-by-block cut yet: ``--run`` says so and runs nothing."""
     from pipeplan.runtime import tensor_parallel

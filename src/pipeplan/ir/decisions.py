@@ -66,9 +66,15 @@ def placement_rewards(start: Domains, pos: list[Position]) -> dict[tuple[int, in
 
 
 def decide(prop: Propagator, dom: Domains, p: Position, partition: bool) -> tuple[Domains, int | None]:
-    """Partition (domain = {S(d)}) or replicate (every cut of d, plain or strided, removed)
-    dimension ``p``, then propagate."""
-    return prop.narrow(dom, {p.tensor: bit(S(p.dim)) if partition else ~dim_cuts(p.dim)})
+    """Partition (domain = {S(d)}, or its strided cut of d where the plain one is gone: a fused
+    weight) or replicate (every cut of d removed) dimension ``p``, then propagate."""
+    return prop.narrow(dom, {p.tensor: partition_mask(dom[p.tensor], p.dim) if partition else ~dim_cuts(p.dim)})
+
+
+def partition_mask(mask: int, d: int) -> int:
+    """What partitioning dimension d keeps of a domain: the plain cut where it is still
+    possible, else the strided cuts left (empty: partitioning d is a conflict)."""
+    return bit(S(d)) if mask & bit(S(d)) else mask & dim_cuts(d)
 
 
 @dataclass(frozen=True)

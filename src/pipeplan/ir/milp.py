@@ -24,9 +24,7 @@ from scipy.sparse import coo_matrix
 
 from ..errors import PipeplanError
 from .cost import CostModel
-from .program import PARAM, TensorProgram
 from .propagate import Domains, bit, codes
-from .rules import dim_of
 
 
 @dataclass(frozen=True)
@@ -60,20 +58,6 @@ class _Builder:
             self.vals.append(v)
         self.lb.append(lo)
         self.ub.append(hi)
-
-
-#: What a parameter cut strided costs the solver on top of its price (the objective is scaled to
-#: at least 1): of plans priced alike, the one with plain cuts, which are simpler to run
-STRIDED_TIE = 1e-4
-
-
-def _strided_tie(prog: TensorProgram, xs: dict[tuple[int, int], int], n: int) -> np.ndarray:
-    """The tie-breaking cost of every variable: ``STRIDED_TIE`` on a parameter's strided cut."""
-    tie = np.zeros(n)
-    for (t, code), i in xs.items():
-        if prog.tensors[t].kind == PARAM and code >= 2 and dim_of(code)[1] > 0:
-            tie[i] = STRIDED_TIE
-    return tie
 
 
 def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: float | None = None,
@@ -129,7 +113,7 @@ def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: f
     # an objective of at least 1: HiGHS also stops on an absolute gap (1e-6)
     scale = 1.0 / floor if objective == "cost" and floor > 0 else 1.0
     t0 = time.perf_counter()
-    res = milp(c * scale + _strided_tie(prop.prog, xs, n), integrality=np.ones(n), bounds=(0, 1), constraints=LinearConstraint(A, b.lb, b.ub),
+    res = milp(c * scale, integrality=np.ones(n), bounds=(0, 1), constraints=LinearConstraint(A, b.lb, b.ub),
                options={"disp": False, "mip_rel_gap": 1e-9,
                         **({"time_limit": time_limit} if time_limit is not None else {}),
                         **({"node_limit": node_limit} if node_limit is not None else {})})
@@ -140,5 +124,5 @@ def solve(model: CostModel, dom: Domains, objective: str = "cost", time_limit: f
         raise PipeplanError(f"the integer program found no plan within its budget ({res.message}): give it more "
                             "--nodes or --budget")
     placement = {t: code for (t, code), i in xs.items() if res.x[i] > 0.5}
-    value = float(c @ res.x) * (1 if objective == "cost" else -1)
+    value = float(res.fun) / scale * (1 if objective == "cost" else -1)
     return MilpResult(placement, value, res.status == 0, seconds, n, len(b.lb), res.message)

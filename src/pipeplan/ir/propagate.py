@@ -135,7 +135,20 @@ class Propagator:
         even replicated, which means a rule is wrong)."""
         dom = [self.initial_domain(t) for t in self.prog.tensors]
         conflict = self.propagate(dom, range(len(self.prog.tensors)))
-        return dom, conflict
+        if conflict is not None:
+            return dom, conflict
+        return self.narrow(dom, self._plain_over_strided(dom))
+
+    def _plain_over_strided(self, dom: Domains) -> dict[int, int]:
+        """Masks dropping a parameter's strided cuts of every dimension it can still cut plainly:
+        a strided cut is kept for a fused weight, whose plain cut cannot run (GPT-2's c_attn)."""
+        drop: dict[int, int] = {}
+        for t in self.prog.of_kind(PARAM):
+            strided = sum(bit(S(d, k)) for d in range(t.rank) if dom[t.id] & bit(S(d))
+                          for k in range(1, PARAM_COMPONENTS))
+            if strided:
+                drop[t.id] = ~strided
+        return drop
 
     def narrow(self, dom: Domains, changes: dict[int, int]) -> tuple[Domains, int | None]:
         """A copy of ``dom`` with each tensor's domain ANDed with its mask, propagated;
