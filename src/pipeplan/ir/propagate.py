@@ -131,8 +131,9 @@ class Propagator:
         return mask
 
     def start(self) -> tuple[Domains, int | None]:
-        """The domains before any decision, propagated (a conflict here: the model cannot run
-        even replicated, which means a rule is wrong)."""
+        """The domains before any decision, propagated, parameters' strided cuts kept only where
+        their plain cut is gone (a conflict here: the model cannot run even replicated, which
+        means a rule is wrong)."""
         dom = [self.initial_domain(t) for t in self.prog.tensors]
         conflict = self.propagate(dom, range(len(self.prog.tensors)))
         if conflict is not None:
