@@ -14,7 +14,8 @@ from torch import nn
 from pipeplan.cluster import load_cluster
 from pipeplan.costmodel import allreduce_time
 from pipeplan.ir.cost import CostModel, op_seconds
-from pipeplan.ir.decisions import decision_order, linkage_groups, placement_rewards, positions, score, vector
+from pipeplan.ir.decisions import (Position, decide, decision_order, linkage_groups, placement_rewards, positions,
+                                   score, vector)
 from pipeplan.ir.milp import solve
 from pipeplan.ir.program import export_module
 from pipeplan.ir.propagate import Propagator, bit, codes, placement_name
@@ -209,6 +210,52 @@ def test_a_cut_of_an_inner_merged_dimension_comes_back_to_it():
     assert placement_name(heads[back.inputs[0]]) == "S(0/1)"     # merged b*h, cut by its inner part
     batch, _ = prop.narrow(start, {q: bit(S(0))})
     assert placement_name(batch[back.outputs[0]]) == "S(0)"
+
+
+class FusedQKV(nn.Module):
+    """GPT-2's attention input: one weight [n, 3n] (q | k | v, a Conv1D's [in, out]), its
+    output split into q, k and v, each viewed as 2 heads of 4."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 24))
+        self.bias = nn.Parameter(torch.randn(24))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, n = x.shape
+        fused = torch.addmm(self.bias, x.view(-1, n), self.weight).view(b, s, 3 * n)
+        q, k, v = (t.view(b, s, 2, n // 2) for t in fused.split(n, dim=2))
+        return (q * k + v).sum()
+
+
+def test_a_fused_qkv_cut_block_by_block_splits_into_head_cuts():
+    """The fused weight cut by columns block by block (q's, k's and v's columns each cut in
+    two: ``S(1/1)``) gives each of q, k and v cut by heads; a plain cut of the fused columns
+    cannot split (each device would hold whole pieces), and back: a head cut of q forces the
+    block-by-block cut of the weight."""
+    prog = program(FusedQKV(), torch.randn(2, 3, 8))
+    prop = Propagator(prog, 2)
+    start, conflict = prop.start()
+    assert conflict is None
+    w = prog.by_source("weight").id
+    assert start[w] & bit(S(1, 1)) and not start[w] & bit(S(1))
+    dom, conflict = prop.narrow(start, {w: bit(S(1, 1))})
+    assert conflict is None and placement_name(dom[prog.by_source("bias").id]) == "S(0/1)"
+    split = next(op for op in prog.ops if op.target in ("split", "split_with_sizes"))
+    assert [placement_name(dom[t]) for t in split.inputs + split.outputs] == ["S(2/1)"] + ["S(2)"] * 3
+    heads = [op.outputs[0] for op in prog.ops if op.target == "view" and op.inputs[0] in split.outputs]
+    assert [placement_name(dom[t]) for t in heads] == ["S(2)"] * 3
+    back, conflict = prop.narrow(start, {heads[0]: bit(S(2))})
+    assert conflict is None and back[w] == bit(S(1, 1))
+    decided, conflict = decide(prop, start, Position(w, 1), partition=True)  # the search's action
+    assert conflict is None and decided[w] == bit(S(1, 1))
+    assert vector(decided, [Position(w, 0), Position(w, 1)]).tolist() == [0, 1]
+
+
+def test_a_split_into_pieces_the_devices_do_not_divide_keeps_its_dimension_whole():
+    prog = program(FusedQKV(), torch.randn(2, 3, 8))
+    start, _ = Propagator(prog, 3).start()  # 8 columns a piece: no even cut in three
+    assert not start[prog.by_source("weight").id] & (bit(S(1)) | bit(S(1, 1)))
 
 
 def test_cost_of_megatron_mlp_is_its_closed_form(mlp):

@@ -122,6 +122,47 @@ def test_run_runs_the_plan_shown(monkeypatch, capsys):
     assert ran["inputs"] == {p["name"]: p["partition_dim"] for p in shown["inputs"]} and ran["workers"] == 2
 
 
+#: GPT-2-tiny's examples large enough that compute, not collectives' latency, decides the plan
+GPT2_EXAMPLES = {"batch": 32, "seq": 128}
+
+
+@pytest.fixture(scope="module")
+def gpt2_milp() -> dict:
+    return shard(ShardRequest("gpt2-tiny", 2, method="milp", **GPT2_EXAMPLES))
+
+
+def test_gpt2s_fused_qkv_is_cut_by_heads(gpt2_milp):
+    """Each layer's c_attn (q | k | v in one [in, out] weight) cut block by block along its
+    output columns, Megatron's pattern for the attention: c_proj by rows."""
+    params = {p["name"]: p for p in gpt2_milp["parameters"]}
+    assert gpt2_milp["returned"] == "searched"
+    for layer in (0, 1):
+        attn = f"transformer.h.{layer}.attn."
+        assert (params[attn + "c_attn.weight"]["partition_dim"], params[attn + "c_attn.weight"]["strided"]) == (1, True)
+        assert (params[attn + "c_attn.bias"]["partition_dim"], params[attn + "c_attn.bias"]["strided"]) == (0, True)
+        assert (params[attn + "c_proj.weight"]["partition_dim"], params[attn + "c_proj.weight"]["strided"]) == (0, False)
+    assert not [n for n, p in params.items() if p["strided"] and "c_attn" not in n]  # plain cuts where they tie
+
+
+def test_dqn_cuts_gpt2s_fused_qkv_as_the_milp_does(gpt2_milp):
+    out = shard(ShardRequest("gpt2-tiny", 2, method="dqn", episodes=40, **GPT2_EXAMPLES))
+    cut = {p["name"]: (p["partition_dim"], p["strided"]) for p in out["parameters"] if "c_attn" in p["name"]}
+    assert set(cut.values()) == {(1, True), (0, True)}
+    assert out["predicted"]["step_s"] == pytest.approx(gpt2_milp["predicted"]["step_s"], rel=0.05)
+
+
+def test_run_refuses_a_strided_plan_in_one_line(gpt2_milp, monkeypatch, capfd):
+    """The runtime has no placement for a block-by-block cut yet: ``--run`` says so and runs nothing."""
+    from pipeplan.runtime import tensor_parallel
+
+    monkeypatch.setattr(shard_module, "shard", lambda req: gpt2_milp)
+    monkeypatch.setattr(tensor_parallel, "run_sharded", lambda *a, **kw: pytest.fail("ran a strided plan"))
+    assert main(["shard", "--model", "gpt2-tiny", "--devices", "2", "--method", "milp", "--run", "--json"]) == 2
+    out, err = capfd.readouterr()
+    assert not out and len(err.strip().splitlines()) == 1
+    assert "transformer.h.0.attn.c_attn.weight is cut strided" in err and "not runnable yet" in err
+
+
 #: what the integer program returns for VGG-19 on automap-b (24 devices, --hybrid, batch 32), in
 #: PyTorch's [out, in] layout; the paper's Table 4 differs in fc2.weight (1: by input features),
 #: predictions.weight (0: by classes) and predictions.bias (0) (docs/opp.md explains each)
@@ -154,7 +195,7 @@ def test_cli_json_interface(capsys):
     out = json.loads(capsys.readouterr().out)
     assert {"parameters", "inputs", "search_s", "predicted"} <= set(out)
     p = out["parameters"][0]
-    assert set(p) == {"name", "shape", "partition_dim"} and p["name"] == "shared.weight"
+    assert set(p) == {"name", "shape", "partition_dim", "strided"} and p["name"] == "shared.weight"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -72,8 +72,10 @@ def cmd_shard(args: argparse.Namespace) -> int:
 
 
 def _run(args, out: dict) -> int:
+    from .planners.automap.shard import check_runnable
     from .runtime.tensor_parallel import run_sharded
 
+    check_runnable(out)
     placements = {p["name"]: p["partition_dim"] for p in out["parameters"]}
     inputs = {p["name"]: p["partition_dim"] for p in out["inputs"]}
     ran = run_sharded(args.model, placements, inputs, args.devices, steps=args.steps, check=args.check,
@@ -99,6 +101,7 @@ def _print(out: dict) -> None:
           f"{out['reward']} reward; {len(cut)} of {len(out['parameters'])} parameters partitioned")
     for p in out["parameters"]:
         dim = "replicated" if p["partition_dim"] is None else f"partitioned on dim {p['partition_dim']}"
+        dim += " (strided: each block cut)" if p["strided"] else ""
         print(f"  {p['name']} {tuple(p['shape'])}: {dim}")
     for p in out["inputs"]:
         dim = "whole" if p["partition_dim"] is None else f"split on dim {p['partition_dim']}"

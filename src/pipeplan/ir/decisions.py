@@ -3,7 +3,8 @@
 The decision vector lists every dimension of every trainable variable (or, for auto data
 parallelism, of every input tensor): 1 partitioned, 0 replicated, -1 undecided. It is read
 off the propagation domains: dimension d of a variable is 1 when the variable's domain is
-{S(d)}, 0 when S(d) is no longer in it, -1 otherwise. A variable is cut along one dimension
+a single cut of d (plain, or strided: a fused weight cut block by block), 0 when no cut of d
+is left in it, -1 otherwise. A variable is cut along one dimension
 at most (the devices form one line), so partitioning one dimension replicates the others.
 
 A linkage group is what one decision alone forces on the other variables: each (dimension,
@@ -19,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .program import TensorInfo
-from .propagate import Domains, Propagator, bit, codes
-from .rules import S
+from .propagate import Domains, Propagator, bit, codes, dim_cuts
+from .rules import S, dim_of
 
 #: Auto-MAP's reward of a decided dimension (§4.2)
 PARTITION_REWARD, REPLICATE_REWARD = 0.4, 0.1
@@ -43,8 +44,8 @@ def vector(dom: Domains, pos: list[Position]) -> np.ndarray:
     """The decision vector: 1 partitioned, 0 replicated, -1 undecided."""
     out = np.full(len(pos), -1, dtype=np.int8)
     for i, p in enumerate(pos):
-        m, b = dom[p.tensor], bit(S(p.dim))
-        out[i] = 1 if m == b else 0 if not m & b else -1
+        m, cuts = dom[p.tensor], dim_cuts(p.dim)
+        out[i] = 1 if m & cuts == m and m.bit_count() == 1 else 0 if not m & cuts else -1
     return out
 
 
@@ -60,14 +61,20 @@ def placement_rewards(start: Domains, pos: list[Position]) -> dict[tuple[int, in
     for p, v in zip(pos, vector(start, pos)):
         if v < 0:
             open_dims.setdefault(p.tensor, []).append(p.dim)
-    return {(t, c): sum(PARTITION_REWARD if c == S(d) else REPLICATE_REWARD for d in dims)
+    return {(t, c): sum(PARTITION_REWARD if c >= 2 and dim_of(c)[0] == d else REPLICATE_REWARD for d in dims)
             for t, dims in open_dims.items() for c in codes(start[t])}
 
 
 def decide(prop: Propagator, dom: Domains, p: Position, partition: bool) -> tuple[Domains, int | None]:
-    """Partition (domain = {S(d)}) or replicate (S(d) removed) dimension ``p``, then propagate."""
-    b = bit(S(p.dim))
-    return prop.narrow(dom, {p.tensor: b if partition else ~b})
+    """Partition (domain = {S(d)}, or its strided cut of d where the plain one is gone: a fused
+    weight) or replicate (every cut of d removed) dimension ``p``, then propagate."""
+    return prop.narrow(dom, {p.tensor: partition_mask(dom[p.tensor], p.dim) if partition else ~dim_cuts(p.dim)})
+
+
+def partition_mask(mask: int, d: int) -> int:
+    """What partitioning dimension d keeps of a domain: the plain cut where it is still
+    possible, else the strided cuts left (empty: partitioning d is a conflict)."""
+    return bit(S(d)) if mask & bit(S(d)) else mask & dim_cuts(d)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ from .program import BUFFER, INPUT, PARAM, TensorInfo, TensorProgram
 from .rules import ANY, COMPONENTS, STRIDE, P, R, S, dim_of, name, strategies
 
 Domains = list[int]
+#: A parameter's cuts: plain (component 0) or strided by its first inner component
+PARAM_COMPONENTS = 2
 #: Ops that may read a cut input whole (all-gather) under the cost model's rules: those that
 #: do the work a gather pays for (contractions, lookups, normalizations, the loss); plain cuts only.
 GATHERING = {"mm", "addmm", "bmm", "convolution", "embedding", "gather", "_softmax", "_log_softmax",
@@ -115,10 +117,11 @@ class Propagator:
     def initial_domain(self, t: TensorInfo) -> int:
         """Every placement a tensor of its kind and shape may take: cut only along dimensions of
         at least ``devices`` (uneven cuts allowed; a reshape passes only even ones on, rules.view);
-        partial sums only for computed values (not booleans)."""
+        partial sums only for computed values (not booleans); strided cuts for computed values
+        and, of their first inner component, for parameters (a fused weight cut block by block)."""
         mask = bit(R)
         splittable = t.kind in (PARAM, BUFFER, "value") or (t.kind == INPUT and self.inputs_splittable)
-        components = COMPONENTS if t.kind == "value" else 1  # only computed values are strided
+        components = PARAM_COMPONENTS if t.kind == PARAM else COMPONENTS if t.kind == "value" else 1
         if splittable:
             for d, size in enumerate(t.shape):
                 if size >= self.devices:
@@ -128,11 +131,25 @@ class Propagator:
         return mask
 
     def start(self) -> tuple[Domains, int | None]:
-        """The domains before any decision, propagated (a conflict here: the model cannot run
-        even replicated, which means a rule is wrong)."""
+        """The domains before any decision, propagated, parameters' strided cuts kept only where
+        their plain cut is gone (a conflict here: the model cannot run even replicated, which
+        means a rule is wrong)."""
         dom = [self.initial_domain(t) for t in self.prog.tensors]
         conflict = self.propagate(dom, range(len(self.prog.tensors)))
-        return dom, conflict
+        if conflict is not None:
+            return dom, conflict
+        return self.narrow(dom, self._plain_over_strided(dom))
+
+    def _plain_over_strided(self, dom: Domains) -> dict[int, int]:
+        """Masks dropping a parameter's strided cuts of every dimension it can still cut plainly:
+        a strided cut is kept for a fused weight, whose plain cut cannot run (GPT-2's c_attn)."""
+        drop: dict[int, int] = {}
+        for t in self.prog.of_kind(PARAM):
+            strided = sum(bit(S(d, k)) for d in range(t.rank) if dom[t.id] & bit(S(d))
+                          for k in range(1, PARAM_COMPONENTS))
+            if strided:
+                drop[t.id] = ~strided
+        return drop
 
     def narrow(self, dom: Domains, changes: dict[int, int]) -> tuple[Domains, int | None]:
         """A copy of ``dom`` with each tensor's domain ANDed with its mask, propagated;
@@ -189,10 +206,21 @@ class Propagator:
         return f"{op.target}({', '.join(names)}) in {op.module or 'the model'} has no rule for its inputs' placements"
 
 
+def dim_cuts(d: int) -> int:
+    """The mask of every cut of dimension d, plain or strided."""
+    return sum(bit(S(d, k)) for k in range(COMPONENTS))
+
+
 def cut_dim(mask: int) -> int | None:
     """The partitioned dimension of a decided domain; None when replicated, partial or undecided."""
     cs = codes(mask)
     return dim_of(cs[0])[0] if len(cs) == 1 and cs[0] >= 2 else None
+
+
+def is_strided(mask: int) -> bool:
+    """Whether a decided domain is a strided cut (of an inner component of its dimension)."""
+    cs = codes(mask)
+    return len(cs) == 1 and cs[0] >= 2 and dim_of(cs[0])[1] > 0
 
 
 def placement_name(mask: int) -> str:

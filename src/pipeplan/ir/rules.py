@@ -322,8 +322,15 @@ def select(ctx: Ctx) -> list[Strategy]:
 
 
 def split(ctx: Ctx) -> list[Strategy]:
+    """split / split_with_sizes: the split dimension must be whole, except that a strided cut
+    of it (component 1: the dimension read as [pieces, size of a piece], each piece cut alike)
+    splits into equal pieces each cut evenly: GPT-2's fused q | k | v cut by heads."""
     dim = _dim(ctx.lit(2, 0), len(ctx.ins[0]))
-    return _mapped(ctx, lambda d: None if d == dim else d)
+    out = _mapped(ctx, lambda d: None if d == dim else d)
+    sizes = {shape[dim] for shape in ctx.outs}
+    if len(ctx.outs) > 1 and len(sizes) == 1 and sizes.pop() % ctx.devices == 0:
+        out.append((S(dim, 1),) + (S(dim),) * len(ctx.outs))
+    return out
 
 
 def unbind(ctx: Ctx) -> list[Strategy]:
@@ -387,8 +394,9 @@ def _strided(strategies_: list[Strategy]) -> list[Strategy]:
     out = list(strategies_)
     for k in range(1, COMPONENTS):
         for s in strategies_:
-            if any(c >= 2 for c in s):
-                out.append(tuple(c + STRIDE * k if c >= 2 else c for c in s))
+            shifted = tuple(c + STRIDE * k if c >= 2 else c for c in s)
+            if any(c >= 2 for c in s) and max(shifted) < S(0, COMPONENTS):
+                out.append(shifted)
     return out
 
 

@@ -18,7 +18,7 @@ from ...errors import PipeplanError
 from ...ir.cost import PlanCost
 from ...ir.milp import solve
 from ...ir.program import INPUT, export_module
-from ...ir.propagate import Domains, bit, cut_dim
+from ...ir.propagate import Domains, bit, cut_dim, is_strided
 from ...learn.harness import Budget, Progress
 from .sharding import Config, ShardProblem, search
 
@@ -73,8 +73,17 @@ class ShardRequest:
 
 def _entries(problem: ShardProblem, dom: Domains, kind: str, aliases: dict[str, str]) -> list[dict]:
     tensors = problem.prop.prog.of_kind(kind)
-    return [{"name": aliases.get(t.source, t.source), "shape": list(t.shape), "partition_dim": cut_dim(dom[t.id])}
-            for t in tensors]
+    return [{"name": aliases.get(t.source, t.source), "shape": list(t.shape), "partition_dim": cut_dim(dom[t.id]),
+             "strided": is_strided(dom[t.id])} for t in tensors]
+
+
+def check_runnable(out: dict) -> None:
+    """Refuse to run a plan the runtime cannot place: a parameter cut strided (block by block,
+    GPT-2's fused q | k | v cut by heads) has no DTensor placement yet."""
+    strided = [p["name"] for p in out["parameters"] if p["strided"]]
+    if strided:
+        raise PipeplanError(f"--run: {strided[0]} is cut strided (block by block), which is not runnable yet "
+                            f"({len(strided)} such parameter(s)); plan without --run")
 
 
 def _cost_dict(c: PlanCost | None) -> dict | None:

@@ -34,10 +34,10 @@ from ...cluster import Cluster
 from ...ir.cost import CostModel, PlanCost
 from ...errors import PipeplanError
 from ...ir.decisions import (PARTITION_REWARD, REPLICATE_REWARD, Linkage, Position, decide, decision_order,
-                             linkage_groups, placement_rewards, positions, score, vector)
+                             linkage_groups, partition_mask, placement_rewards, positions, score, vector)
 from ...ir.program import INPUT, TensorProgram
-from ...ir.propagate import Domains, Propagator, bit
-from ...ir.rules import R, S
+from ...ir.propagate import Domains, Propagator, bit, dim_cuts
+from ...ir.rules import R
 from ...learn.dqn import Agent, Config as DqnConfig, run_episode
 from ...learn.harness import Budget, Curve, Point, Progress
 
@@ -154,8 +154,8 @@ class ShardEnv(gym.Env):
         if here is not None:
             obs[n + here] = 1.0
             pos = self.p.positions[here]
-            m, b = self.dom[pos.tensor], bit(S(pos.dim))
-            mask[:] = (m & ~b) != 0, (m & b) != 0
+            m = self.dom[pos.tensor]
+            mask[:] = (m & ~dim_cuts(pos.dim)) != 0, partition_mask(m, pos.dim) != 0
         if here is not None and not mask.any():
             raise AssertionError("an undecided position with no valid action")
         return obs, {"action_mask": mask, "position": here}
@@ -212,9 +212,9 @@ def _backtracked(problem: ShardProblem, best: Domains) -> Domains:
     forced, open_ = problem.linkage.forced, set(problem.order)
     for i, pos in enumerate(problem.positions):
         if v[i] == 1:
-            keep[pos.tensor] = bit(S(pos.dim))
+            keep[pos.tensor] = best[pos.tensor]  # its one cut, plain or strided
         elif v[i] == 0 and (i not in open_ or ((i, True) in forced and forced[(i, True)] is None)):
-            keep[pos.tensor] = keep.get(pos.tensor, ~0) & ~bit(S(pos.dim))
+            keep[pos.tensor] = keep.get(pos.tensor, ~0) & ~dim_cuts(pos.dim)
     dom, conflict = problem.prop.narrow(problem.start, keep)
     return problem.start if conflict is not None else dom
 
