@@ -45,35 +45,37 @@ def _plan(tmp_path, name: str, argv: list[str]) -> dict:
         "recompute": d.get("recompute"), "search_complete": d.get("search_complete", True)}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("argv", [
-    ["--model", "zoo:bert-large", "--cluster", "v100x4", "--microbatches", "8", "--planner", "joint",
-     "-O", "evaluations=1500"],
-    ["--model", "zoo:alexnet", "--cluster", "1080ti-4x2", "--microbatches", "8", "--planner", "joint",
-     "-O", "evaluations=1500"],
-    ["--model", "zoo:alexnet", "--cluster", "hier:servers=2,gpus=2,intra=100Gbps,inter=10Gbps",
-     "--microbatches", "4", "--planner", "exact", "-O", "evaluations=300"],
-    ["--model", "zoo:alexnet", "--cluster", "v100x4", "--microbatches", "4", "--planner", "drl-pp",
-     "-O", "evaluations=120", "-O", "samples=4"],
-], ids=["joint-bert", "joint-alexnet", "exact", "drl-pp"])
-def test_same_plan_idle_and_beside_a_cpu_hog(tmp_path, capsys, argv):
-    idle = _plan(tmp_path, "idle.json", argv)
-    with CpuHog():
-        loaded = _plan(tmp_path, "loaded.json", argv)
-    assert loaded == idle
+#: ``pipeplan plan`` commands of every budgeted search and learning planner, small budgets
+PLANS = {
+    "joint-bert": ["--model", "zoo:bert-large", "--cluster", "v100x4", "--microbatches", "8", "--planner", "joint",
+                   "-O", "evaluations=1500"],
+    "joint-alexnet": ["--model", "zoo:alexnet", "--cluster", "1080ti-4x2", "--microbatches", "8", "--planner",
+                      "joint", "-O", "evaluations=1500"],
+    "exact": ["--model", "zoo:alexnet", "--cluster", "hier:servers=2,gpus=2,intra=100Gbps,inter=10Gbps",
+              "--microbatches", "4", "--planner", "exact", "-O", "evaluations=300"],
+    "drl-pp": ["--model", "zoo:alexnet", "--cluster", "v100x4", "--microbatches", "4", "--planner", "drl-pp",
+               "-O", "evaluations=120", "-O", "samples=4"],
+}
+COMPARE = ["compare", "--model", "zoo:bert-large", "--cluster", "v100x4", "--microbatches", "8",
+           "-O", "joint.evaluations=1500", "--json"]
+
+
+def _compared(capsys) -> list:
+    capsys.readouterr()  # what the plan commands printed
+    main(COMPARE)
+    rows = json.loads(capsys.readouterr().out)["results"]
+    return [(r["planner"], r.get("iteration_s"), (r.get("plan") or {}).get("stages")) for r in rows]
 
 
 @pytest.mark.slow
-def test_compare_gives_the_same_plans_idle_and_beside_a_cpu_hog(capsys):
-    argv = ["compare", "--model", "zoo:bert-large", "--cluster", "v100x4", "--microbatches", "8",
-            "-O", "joint.evaluations=1500", "--json"]
-
-    def plans() -> list:
-        main(argv)
-        rows = json.loads(capsys.readouterr().out)["results"]
-        return [(r["planner"], r.get("iteration_s"), (r.get("plan") or {}).get("stages")) for r in rows]
-
-    idle = plans()
+def test_same_plans_idle_and_beside_a_cpu_hog(tmp_path, capsys):
+    """Each ``plan`` command of PLANS and a ``compare``, idle and then all again beside one
+    CPU hog."""
+    idle = {name: _plan(tmp_path, f"idle-{name}.json", argv) for name, argv in PLANS.items()}
+    idle_compare = _compared(capsys)
     with CpuHog():
-        loaded = plans()
-    assert loaded == idle and any(p == "joint" for p, *_ in idle)
+        loaded = {name: _plan(tmp_path, f"loaded-{name}.json", argv) for name, argv in PLANS.items()}
+        loaded_compare = _compared(capsys)
+    for name in PLANS:
+        assert loaded[name] == idle[name], name
+    assert loaded_compare == idle_compare and any(p == "joint" for p, *_ in idle_compare)
