@@ -234,3 +234,26 @@ def test_yaml_anchors_and_large_files_are_read_while_alias_bombs_are_not():
     bomb = "a: &a [" + ", ".join(["x"] * 400) + "]\nb: [" + ", ".join(["*a"] * 400) + "]\n"  # 160,000 by aliases
     with pytest.raises(PipeplanError, match="aliases expand to more than 100,000 values"):
         parse_yaml(bomb, "bomb.yaml")
+
+
+def test_ctrl_c_inside_an_extension_modules_import_is_one_line_and_130(monkeypatch, capsys):
+    """An extension module interrupted while it initializes raises ImportError from the
+    KeyboardInterrupt: still Ctrl-C, one line and 130; any other ImportError stays an error."""
+    import pipeplan.cli
+
+    def interrupted_import():
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise ImportError("initialization failed") from e
+
+    monkeypatch.setattr(pipeplan.cli, "build_parser", interrupted_import)
+    assert main(["compare", "--model", "zoo:alexnet", "--cluster", "v100x4"]) == 130
+    assert capsys.readouterr().err == "pipeplan: compare interrupted (Ctrl-C)\n"
+
+    def broken_import():
+        raise ImportError("no module named x")
+
+    monkeypatch.setattr(pipeplan.cli, "build_parser", broken_import)
+    with pytest.raises(ImportError):
+        main(["compare", "--model", "zoo:alexnet", "--cluster", "v100x4"])

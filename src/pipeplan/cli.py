@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .argtypes import calibration_seconds, non_negative_int, positive_seconds, seed as _seed, threads
 from .argtypes import names as _names, positive_int as _positive_int
-from .errors import Infeasible, PipeplanError, Terminated, one_line
+from .errors import Infeasible, PipeplanError, Terminated, interrupted, one_line
 from .outputs import Outputs
 from .progress_bar import planning_progress, training_progress
 
@@ -753,17 +753,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pipeplan: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"pipeplan: {_command(argv)}interrupted (Ctrl-C)", file=sys.stderr)
+        print(interrupted(argv, "Ctrl-C"), file=sys.stderr)
+        return 130
+    except ImportError as e:  # Ctrl-C inside an extension module's initialization surfaces as this
+        if not isinstance(e.__cause__ or e.__context__, KeyboardInterrupt):
+            raise
+        print(interrupted(argv, "Ctrl-C"), file=sys.stderr)
         return 130
     except Terminated:
-        print(f"pipeplan: {_command(argv)}interrupted (SIGTERM)", file=sys.stderr)
+        print(interrupted(argv, "SIGTERM"), file=sys.stderr)
         return 128 + signal.SIGTERM
-
-
-def _command(argv: list[str] | None) -> str:
-    """The subcommand's name and a space, for a message (empty before one is known)."""
-    words = sys.argv[1:] if argv is None else argv
-    return f"{one_line(words[0])} " if words and not words[0].startswith("-") else ""
 
 
 @contextlib.contextmanager

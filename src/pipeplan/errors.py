@@ -29,3 +29,13 @@ def one_line(text: str) -> str:
     ``\\n``, ESC as ``\\x1b``): a path or value quoted in a message cannot break it into
     several lines or move the terminal's cursor."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def interrupted(argv: list[str] | None, how: str) -> str:
+    """The one line a command interrupted by ``how`` (Ctrl-C, SIGTERM) prints: its name when
+    one was given (``argv``: the arguments, None for the process's own)."""
+    import sys
+
+    words = sys.argv[1:] if argv is None else argv
+    command = f"{one_line(words[0])} " if words and not words[0].startswith("-") else ""
+    return f"pipeplan: {command}interrupted ({how})"
