@@ -18,3 +18,14 @@ def profile_path(name: str) -> Path:
     if not path.is_file():
         pytest.skip(f"shared profile {path} is absent (the profiles live in ../shared beside the repo)")
     return path
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny tensors: on a shared 2-core machine torch's intra-op threads only contend."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

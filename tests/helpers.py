@@ -24,3 +24,21 @@ def chain_plan(graph: Graph, cluster, cuts: list[int], replicas: list[int], m: i
         stages.append(Stage(graph.ids[a:b], cluster.names[d:d + k]))
         d += k
     return Plan(graph, cluster, stages, m, schedule=schedule, replicas=mode)
+
+
+#: A small valid graph and cluster, as their files hold them (the hostile-input tests mutate them).
+GRAPH_DICT = {"format": "pipeplan.graph/1", "name": "g", "meta": {"microbatch": 4},
+              "nodes": [{"id": "a", "fwd_s": 0.001, "bwd_s": 0.002, "params_bytes": 4000, "act_bytes": 1000},
+                        {"id": "b", "fwd_s": 0.001, "bwd_s": 0.002, "params_bytes": 4000, "act_bytes": 1000}],
+              "edges": [["a", "b"]]}
+CLUSTER_DICT = {"name": "c", "devices": [{"name": "d0", "kind": "V100"}, {"name": "d1", "kind": "V100"}],
+                "bandwidth": "10GB/s", "latency": "10us"}
+
+
+def process_alive(pid: int) -> bool:
+    """Running (a zombie that nobody reaped yet has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False

@@ -31,13 +31,7 @@ THREE = Tree(((), (), (0, 1)), (1, 2, -1))
 WIDTH = 32  # a small TreeLSTM: cheap profiles
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The agent's tensors are tiny: on a shared 2-core machine intra-op threads only contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def fast_machine() -> Machine:
@@ -150,7 +144,7 @@ EPISODES = 600
 def trained():
     env = sim_env()
     cfg = Config(episodes=EPISODES, eval_every=200, eval_trees=16, seed=0)
-    threads = torch.get_num_threads()  # set up before the function-scoped one_thread
+    threads = torch.get_num_threads()  # set up before the function-scoped one_torch_thread
     torch.set_num_threads(1)
     try:
         return env, train(env, cfg, Budget(seconds=120))

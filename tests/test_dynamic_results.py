@@ -12,7 +12,6 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-import torch
 
 from pipeplan.dynamic.experiment import Setup
 from pipeplan.dynamic.machines import MACHINE_FORMAT
@@ -21,7 +20,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 #: a CPU like the one the committed results were measured on (op_s, FLOP/s, elements/s)
 MODEL = {"format": MACHINE_FORMAT, "cpu": {"op_s": 1.5e-6, "flop_rate": 8e9, "element_rate": 9e9}}
 EPISODES = 300
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def benchmark(name: str) -> ModuleType:
@@ -32,12 +31,6 @@ def benchmark(name: str) -> ModuleType:
     return module
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def statics(case: dict) -> list[float]:

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from pipeplan.cli import main
 
+from helpers import CLUSTER_DICT, GRAPH_DICT
+
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -21,12 +23,7 @@ values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=
                                                        st.dictionaries(st.text(max_size=8), inner, max_size=4)),
                       max_leaves=12)
 
-GRAPH = {"format": "pipeplan.graph/1", "name": "g", "meta": {"microbatch": 4},
-         "nodes": [{"id": "a", "fwd_s": 0.001, "bwd_s": 0.002, "params_bytes": 4000, "act_bytes": 1000},
-                   {"id": "b", "fwd_s": 0.001, "bwd_s": 0.002, "params_bytes": 4000, "act_bytes": 1000}],
-         "edges": [["a", "b"]]}
-CLUSTER = {"name": "c", "devices": [{"name": "d0", "kind": "V100"}, {"name": "d1", "kind": "V100"}],
-           "bandwidth": "10GB/s", "latency": "10us"}
+GRAPH, CLUSTER = GRAPH_DICT, CLUSTER_DICT
 
 
 def mutate(base: dict, path: list, value) -> dict:

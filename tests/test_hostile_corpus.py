@@ -34,17 +34,14 @@ import yaml
 
 from pipeplan.cli import build_parser, main
 
+from helpers import CLUSTER_DICT, GRAPH_DICT
+
 from conftest import PROFILES
 
 ERROR = re.compile(r"pipeplan(?: [\w-]+)?: error: ")
 REMARK = re.compile(r"pipeplan: (?:warning|note): ")
 
-GRAPH = {"format": "pipeplan.graph/1", "name": "g", "meta": {"microbatch": 4},
-         "nodes": [{"id": "a", "fwd_s": 0.001, "bwd_s": 0.002, "params_bytes": 4000, "act_bytes": 1000},
-                   {"id": "b", "fwd_s": 0.001, "bwd_s": 0.002, "params_bytes": 4000, "act_bytes": 1000}],
-         "edges": [["a", "b"]]}
-CLUSTER = {"name": "c", "devices": [{"name": "d0", "kind": "V100"}, {"name": "d1", "kind": "V100"}],
-           "bandwidth": "10GB/s", "latency": "10us"}
+GRAPH, CLUSTER = GRAPH_DICT, CLUSTER_DICT
 
 #: A cheap valid invocation of each command; {name} stands for a valid input file or, for
 #: {out}, a new file in the case's folder.

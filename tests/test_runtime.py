@@ -20,6 +20,8 @@ from pipeplan.runtime.models import load_model
 from pipeplan.runtime.translate import pipeline_orders
 from pipeplan.schedule import Kind, make_schedule
 
+from helpers import process_alive
+
 pytestmark = pytest.mark.slow  # worker processes: seconds each
 
 
@@ -122,14 +124,6 @@ def test_check_matches_one_process_training(schedule, replicas, split_at, device
     assert compare_states(staged, reference(plan, cfg, 64, extra_steps=1))[0] > 1e-4
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie that nobody reaped yet has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
 
 @pytest.mark.parametrize("factory,fragment", [("dies", "died with exit code"), ("raises", "raised RuntimeError"),
                                               ("hangs", "made no progress for")])
@@ -142,7 +136,7 @@ def test_failing_worker_ends_the_run(factory, fragment):
     assert "rank 1 (stage 1, device s0g1)" in str(err.value)
     assert "rank" in str(err.value)
     leftover = [p for p in multiprocessing.active_children() if p.pid not in before]
-    assert not leftover and not any(_alive(p.pid) for p in leftover)
+    assert not leftover and not any(process_alive(p.pid) for p in leftover)
 
 
 class _FakeProcess:

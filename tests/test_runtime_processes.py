@@ -21,6 +21,8 @@ from pipeplan.graph import Graph
 from pipeplan.plan import Plan, Stage
 from pipeplan.runtime.models import load_model
 
+from helpers import process_alive
+
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")]
 
 TESTS = Path(__file__).resolve().parent
@@ -190,14 +192,6 @@ def _workers(root: int) -> set[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie that nobody reaped yet has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
 
 def _run(tmp_path: Path, factory: str) -> subprocess.Popen:
     _hanging_plan(tmp_path / "plan.json")
@@ -232,9 +226,9 @@ def test_a_signal_while_the_workers_train_ends_every_worker(sig, code, tmp_path)
         assert err.count("\n") == 1 and f"pipeplan: run interrupted ({said})" in err, err
         assert not list(tmp_path.glob("pipeplan-rendezvous-*")), "the rendezvous directory was left behind"
     deadline = time.time() + 120
-    while time.time() < deadline and any(_alive(p) for p in workers):
+    while time.time() < deadline and any(process_alive(p) for p in workers):
         time.sleep(0.2)
-    assert len(workers) == WORKERS and not [p for p in workers if _alive(p)]
+    assert len(workers) == WORKERS and not [p for p in workers if process_alive(p)]
 
 
 def test_sigterm_after_the_workers_finished_says_so(tmp_path):
@@ -243,7 +237,7 @@ def test_sigterm_after_the_workers_finished_says_so(tmp_path):
     try:
         workers = _wait_until(proc, tmp_path, "the workers started",
                               lambda: w if len(w := _workers(proc.pid)) >= WORKERS else None)
-        _wait_until(proc, tmp_path, "the workers finished", lambda: not any(_alive(p) for p in workers))
+        _wait_until(proc, tmp_path, "the workers finished", lambda: not any(process_alive(p) for p in workers))
         _signalled(proc, signal.SIGTERM)
     finally:
         _end(proc)

@@ -119,8 +119,7 @@ def _exhaustive(graph: Graph, cluster: Cluster, options: PlanOptions, schedules:
         return None, {"complete": False, "evaluations": 0, "incomplete": (
             f"exhaustive phase skipped: it searches at most {MAX_LAYERS} layers and {MAX_DEVICES} devices "
             f"(here {len(graph)} and {len(cluster)}); the local search is not exhaustive")}
-    share = Budget(budget.seconds, max(int((budget.evaluations or 0) * EXHAUSTIVE_SHARE), 1))
-    share.t0 = budget.t0
+    share = Budget(budget.seconds, max(int((budget.evaluations or 0) * EXHAUSTIVE_SHARE), 1), t0=budget.t0)
     plan, stats = search_exhaustively(graph, cluster, options, share, schedules, list(seeds.values()))
     if not stats["complete"]:
         stats["incomplete"] = f"exhaustive phase stopped: {stats['incomplete']}"
