@@ -522,7 +522,10 @@ def test_hostile_input_is_one_line_and_exit_2(case, tmp_path, monkeypatch, capsy
 
 
 def test_the_key_cases_are_in_the_corpus():
-    assert KEY_CASES <= {c.id for c in ALL}
+    """(The cuts of a PipeDream profile need ../shared's profiles; without them they are not
+    generated, and not required.)"""
+    shared = (PROFILES / "alexnet" / "graph.txt").is_file()
+    assert {k for k in KEY_CASES if shared or "graph.txt cut" not in k} <= {c.id for c in ALL}
 
 
 def test_every_command_has_a_valid_base(tmp_path, monkeypatch, capsys):
