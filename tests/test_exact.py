@@ -62,16 +62,13 @@ def _sizes(rng: np.random.Generator) -> tuple[int, int]:
     return (2 if devices == 4 else layers), devices
 
 
-def _check(count: int, seed: int, part: tuple[int, int] = (0, 1)) -> dict:
-    """Exact against the brute force on ``count`` instances (those k with k mod parts[1] ==
-    parts[0], for sharing them between processes); returns what they covered."""
+def _check(count: int, seed: int) -> dict:
+    """Exact against the brute force on ``count`` instances; returns what they covered."""
     rng = np.random.default_rng(seed)
     bad, seen = [], {"round-robin": 0, "recompute": 0, "overflowing": 0, "none_fits": 0, "four_devices": 0}
     for k in range(count):
         layers, devices = _sizes(rng)
         graph, cluster, m = _instance(rng, layers, devices)
-        if k % part[1] != part[0]:
-            continue
         want = brute_force(graph, cluster, m)
         try:
             plan = get_planner("exact").fn(graph, cluster, PlanOptions(microbatches=m))
@@ -95,11 +92,6 @@ def _check(count: int, seed: int, part: tuple[int, int] = (0, 1)) -> dict:
     return seen
 
 
-def _check_part(args: tuple[int, int, int, int]) -> dict:
-    count, seed, index, parts = args
-    return _check(count, seed, (index, parts))
-
-
 @pytest.mark.slow
 def test_exact_equals_brute_force():
     seen = _check(8, seed=1)
@@ -107,17 +99,13 @@ def test_exact_equals_brute_force():
 
 
 @pytest.mark.slow
-def test_exact_equals_brute_force_on_200_instances():
-    """(The instances are shared between two processes, one per core of the test machine.)"""
-    import multiprocessing
-
-    with multiprocessing.get_context("fork").Pool(2) as pool:
-        parts = pool.map(_check_part, [(200, 12, i, 2) for i in range(2)])
-    seen = {key: sum(p[key] for p in parts) for key in parts[0]}
+def test_exact_equals_brute_force_on_40_more_instances():
+    """(benchmarks/joint/optimality.py checks 120 more, beside joint.)"""
+    seen = _check(40, seed=3)
     # the instances exercise what they claim to: memory limits bite, round-robin wins
     # somewhere, four devices appear
     assert min(seen["round-robin"], seen["four_devices"]) > 0, seen
-    assert seen["overflowing"] > 50, seen
+    assert seen["overflowing"] > 10, seen
 
 
 def test_rematerialization_where_nothing_else_fits():

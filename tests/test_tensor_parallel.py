@@ -102,7 +102,7 @@ def test_batch_split_inputs():
 
 
 @pytest.mark.slow
-def test_convolutions_cut_by_output_then_input_channels(workers=4):
+def test_convolutions_cut_by_output_then_input_channels(workers=2):
     """DTensor's convolution rule assumes a replicated weight; the plan's channel cuts run
     through ``_ChannelParallelConv``: a batch-split input made whole, the first convolution
     cut by output channels, the second by input channels (a partial sum all-reduced)."""
