@@ -4,6 +4,7 @@ per-device memory, ``best`` against a brute-force pick, Infeasible candidates as
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from pipeplan.cli import main
 from pipeplan.cluster import Cluster, Device, load_cluster
 from pipeplan.errors import PipeplanError
 from pipeplan.graph import Graph, load_graph
-from pipeplan.planners import PlanOptions, best, compare, run_planner
+from pipeplan.planners import PlanOptions, planner_settings, best, compare, run_planner
 from pipeplan.sim import simulate
 
 GiB = 2**30
@@ -97,7 +98,7 @@ def test_an_overflowing_plan_is_replaced_by_its_fastest_variant_that_fits():
     (recorded in the plan), and with ``allow_over_memory`` (what-if) keeps it, flagged."""
     g = load_graph("zoo:bert-large")
     base = load_cluster("v100x4")
-    opts = PlanOptions(microbatches=8, extra=(("recompute", "false"),))
+    opts = PlanOptions(microbatches=8, settings=planner_settings(["gpipe"], [("recompute", "false")]))
     keep = simulate(run_planner("gpipe", g, base, opts)[0], timeline=False)
     rec = simulate(run_planner("gpipe", g, base, PlanOptions(microbatches=8))[0], timeline=False)
     limit = float((keep.memory_bytes.max() + rec.memory_bytes.max()) / 2)  # between the two
@@ -105,8 +106,7 @@ def test_an_overflowing_plan_is_replaced_by_its_fastest_variant_that_fits():
     plan, result = run_planner("gpipe", g, c, opts)
     assert not result.over_memory and "memory_variant" in plan.extra
     assert simulate(plan, timeline=False).iteration_s == pytest.approx(result.iteration_s)
-    flagged, r = run_planner("gpipe", g, c, PlanOptions(microbatches=8, allow_over_memory=True,
-                                                         extra=(("recompute", "false"),)))
+    flagged, r = run_planner("gpipe", g, c, replace(opts, allow_over_memory=True))
     assert r.over_memory and flagged.recompute is None
 
 
@@ -138,5 +138,5 @@ def test_compare_reports_each_planner_before_it_runs_with_its_estimate():
 
     g, c = load_graph("zoo:alexnet"), load_cluster("v100x4")
     seen = []
-    compare(g, c, ["dp", "spp", "exact"], PlanOptions(microbatches=4, extra=(("exact.budget", "7"),)), lambda *a: seen.append(a))
+    compare(g, c, ["dp", "spp", "exact"], PlanOptions(microbatches=4, settings=planner_settings(["dp", "spp", "exact"], [("exact.budget", "7")])), lambda *a: seen.append(a))
     assert seen == [("dp", 0, 3, None), ("spp", 1, 3, spp_seconds(len(g), len(c))), ("exact", 2, 3, 7.0)]

@@ -17,7 +17,7 @@ from pipeplan.costmodel import state_bytes
 from pipeplan.errors import Infeasible, PipeplanError
 from pipeplan.graph import Graph
 from pipeplan.plan import Plan, Stage
-from pipeplan.planners import PlanOptions, get_planner
+from pipeplan.planners import PlanOptions, planner_settings, get_planner
 from pipeplan.sim import simulate
 
 from randomplans import random_cluster, random_graph
@@ -173,13 +173,13 @@ def test_budget_that_runs_out_says_incomplete():
     """``-O budget=1e-9``: the search stops at once; the plan (SPP's, the incumbent) says so,
     in its JSON too; ``budget=0`` is out of range."""
     g, c = _chain_on_four(1e7, 0.01)
-    plan = get_planner("exact").fn(g, c, PlanOptions(microbatches=8, extra=(("budget", "1e-9"),)))
+    plan = get_planner("exact").fn(g, c, PlanOptions(microbatches=8, settings=planner_settings(["exact"], [("budget", "1e-9")])))
     assert plan.extra["exact"]["complete"] is False and plan.extra["exact"]["simulated"] == 0
     assert not plan.search_complete and plan.to_dict()["search_complete"] is False
-    with pytest.raises(PipeplanError, match="expected a number > 0"):
-        get_planner("exact").fn(g, c, PlanOptions(microbatches=8, extra=(("budget", "0"),)))
+    with pytest.raises(PipeplanError, match="expected a duration > 0"):
+        get_planner("exact").fn(g, c, PlanOptions(microbatches=8, settings=planner_settings(["exact"], [("budget", "0")])))
     with pytest.raises(PipeplanError, match="budget"):
-        get_planner("exact").fn(g, c, PlanOptions(microbatches=8, extra=(("budget", "soon"),)))
+        get_planner("exact").fn(g, c, PlanOptions(microbatches=8, settings=planner_settings(["exact"], [("budget", "soon")])))
 
 
 def test_independent_parts_exchange_nothing():

@@ -15,7 +15,7 @@ from pipeplan.cli import main
 from pipeplan.cluster import Cluster, Device, load_cluster
 from pipeplan.errors import PipeplanError
 from pipeplan.graph import Graph, load_graph
-from pipeplan.planners import PlanOptions, run_planner
+from pipeplan.planners import PlanOptions, planner_settings, run_planner
 from pipeplan.planners.joint import search_schedules
 from pipeplan.planners.joint.chunked import chunked
 from pipeplan.planners.joint.symmetric import depths, min_max_partition
@@ -47,7 +47,7 @@ def test_joint_reaches_the_exact_optimum_on_small_instances(seed):
     complete, as they searched the whole space."""
     g, c, m = small_instance(np.random.default_rng(100 + seed))
     ex, ex_r = run_planner("exact", g, c, PlanOptions(microbatches=m))
-    jo, jo_r = run_planner("joint", g, c, PlanOptions(microbatches=m, extra=EXACT_SPACE))
+    jo, jo_r = run_planner("joint", g, c, PlanOptions(microbatches=m, settings=planner_settings(["joint"], EXACT_SPACE)))
     assert ex.search_complete and jo.search_complete
     assert jo_r.over_memory == ex_r.over_memory
     assert jo_r.iteration_s == pytest.approx(ex_r.iteration_s, rel=1e-9)
@@ -90,7 +90,7 @@ def test_large_cluster_symmetric_search_beats_the_baselines_run_on_their_own():
 
 
 def replace_extra(opts: PlanOptions, *pairs: tuple[str, str]) -> PlanOptions:
-    return PlanOptions(microbatches=opts.microbatches, extra=tuple(pairs))
+    return PlanOptions(microbatches=opts.microbatches, settings=planner_settings(["joint"], pairs))
 
 
 def test_complete_only_when_the_exhaustive_phase_searched_everything():
@@ -100,16 +100,16 @@ def test_complete_only_when_the_exhaustive_phase_searched_everything():
     g, c, m = small_instance(np.random.default_rng(1))
     plan, _ = run_planner("joint", g, c, PlanOptions(microbatches=m))
     assert plan.extra["joint"]["complete"] is True and plan.search_complete
-    short, _ = run_planner("joint", g, c, PlanOptions(microbatches=m, extra=(("evaluations", "3"),)))
+    short, _ = run_planner("joint", g, c, PlanOptions(microbatches=m, settings=planner_settings(["joint"], [("evaluations", "3")])))
     assert not short.search_complete and "evaluations ran out" in short.extra["joint"]["incomplete"]
     big, _ = run_planner("joint", load_graph("zoo:bert-large"), load_cluster("v100x4"),
-                         PlanOptions(microbatches=8, extra=(("evaluations", "500"),)))
+                         PlanOptions(microbatches=8, settings=planner_settings(["joint"], [("evaluations", "500")])))
     assert not big.search_complete and "exhaustive phase skipped" in big.extra["joint"]["incomplete"]
 
 
 def test_wall_clock_cap_stops_the_search_and_says_so():
     g, c = load_graph("zoo:bert-large"), load_cluster("spp-sim")
-    plan, _ = run_planner("joint", g, c, PlanOptions(microbatches=8, extra=(("budget", "0.5"),)))
+    plan, _ = run_planner("joint", g, c, PlanOptions(microbatches=8, settings=planner_settings(["joint"], [("budget", "0.5")])))
     assert plan.extra["joint"]["complete"] is False and not plan.search_complete
     assert plan.extra["joint"]["local_converged"] is False
 
@@ -149,8 +149,8 @@ def test_cli_plan_and_compare_with_budget(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("option,fragment", [
-    ("budget=0", "option budget='0': expected a number > 0"),
-    ("budget=soon", "option budget='soon': expected a number"),
+    ("budget=0", "option budget='0': expected a duration > 0 and <= 30 days"),
+    ("budget=soon", "option budget='soon': expected a duration > 0"),
     ("schedules=zb-v", "option schedules='zb-v'"),
 ])
 def test_cli_bad_joint_options_one_line_exit_2(capsys, tmp_path, option, fragment):
@@ -182,7 +182,7 @@ def test_compare_hands_joint_the_others_plans_and_keeps_them_intact():
     from pipeplan.planners import compare
 
     g, c = load_graph("zoo:bert-large"), load_cluster("v100x4")
-    rows = compare(g, c, ["joint", "spp", "dp"], PlanOptions(microbatches=8, extra=(("joint.budget", "3"),)))
+    rows = compare(g, c, ["joint", "spp", "dp"], PlanOptions(microbatches=8, settings=planner_settings(["joint", "spp", "dp"], [("joint.budget", "3")])))
     by = {r.planner: r for r in rows}
     assert {r.plan.planner for r in rows} == {"joint", "spp", "dp"} and by["spp"].plan.planner == "spp"
     facts = by["joint"].plan.extra["joint"]

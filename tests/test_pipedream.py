@@ -13,7 +13,7 @@ from pipeplan.cli import main
 from pipeplan.cluster import hierarchical
 from pipeplan.graph import Graph, NodeSpec, load_graph
 from pipeplan.graph.antichain import antichain_dag, compress_branches
-from pipeplan.planners import PlanOptions, run_planner
+from pipeplan.planners import PlanOptions, planner_settings, run_planner
 from pipeplan.planners.pipedream import run_pipedream
 from pipeplan.planners.pipedream_dp import DPOptions, Level, solve
 from pipeplan.sim import simulate
@@ -321,7 +321,7 @@ def test_too_many_states_even_compressed_plans_a_chain_and_says_so(tmp_path, cap
         assert positions == list(range(len(g)))  # every layer once
         spans = [sorted(order[g.ids.index(n)] for n in s.nodes) for s in plan.stages]
         assert all(sp == list(range(sp[0], sp[-1] + 1)) for sp in spans)  # intervals of the order
-    compressed, _ = run_planner("pipedream", g, cluster, PlanOptions(microbatches=4, extra=(("compression", "1"),)))
+    compressed, _ = run_planner("pipedream", g, cluster, PlanOptions(microbatches=4, settings=planner_settings(["pipedream"], [("compression", "1")])))
     assert compressed.extra["pipedream"]["linearized"]  # transfers priced on the chain's cuts
     save_graph(g, tmp_path / "g.json")
     assert main(["compare", "--model", str(tmp_path / "g.json"), "--cluster", "hier:servers=2,gpus=2,intra=80Gbps,"

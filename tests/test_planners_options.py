@@ -14,7 +14,8 @@ from pipeplan.cluster import Cluster, Device, hierarchical
 from pipeplan.errors import PipeplanError
 from pipeplan.graph import Graph, load_graph
 from pipeplan.plan import Plan, Stage
-from pipeplan.planners import REGISTRY, PlanOptions, planner_options, run_planner
+from pipeplan.planners import REGISTRY, PlanOptions, planner_settings, run_planner
+from pipeplan.planners.options import parse_options
 from pipeplan.planners.base import register
 from pipeplan.sim import simulate
 
@@ -28,7 +29,7 @@ class Knobs:
 
 
 def parse(*pairs: str) -> Knobs:
-    return planner_options(Knobs, PlanOptions(extra=tuple(tuple(p.split("=", 1)) for p in pairs)), "toy")
+    return parse_options(Knobs, [tuple(p.split("=", 1)) for p in pairs], "toy")
 
 
 def test_values_parse_into_their_types():
@@ -67,6 +68,40 @@ def test_unsupported_option_types_fail_at_registration():
     with pytest.raises(TypeError, match="'count' of Required: needs a default"):
         register("required", "-", "1f1b", options=Required)
     assert "listy" not in REGISTRY and "required" not in REGISTRY
+
+
+def test_budgets_read_durations_as_every_budget_does():
+    from pipeplan.planners.joint import JointOptions
+
+    for text, seconds in (("2m", 120.0), ("90s", 90.0), ("1h", 3600.0), ("0.5", 0.5)):
+        assert planner_settings(["joint"], [("budget", text)]) == (JointOptions(budget=seconds),)
+
+
+def test_each_planner_reads_only_its_own_settings():
+    """``compare``'s one PlanOptions carries every planner's typed options; an unprefixed key
+    reaches every planner that declares it, and a planner never sees another's."""
+    from pipeplan.planners.exact import ExactOptions
+    from pipeplan.planners.joint import JointOptions
+    from pipeplan.planners.spp import SppOptions
+
+    opts = PlanOptions(settings=planner_settings(["exact", "joint", "spp"], [("budget", "7"), ("spp.stages", "2")]))
+    assert opts.settings_of(ExactOptions).budget == 7.0 and opts.settings_of(JointOptions).budget == 7.0
+    assert opts.settings_of(SppOptions).stages == 2
+    assert PlanOptions().settings_of(SppOptions) == SppOptions()  # absent: the defaults
+
+
+def test_options_are_parsed_once_per_command(monkeypatch, capsys):
+    """The -O text is parsed at the edge, once per planner, however many planners read it."""
+    from pipeplan.planners import base
+
+    calls = []
+    real = base.parse_options
+    monkeypatch.setattr(base, "parse_options", lambda *a: calls.append(a[2]) or real(*a))
+    argv = ["compare", "--model", "zoo:alexnet", "--cluster", "v100x4", "--microbatches", "4",
+            "--planners", "dp,spp,joint", "-O", "joint.evaluations=50"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert sorted(calls) == ["dp", "joint", "spp"]
 
 
 def cli_error(capsys, *argv: str) -> str:
@@ -132,7 +167,7 @@ def test_dp_replicas_modes_and_auto_takes_the_faster():
     g, c = unequal_pair()
     times = {}
     for mode in ("split", "round-robin"):
-        plan, result = run_planner("dp", g, c, PlanOptions(microbatches=2, extra=(("replicas", mode),)))
+        plan, result = run_planner("dp", g, c, PlanOptions(microbatches=2, settings=planner_settings(["dp"], [("replicas", mode)])))
         assert plan.replicas == mode and [s.devices for s in plan.stages] == [["fast", "slow"]]
         manual = Plan(g, c, [Stage(list(g.ids), ["fast", "slow"])], 2, schedule="1f1b", replicas=mode)
         times[mode] = simulate(manual).iteration_s
@@ -163,7 +198,7 @@ def test_gpipe_rematerializes_unless_told_not_to():
     c = hierarchical("h", 1, 4, 1e10, 1e10)
     plan, _ = run_planner("gpipe", g, c, PlanOptions(microbatches=4))
     assert plan.recompute == [True] * plan.num_stages and plan.schedule == "gpipe"
-    keep, _ = run_planner("gpipe", g, c, PlanOptions(microbatches=4, extra=(("recompute", "false"),)))
+    keep, _ = run_planner("gpipe", g, c, PlanOptions(microbatches=4, settings=planner_settings(["gpipe"], [("recompute", "false")])))
     assert keep.recompute is None and [s.nodes for s in keep.stages] == [s.nodes for s in plan.stages]
 
 
@@ -172,8 +207,8 @@ def test_spp_stage_count_option():
     beyond min(layers, devices) is a user error."""
     g = load_graph("zoo:alexnet")
     c = hierarchical("h", 1, 3, 1e10, 1e10)
-    plan, _ = run_planner("spp", g, c, PlanOptions(microbatches=4, extra=(("stages", "2"),)))
+    plan, _ = run_planner("spp", g, c, PlanOptions(microbatches=4, settings=planner_settings(["spp"], [("stages", "2")])))
     assert len(plan.stages) == 2 and sorted(len(s.devices) for s in plan.stages) == [1, 2]
     assert [e["stages"] for e in plan.extra["per_stage_count"]] == [2]
     with pytest.raises(PipeplanError, match="stages=9: expected 1 to 3"):
-        run_planner("spp", g, c, PlanOptions(microbatches=4, extra=(("stages", "9"),)))
+        run_planner("spp", g, c, PlanOptions(microbatches=4, settings=planner_settings(["spp"], [("stages", "9")])))

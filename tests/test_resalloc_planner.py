@@ -7,7 +7,7 @@ import pytest
 from pipeplan.cli import main
 from pipeplan.cluster import hierarchical, load_cluster
 from pipeplan.graph import load_graph
-from pipeplan.planners import PlanOptions, run_planner
+from pipeplan.planners import PlanOptions, planner_settings, run_planner
 from pipeplan.sim import simulate
 
 from conftest import profile_path
@@ -21,10 +21,10 @@ def test_plans_every_depth_and_allocation_helps():
     g = alexnet()
     for q in (1, 2, 4):
         c = hierarchical(f"l{q}", q, 1, 1e9 / 8, 1e9 / 8, kind="laptop-i7-gtx1650")
-        opts = PlanOptions(microbatches=16, extra=(("depth", str(q)),))
+        opts = PlanOptions(microbatches=16, settings=planner_settings(["resalloc"], [("depth", str(q))]))
         with_lp, r_lp = run_planner("resalloc", g, c, opts)
         without, r_half = run_planner("resalloc", g, c, PlanOptions(microbatches=16,
-                                                                    extra=(("depth", str(q)), ("beta", "0.5"))))
+                                                                    settings=planner_settings(["resalloc"], [("depth", str(q)), ("beta", "0.5")])))
         assert with_lp.schedule == "fb-parallel" and len(with_lp.allocation) == with_lp.num_stages
         assert all(set(a) == {"cpu", "gpu"} for a in with_lp.allocation)
         assert all(a == {"cpu": 0.5, "gpu": 0.5} for a in without.allocation)
@@ -46,7 +46,7 @@ def test_heterogeneous_grouping():
     g = load_graph("zoo:googlenet?microbatch=8")
     c = load_cluster("mobile-hetero-8")
     plan, r = run_planner("resalloc", g, c, PlanOptions(microbatches=8, allow_over_memory=True,
-                                                        extra=(("depth", "4"),)))
+                                                        settings=planner_settings(["resalloc"], [("depth", "4")])))
     groups = plan.extra["resalloc"]["groups"]
     assert len(groups) == 4 and sorted(d for grp in groups for d in grp) == sorted(c.names)
     assert simulate(plan).iteration_s == pytest.approx(r.iteration_s)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pipeplan.cluster import load_cluster
 from pipeplan.graph import load_graph
-from pipeplan.planners import PlanOptions, run_planner
+from pipeplan.planners import PlanOptions, planner_settings, run_planner
 from pipeplan.planners.compare import best
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
@@ -59,7 +59,7 @@ def row(label: str, spec: str, cluster_spec: str, schedule: str, microbatches: i
     out["best_non_learned"] = {"planner": top.planner, "s_per_minibatch": top.iteration_s / microbatches,
                                "placement": placement(top.plan)}
     t0 = time.perf_counter()
-    drl = PlanOptions(microbatches=microbatches, schedule=schedule, extra=(("budget", str(budget)),))
+    drl = PlanOptions(microbatches=microbatches, schedule=schedule, settings=planner_settings(["drl-pp"], [("budget", str(budget))]))
     plan, result = run_planner("drl-pp", graph, cluster, drl)
     out["planners"]["drl-pp"] = {"s_per_minibatch": result.iteration_s / microbatches, "placement": placement(plan),
                                  "planning_s": time.perf_counter() - t0, **plan.extra["drl-pp"]}

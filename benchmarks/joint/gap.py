@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeplan.errors import PipeplanError
-from pipeplan.planners import PlanOptions, run_planner
+from pipeplan.planners import PlanOptions, planner_settings, run_planner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
 from _instances import joint_instance  # noqa: E402
@@ -37,7 +37,7 @@ def run_instance(g, c, m: int) -> dict | None:
         ex, ex_r = run_planner("exact", g, c, opts)
     except PipeplanError:
         return None
-    jo, jo_r = run_planner("joint", g, c, PlanOptions(microbatches=m, extra=(("schedules", EXACT_SCHEDULES),)))
+    jo, jo_r = run_planner("joint", g, c, PlanOptions(microbatches=m, settings=planner_settings(["joint"], [("schedules", EXACT_SCHEDULES)])))
     al, al_r = run_planner("joint", g, c, PlanOptions(microbatches=m))
     sp, sp_r = run_planner("spp", g, c, opts)
     row = {"layers": len(g), "devices": len(c), "microbatches": m, "latency_s": float(c.latency.max()),

@@ -46,17 +46,19 @@ def _load_inputs(args):
     return graph, cluster
 
 
-def _options(args):
-    from .planners import PlanOptions
+def _options(args, planners: list[str] = ()):
+    """The run's PlanOptions; the -O text parsed, once, into the options of ``planners``."""
+    from .planners import PlanOptions, planner_settings
 
-    extra = []
+    pairs = []
     for item in args.planner_option or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise PipeplanError(f"-O/--planner-option: expected KEY=VALUE, got {item!r}")
-        extra.append((key, value))
+        pairs.append((key, value))
     return PlanOptions(microbatches=args.microbatches or 32, schedule=getattr(args, "schedule", None),
-                       optimizer=args.optimizer, extra=tuple(extra), global_batch=_global_batch(args))
+                       optimizer=args.optimizer, settings=planner_settings(list(planners), pairs) if planners else (),
+                       global_batch=_global_batch(args))
 
 
 def _global_batch(args) -> int | None:
@@ -75,19 +77,20 @@ def cmd_plan(args) -> int:
     outs = Outputs()
     outs.want("--out", args.out, "json")
     graph, cluster = _load_inputs(args)
+    names = default_planners(cluster) if args.planner == "best" else [args.planner]
+    options = _options(args, names)
     if args.planner == "best":
         with planning_progress("planning") as progress:
-            row = best(graph, cluster, _options(args), progress=progress)
+            row = best(graph, cluster, options, progress=progress)
         plan, result = row.plan, row.result
     else:
-        plan, result = run_planner(args.planner, graph, cluster, _options(args))
+        plan, result = run_planner(args.planner, graph, cluster, options)
     outs.set("--out", plan.save)
     outs.write_all()
     _note_assumed_split([plan])
     _note_linearized([plan])
     if result.over_memory:
-        names = default_planners(cluster) if args.planner == "best" else [args.planner]
-        way_out = _way_out(args, graph, cluster, names, [result])
+        way_out = _way_out(graph, cluster, names, options, [result])
         print(f"pipeplan: warning: the plan does not fit in memory: {one_line(overflow_text(result))} "
               f"({plan.planner}, {fmt_time(result.iteration_s)} per iteration); {way_out}", file=sys.stderr)
     if args.json:
@@ -271,8 +274,9 @@ def cmd_compare(args) -> int:
     outs.want("--out", args.out, "json")
     graph, cluster = _load_inputs(args)
     names = args.planners or default_planners(cluster)
+    options = _options(args, names)
     with planning_progress("comparing") as progress:
-        rows = compare(graph, cluster, names, _options(args), progress)
+        rows = compare(graph, cluster, names, options, progress)
     top = best_row(rows) if any(r.result is not None for r in rows) else None
     _note_assumed_split([r.plan for r in rows if r.plan is not None])
     _note_linearized([r.plan for r in rows if r.plan is not None])
@@ -292,22 +296,23 @@ def cmd_compare(args) -> int:
         what = f"global batch {args.global_batch}" if args.global_batch else f"{args.microbatches or 32} microbatches"
         print_compare(dicts, f"{graph.name} on {cluster.name}, {what}")
         if top is not None and top.fits:
-            print(f"to use the best plan: {_reproduce(args, top.planner, names)}")
+            print(f"to use the best plan: {_reproduce(args, top.planner, options)}")
             for what, path in (("gantt of the best plan", args.gantt), ("best plan", args.out)):
                 if path:
                     print(f"{what} ({top.planner}) written to {path}")
     if top is None or not top.fits:
         why = "no planner has a plan that fits in memory" if top is not None else "no planner could plan this"
         results = [r.result for r in rows if r.result is not None]
-        print(f"pipeplan: error: {why}; {one_line(_way_out(args, graph, cluster, names, results))}", file=sys.stderr)
+        print(f"pipeplan: error: {why}; {one_line(_way_out(graph, cluster, names, options, results))}", file=sys.stderr)
         return 2
     return 0
 
 
-def _reproduce(args, planner: str, names: list[str]) -> str:
+def _reproduce(args, planner: str, options) -> str:
     """The `pipeplan plan` command that makes ``planner``'s plan on these inputs (with the
-    -O options that reached it among the compared ``names``, its prefix dropped)."""
-    from .planners.compare import options_per_planner
+    -O options that reached it in ``options``: those not at their defaults)."""
+    from .planners import get_planner
+    from .planners.options import option_pairs
 
     parts = ["pipeplan plan", "--model", repr(args.model) if "?" in args.model else args.model,
              "--cluster", args.cluster, "--planner", planner]
@@ -317,18 +322,19 @@ def _reproduce(args, planner: str, names: list[str]) -> str:
             parts += [flag, str(value)]
     if args.optimizer != "adam":
         parts += ["--optimizer", args.optimizer]
-    parts += [f"-O {k}={v}" for k, v in options_per_planner(names, _options(args))[planner].extra]
+    own = options.settings_of(get_planner(planner).options)
+    parts += [f"-O {k}={v}" for k, v in option_pairs(own)]
     return " ".join(parts + ["--out", "plan.json"])
 
 
-def _way_out(args, graph, cluster, names: list[str], results: list) -> str:
+def _way_out(graph, cluster, names: list[str], options, results: list) -> str:
     """The smallest change that would make a plan fit, computed (``planners.advice``);
     ``results``: the simulations of the plans that overflow."""
     from .planners.advice import what_would_fit
     from .planners.compare import compare
     from .units import fmt_time
 
-    fix = what_would_fit(lambda g, c, o: compare(g, c, names, o), graph, cluster, _options(args), results)
+    fix = what_would_fit(lambda g, c, o: compare(g, c, names, o), graph, cluster, options, results)
     if fix is None:
         return "neither SGD, smaller microbatches, more memory nor 4x the devices makes one fit"
     return f"one would with {fix.change}: {fix.flags}, with which {fix.planner} plans {fmt_time(fix.iteration_s)} " \

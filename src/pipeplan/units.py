@@ -4,8 +4,9 @@ Accepted spellings (case-sensitive for the b/B distinction):
   bytes:      ``123B``, ``32GiB``, ``16GB``, ``512MiB``, ``1.5TB`` (KB/MB/GB/TB decimal, KiB.. binary)
   bandwidth:  ``128Gbps``, ``50Gb/s``, ``10GB/s``, ``900MB/s``, ``1e9B/s``
   time:       ``5ms``, ``2us``, ``3ns``, ``1.5s``
-  duration:   ``90s``, ``3m``, ``1h`` (training budgets; ``m`` is minutes)
-Text needs its unit (``intra=128`` is refused, not read as 128 bytes/s), except ``0``; a
+  duration:   ``90s``, ``3m``, ``1h`` (budgets; ``m`` is minutes; a bare number is seconds)
+Text needs its unit (``intra=128`` is refused, not read as 128 bytes/s), except ``0`` and a
+budget's seconds; a
 number in a JSON or YAML file (not a string) is in the base unit: bytes, bytes/s, seconds.
 """
 
@@ -15,6 +16,7 @@ import math
 import re
 
 from .errors import PipeplanError
+from .limits import MAX_BUDGET_S
 
 _NUM = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 _PREFIX = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
@@ -86,17 +88,19 @@ def parse_time(text: object, what: str = "time") -> float:
     return _finite_nonneg(float(m.group(1)) * _TIME_SCALE[m.group(2)], text, what)
 
 
-_DURATION_RE = re.compile(rf"^{_NUM}\s*(s|m|min|h)$")
+_DURATION_RE = re.compile(rf"^{_NUM}\s*(|s|m|min|h)$")
 
 
 def parse_duration(text: object, what: str = "budget") -> float:
-    """A budget: ``'90s'``, ``'3m'`` (minutes), ``'1h'`` -> seconds (> 0)."""
+    """A budget: ``'90s'``, ``'3m'`` (minutes), ``'1h'``, ``'2.5'`` (seconds) -> seconds (> 0)."""
     m = _DURATION_RE.match(str(text).strip())
     if not m:
         raise PipeplanError(f"{what}: cannot read {text!r} as a duration (e.g. 90s, 3m, 1h)")
-    value = float(m.group(1)) * {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[m.group(2)]
+    value = float(m.group(1)) * {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[m.group(2)]
     if not (math.isfinite(value) and value > 0):
         raise PipeplanError(f"{what} must be positive, got {text!r}")
+    if value > MAX_BUDGET_S:
+        raise PipeplanError(f"{what} {text!r} is longer than {MAX_BUDGET_S / 86400:.0f} days")
     return value
 
 

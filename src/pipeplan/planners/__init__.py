@@ -2,10 +2,10 @@
 ``run_planner`` plans and simulates; ``compare`` / ``best`` run several on the same inputs."""
 
 from . import automap, drlpp, exact, hetpipe, joint, megatron, pipedream, resalloc, simple, spp
-from .base import REGISTRY, PlanOptions, evaluate, get_planner, planner_catalog, planner_options, run_planner
+from .base import REGISTRY, PlanOptions, evaluate, get_planner, planner_catalog, planner_settings, run_planner
 from .compare import CompareRow, best, compare, default_planners
 
 ALL = (simple, pipedream, hetpipe, spp, exact, resalloc, drlpp, automap, megatron, joint)
 
-__all__ = ["REGISTRY", "PlanOptions", "get_planner", "run_planner", "evaluate", "planner_options",
+__all__ = ["REGISTRY", "PlanOptions", "get_planner", "run_planner", "evaluate", "planner_settings",
            "planner_catalog", "CompareRow", "compare", "best", "default_planners"]

@@ -2,17 +2,15 @@
 
 A planner is ``plan(graph, cluster, options) -> Plan``; the caller simulates the plan for its
 prediction (``evaluate``), so every planner is judged by the same simulator. A planner's own
-settings (``-O KEY=VALUE``) are a frozen dataclass given at registration; ``planner_options``
-parses ``PlanOptions.extra`` into it, so an unknown key or a bad value is one clear error.
+settings (``-O KEY=VALUE``) are a frozen dataclass given at registration; ``planner_settings``
+parses the text into them once (``planners.options``), and the planner reads its typed object
+with ``PlanOptions.settings_of``.
 """
 
 from __future__ import annotations
 
-import math
 import time
-import types
-import typing
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Callable, TypeVar
 
 import numpy as np
@@ -23,8 +21,9 @@ from ..graph import Graph
 from ..plan import Plan
 from ..sim import SimResult, simulate
 from ..sim.engine import warm_up
-from ..limits import MAX_SEED, check_microbatches
+from ..limits import check_microbatches
 from ..units import fmt_bytes
+from .options import NoOptions, Pairs, option_fields, parse_options, split_by_planner
 from .tied import keep_tied_together
 from .variants import fit_memory, plan_for_global_batch
 
@@ -41,126 +40,21 @@ class PlanOptions:
     #: looked for (the plan is still flagged when it overflows)
     allow_over_memory: bool = False
     global_batch: int | None = None  # samples per iteration: the planner layer picks microbatch size and M
-    extra: tuple[tuple[str, str], ...] = ()  # planner-specific KEY=VALUE options (-O), see planner_options
+    #: the planners' own typed options (``-O``), one dataclass object per planner, parsed once
+    #: (``planner_settings``); a planner whose class is absent runs with its defaults
+    settings: tuple[Any, ...] = ()
     #: plans other planners already made on these inputs, by planner name (``compare`` gives
     #: them to a planner registered ``after_others``, which may start from them)
     known_plans: dict[str, tuple[Plan, SimResult]] | None = field(default=None, compare=False, hash=False,
                                                                    repr=False)
 
-
-# -- typed planner options -------------------------------------------------------------------
-
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-#: The range of a ``seed`` option (the ``--seed`` of train and dynamic takes the same).
-SEED_RANGE = {"min": 0, "max": MAX_SEED}
-_EXPECTED = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-def _base_type(hint: Any) -> tuple[type, bool]:
-    """(bool|int|float|str, optional) of a field's type hint."""
-    optional = False
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        optional = len(args) < len(typing.get_args(hint))
-        hint = args[0] if len(args) == 1 else None
-    if hint not in _EXPECTED:
-        raise TypeError(f"planner option type {hint!r}: use bool, int, float, str or an Optional of one")
-    return hint, optional
-
-
-def _bounds_text(meta: Any) -> str:
-    """A numeric option's range from its metadata: ``min``/``max`` (inclusive), ``above``/
-    ``below`` (exclusive), e.g. '> 0' or '> 0 and < 1'."""
-    parts = [f"{op} {meta[k] if isinstance(meta[k], int) else format(meta[k], 'g')}"
-             for k, op in (("above", ">"), ("min", ">="), ("below", "<"), ("max", "<=")) if meta.get(k) is not None]
-    return " and ".join(parts)
-
-
-def _in_bounds(value: float, meta: Any) -> bool:
-    checks = {"above": value > meta.get("above", -math.inf), "min": value >= meta.get("min", -math.inf),
-              "below": value < meta.get("below", math.inf), "max": value <= meta.get("max", math.inf)}
-    return all(checks[k] for k in checks if meta.get(k) is not None)
-
-
-def _parse_value(text: str, hint: Any, choices: tuple[str, ...] | None, meta: Any = None) -> Any:
-    """``text`` as ``hint``; ValueError naming what was expected."""
-    meta = meta or {}
-    base, optional = _base_type(hint)
-    bounds = _bounds_text(meta) if base in (int, float) else ""
-    expected = f"one of {', '.join(choices)}" if choices else _EXPECTED[base] + (f" {bounds}" if bounds else "")
-    if not text.strip():
-        raise ValueError(f"{expected}, not an empty value")
-    if optional and text.strip().lower() == "none":
-        return None
-    value: Any
-    if base is bool:
-        low = text.strip().lower()
-        if low not in _TRUE + _FALSE:
-            raise ValueError(expected)
-        value = low in _TRUE
-    elif base in (int, float):
-        try:
-            value = base(text)
-        except ValueError:
-            raise ValueError(expected) from None
-        if not math.isfinite(value) or not _in_bounds(value, meta):
-            raise ValueError(expected)
-    else:
-        value = text
-    if choices and value not in choices:
-        raise ValueError(expected)
-    return value
-
-
-def option_fields(cls: type) -> list[dict[str, Any]]:
-    """Name, type, default, help (and choices) of each field of an options dataclass."""
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in fields(cls):
-        if f.default is MISSING:
-            raise TypeError(f"planner option {f.name!r} of {cls.__name__}: needs a default")
-        base, optional = _base_type(hints[f.name])
-        row = {"name": f.name, "type": base.__name__ + (" | None" if optional else ""),
-               "default": f.default, "help": f.metadata.get("help", "")}
-        if f.metadata.get("choices"):
-            row["choices"] = list(f.metadata["choices"])
-        if base in (int, float) and _bounds_text(f.metadata):
-            row["range"] = _bounds_text(f.metadata)
-        out.append(row)
-    return out
-
-
-def planner_options(cls: type[T], options: PlanOptions, planner: str) -> T:
-    """``options.extra`` (``-O KEY=VALUE`` or ``-O PLANNER.KEY=VALUE`` pairs; the last of a
-    key wins) as the frozen
-    dataclass ``cls``: fields typed bool, int, float, str or Optional of one (``none``),
-    ``metadata={"help": ..., "choices": (...)}``. An unknown key or a value that does not
-    parse is a PipeplanError naming the planner, the key and what it takes."""
-    known = {f.name: f for f in fields(cls)}
-    hints = typing.get_type_hints(cls)
-    values: dict[str, Any] = {}
-    for key, text in options.extra:
-        target, dot, bare = key.rpartition(".")
-        if dot and target != planner:
-            raise PipeplanError(f"planner option {key!r} is for planner {target!r}, not {planner!r}")
-        key = bare
-        f = known.get(key)
-        if f is None:
-            what = f"its options: {', '.join(known)}" if known else "it takes none"
-            raise PipeplanError(f"planner {planner!r} has no option {key!r} ({what})")
-        try:
-            values[key] = _parse_value(text, hints[key], f.metadata.get("choices"), f.metadata)
-        except ValueError as e:
-            raise PipeplanError(f"planner {planner!r}: option {key}={text!r}: expected {e}") from None
-    return cls(**values)
+    def settings_of(self, cls: type[T]) -> T:
+        """This planner's typed options: the ``cls`` object among ``settings``, else its
+        defaults (another planner's options never reach this one)."""
+        return next((s for s in self.settings if type(s) is cls), None) or cls()
 
 
 Estimate = Callable[[Graph, Cluster, PlanOptions], float]
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    """The options of a planner that takes none."""
 
 
 # -- the registry ----------------------------------------------------------------------------
@@ -176,9 +70,6 @@ class PlannerInfo:
     estimate: Estimate | None = None  # seconds it may take on an instance (None: well under one)
     in_best: bool = True  # run by ``best`` and a compare without --planners
     after_others: bool = False  # compare runs it last, with the others' plans as ``known_plans``
-
-    def parse_options(self, options: PlanOptions) -> Any:
-        return planner_options(self.options, options, self.name)
 
     def describe(self) -> dict[str, Any]:
         """What ``pipeplan planners`` lists."""
@@ -225,6 +116,19 @@ def planner_catalog() -> list[dict[str, Any]]:
     return [REGISTRY[n].describe() for n in sorted(REGISTRY)]
 
 
+def planner_settings(planners: list[str], pairs: Pairs) -> tuple[Any, ...]:
+    """The ``-O`` text of a run of ``planners`` parsed, once, into each one's options
+    dataclass (``PlanOptions.settings``): one planner takes ``KEY=VALUE`` and
+    ``NAME.KEY=VALUE`` for its own name; several (``compare``) give an unprefixed key to every
+    planner that declares it. An unknown key or planner, or a value that does not parse, is a
+    PipeplanError before any work."""
+    infos = [get_planner(n) for n in planners]
+    if len(infos) == 1:
+        return (parse_options(infos[0].options, pairs, infos[0].name),)
+    mine = split_by_planner({i.name: {f["name"] for f in option_fields(i.options)} for i in infos}, pairs)
+    return tuple(parse_options(i.options, mine[i.name], i.name) for i in infos)
+
+
 # -- running a planner -----------------------------------------------------------------------
 
 def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions) -> tuple[Plan, SimResult]:
@@ -238,7 +142,6 @@ def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions)
         raise PipeplanError(f"--microbatches must be >= 1, got {options.microbatches}")
     check_microbatches(options.microbatches, "--microbatches")
     info = get_planner(name)
-    info.parse_options(options)  # bad -O options are a user error before any work
     setup_s = warm_up()  # the simulator's kernels compiled or loaded: set-up, not search
     t0 = time.perf_counter()
     if options.global_batch is not None:

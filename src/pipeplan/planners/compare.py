@@ -16,7 +16,7 @@ from ..errors import Infeasible, PipeplanError
 from ..graph import Graph
 from ..plan import Plan
 from ..sim import SimResult
-from .base import REGISTRY, PlanOptions, get_planner, memory_over_bytes, option_fields, overflow_text, run_planner
+from .base import REGISTRY, PlanOptions, get_planner, memory_over_bytes, overflow_text, run_planner
 from .variants import overflow_ratio
 
 
@@ -84,34 +84,6 @@ def default_planners(cluster: Cluster) -> list[str]:
     return sorted(n for n, info in REGISTRY.items() if info.in_best and (n != "resalloc" or multi))
 
 
-def options_per_planner(planners: list[str], options: PlanOptions) -> dict[str, PlanOptions]:
-    """Each planner's options: an unprefixed ``-O KEY=VALUE`` goes to every planner that
-    declares KEY (a PipeplanError if none does), ``-O NAME.KEY=VALUE`` to planner NAME only;
-    each is checked (bad values are PipeplanErrors before any work)."""
-    declared = {name: {f["name"] for f in option_fields(get_planner(name).options)} for name in planners}
-    mine: dict[str, list[tuple[str, str]]] = {name: [] for name in planners}
-    for key, value in options.extra:
-        target, dot, bare = key.rpartition(".")
-        if dot:
-            if target not in declared:
-                raise PipeplanError(f"planner option {key!r}: {target!r} is not among the compared planners "
-                                    f"({', '.join(planners)})")
-            mine[target].append((bare, value))
-            continue
-        takers = [name for name, keys in declared.items() if key in keys]
-        if not takers:
-            known = "; ".join(f"{n}: {', '.join(sorted(k))}" for n, k in declared.items() if k) or "none"
-            raise PipeplanError(f"planner option {key!r} is not an option of any compared planner "
-                                f"(their options: {known})")
-        for name in takers:
-            mine[name].append((key, value))
-    out = {}
-    for name in planners:
-        out[name] = replace(options, extra=tuple(mine[name]))
-        get_planner(name).parse_options(out[name])
-    return out
-
-
 Progress = Callable[[str, int, int, float | None], None]  # (planner about to run, its index, how many,
 #                                                     seconds it may take or None)
 
@@ -126,12 +98,14 @@ def compare(graph: Graph, cluster: Cluster, planners: list[str], options: PlanOp
     """One row per planner: plans that fit first, fastest first; then those that overflow,
     least over first (largest memory / limit); then errors (a planner that cannot plan this
     instance). So the first row is ``best_row``'s choice. ``progress`` is told each planner
-    before it runs, with its estimate (``PlannerInfo.estimate``)."""
-    per_planner = options_per_planner(planners, options)  # unknown names and bad options first
+    before it runs, with its estimate (``PlannerInfo.estimate``). Each planner reads its own
+    typed options from ``options.settings`` (``planner_settings``)."""
+    for name in planners:
+        get_planner(name)  # unknown names first, before any work
     order = sorted(planners, key=lambda n: get_planner(n).after_others)  # stable: the others first
     rows: list[CompareRow] = []
     for i, name in enumerate(order):
-        opts = per_planner[name]
+        opts = options
         if get_planner(name).after_others:
             opts = replace(opts, known_plans={r.planner: (r.plan, r.result) for r in rows if r.result is not None})
         if progress is not None:

@@ -77,7 +77,7 @@ from ..graph import Graph, linearize
 from ..plan import Plan, Stage
 from ..sim import SimResult, simulate
 from ..sim.bounds import peak_rates
-from .base import PlanOptions, planner_options, register
+from .base import PlanOptions, register
 
 MAX_LAYERS, MAX_DEVICES = 12, 8
 SCHEDULES = ("gpipe", "1f1b", "spp-pe")
@@ -340,7 +340,7 @@ def _spp_incumbent(graph: Graph, cluster: Cluster, options: PlanOptions) -> list
     from .spp import plan_spp
 
     try:
-        seed = plan_spp(graph, cluster, replace(options, extra=()))  # exact's -O options are not SPP's
+        seed = plan_spp(graph, cluster, options)  # SPP reads its own settings, not exact's
         if seed.schedule in SCHEDULES and not any(seed.recompute or []):
             return [(seed, simulate(seed, timeline=False))]
     except (PipeplanError, Infeasible):
@@ -372,14 +372,14 @@ def search_exhaustively(graph: Graph, cluster: Cluster, options: PlanOptions, bu
 class ExactOptions:
     evaluations: int = field(default=DEFAULT_EVALUATIONS, metadata={"min": 1, "help": (
         "partial plans bounded plus plans simulated; when they run out the plan says complete: false")})
-    budget: float | None = field(default=None, metadata={"above": 0, "help": (
-        "a wall-clock cap in seconds (default: none, so that the same command gives the same plan on any "
-        "machine); when it stops the search the plan says complete: false")})
+    budget: float | None = field(default=None, metadata={"above": 0, "duration": True, "help": (
+        "a wall-clock cap (90s, 3m, 1h; a bare number is seconds; default: none, so that the same command gives "
+        "the same plan on any machine); when it stops the search the plan says complete: false")})
 
 
 def _budget_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float | None:
     """The seconds the search may take, for progress bars: its cap (None: no cap)."""
-    return planner_options(ExactOptions, options, "exact").budget
+    return options.settings_of(ExactOptions).budget
 
 
 @register("exact", "exhaustive search over partitions, replication, mapping, replica order and "
@@ -391,7 +391,7 @@ def plan_exact(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     if not within_limits(graph, cluster):
         raise PipeplanError(f"exact: instance too large ({n} layers, {v} devices; "
                             f"at most {MAX_LAYERS} and {MAX_DEVICES})")
-    opts = planner_options(ExactOptions, options, "exact")
+    opts = options.settings_of(ExactOptions)
     plan, stats = search_exhaustively(graph, cluster, options, Budget(opts.budget, opts.evaluations),
                                       incumbents=_spp_incumbent(graph, cluster, options))
     if plan is None:

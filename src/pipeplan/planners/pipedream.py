@@ -33,7 +33,7 @@ from ..graph.antichain import AntichainDag, TooManyStates, antichain_dag, compre
 from ..graph.linearize import as_chain
 from ..plan import Plan, Stage
 from ..units import parse_bytes
-from .base import PlanOptions, planner_options, register
+from .base import PlanOptions, register
 from .pipedream_dp import DPOptions, DPResult, Level, solve
 
 MAX_STATES = 5000
@@ -205,7 +205,7 @@ def plan_pipedream(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan
     """What PipeDream's program returns: no memory check unless asked (``-O memory=16GiB``:
     its ``--use_memory_constraint`` with that memory per worker); the simulator's memory
     verdict is reported beside the plan."""
-    opts = planner_options(PipedreamOptions, options, "pipedream")
+    opts = options.settings_of(PipedreamOptions)
     limit = parse_bytes(opts.memory, "pipedream -O memory") if opts.memory is not None else None
     return _pipedream_plan(graph, cluster, options, DPOptions(straight_pipeline=opts.straight,
                                                                activation_compression_ratio=opts.compression,

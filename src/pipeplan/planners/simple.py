@@ -10,7 +10,7 @@ from ..cluster import Cluster
 from ..graph import Graph, linearize
 from ..plan import REPLICA_MODES, Plan, Stage
 from ..sim import simulate
-from .base import PlanOptions, planner_options, register
+from .base import PlanOptions, register
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ def plan_dp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     distributed over the devices, each holding every parameter, and the gradients are
     aggregated once at the end of the iteration (one all-reduce). Its devices share the
     microbatches as any replicated stage's do: ``-O replicas=split|round-robin|auto``."""
-    mode = planner_options(DataParallelOptions, options, "dp").replicas
+    mode = options.settings_of(DataParallelOptions).replicas
     plans = [Plan(graph, cluster, [Stage(list(graph.ids), cluster.names)], options.microbatches,
                   schedule=options.schedule or "1f1b", optimizer=options.optimizer, replicas=m)
              for m in (("round-robin", "split") if mode == "auto" else (mode,))]
@@ -56,7 +56,7 @@ def plan_gpipe(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """GPipe's partition (Huang et al. 2019): the layers (nodes in topological order) cut
     into min(V, L) consecutive stages whose sizes differ by at most one; stage i on device i;
     every stage re-materializes its activations in the backward pass (§2.3)."""
-    recompute = planner_options(GPipeOptions, options, "gpipe").recompute
+    recompute = options.settings_of(GPipeOptions).recompute
     lin = linearize(graph)
     n_stages = min(len(cluster), lin.n)
     bounds = np.linspace(0, lin.n, n_stages + 1).round().astype(int)

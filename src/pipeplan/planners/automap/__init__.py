@@ -19,7 +19,8 @@ from ...cluster import Cluster
 from ...errors import PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan
-from ..base import SEED_RANGE, PlanOptions, planner_options, register
+from ..base import PlanOptions, register
+from ..options import SEED_RANGE
 from .problem import RADIUS, CutProblem, layer_of, server_boundaries
 
 #: Episodes of online training by default: about 5 minutes here, within which the Table 7
@@ -36,8 +37,8 @@ class AutomapOptions:
     episodes: int = field(default=DEFAULT_EPISODES, metadata={"min": 1, "help": (
         "most episodes of online training (the budget: the same command gives the same plan on any machine); it "
         "stops earlier once the greedy policy has converged")})
-    budget: float | None = field(default=None, metadata={"above": 0, "help": (
-        "a wall-clock cap on training, in seconds (default: none)")})
+    budget: float | None = field(default=None, metadata={"above": 0, "duration": True, "help": (
+        "a wall-clock cap on training (90s, 3m, 1h; a bare number is seconds; default: none)")})
     radius: int = field(default=RADIUS, metadata={"min": 0, "help": (
         "devices around each center device cut (network boundary) a cut may map to (§4.4)")})
     seed: int = field(default=0, metadata={**SEED_RANGE, "help": "seed of the DQN's weights and exploration"})
@@ -61,7 +62,7 @@ def problem_for(graph: Graph, cluster: Cluster, options: PlanOptions, stages: in
 
 def _estimate_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
     """Seconds of training at most, for progress bars."""
-    opts = planner_options(AutomapOptions, options, "automap")
+    opts = options.settings_of(AutomapOptions)
     return min(opts.episodes / EPISODES_PER_S, opts.budget or float("inf"))
 
 
@@ -73,7 +74,7 @@ def plan_automap(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     from ...budget import Budget
     from .online import online_config, train_online
 
-    opts = planner_options(AutomapOptions, options, "automap")
+    opts = options.settings_of(AutomapOptions)
     problem = problem_for(graph, cluster, options, opts.stages, opts.radius)
     budget = Budget(opts.budget, opts.episodes)
     run = train_online(problem, budget, online_config(opts.seed))
@@ -108,7 +109,7 @@ def plan_automap_infer(graph: Graph, cluster: Cluster, options: PlanOptions) -> 
     from .arrays import from_graph, real_plan
     from .infer import InferEnv, beam, load_agent
 
-    opts = planner_options(InferOptions, options, "automap-infer")
+    opts = options.settings_of(InferOptions)
     if options.schedule not in (None, "1f1b", "gpipe"):
         raise PipeplanError(f"automap-infer: schedule {options.schedule!r} is not a synchronous pipeline "
                             "(use 1f1b or gpipe)")

@@ -16,7 +16,8 @@ from ...budget import Budget
 from ...cluster import Cluster
 from ...graph import Graph
 from ...plan import Plan
-from ..base import SEED_RANGE, PlanOptions, planner_options, register
+from ..base import PlanOptions, register
+from ..options import SEED_RANGE
 
 DEFAULT_EVALUATIONS = 4000
 #: Plans the training scores per second (benchmarks/results/drlpp/evaluate.md: 702 in 10.3 s),
@@ -32,9 +33,9 @@ class DrlppOptions:
     evaluations: int | None = field(default=None, metadata={"min": 1, "help": (
         f"plans scored in training (from the checkpoint if given); default {DEFAULT_EVALUATIONS:,} without a "
         "checkpoint, none with one")})
-    budget: float | None = field(default=None, metadata={"above": 0, "help": (
-        "a wall-clock cap on training, in seconds (default: none, so that the same command gives the same plan "
-        "on any machine)")})
+    budget: float | None = field(default=None, metadata={"above": 0, "duration": True, "help": (
+        "a wall-clock cap on training (90s, 3m, 1h; a bare number is seconds; default: none, so that the same "
+        "command gives the same plan on any machine)")})
     seed: int = field(default=0, metadata={**SEED_RANGE, "help": "seed of the agent's weights and samples"})
     replicas: str = field(default="round-robin", metadata={"choices": ("round-robin", "split"), "help": (
         "how a partition's accelerators share the microbatches: whole ones in turn (PipeDream's, the paper's) "
@@ -53,7 +54,7 @@ def training_budget(opts: DrlppOptions) -> Budget | None:
 
 def _estimate_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float | None:
     """Seconds of training, for progress bars: the cap, else the evaluations at the expected rate."""
-    budget = training_budget(planner_options(DrlppOptions, options, "drl-pp"))
+    budget = training_budget(options.settings_of(DrlppOptions))
     if budget is None:
         return None
     return budget.seconds if budget.evaluations is None else budget.evaluations / EVALUATIONS_PER_S
@@ -67,6 +68,6 @@ def plan_drlpp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     training included."""
     from .run import plan_with_agent
 
-    opts = planner_options(DrlppOptions, options, "drl-pp")
+    opts = options.settings_of(DrlppOptions)
     return plan_with_agent(graph, cluster, options, opts.checkpoint, training_budget(opts), opts.seed, opts.samples,
                            opts.replicas)

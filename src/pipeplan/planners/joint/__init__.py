@@ -29,7 +29,8 @@ from ...graph import Graph, linearize
 from ...plan import Plan
 from ...schedule import SCHEDULES
 from ...sim import SimResult, simulate
-from ..base import SEED_RANGE, PlanOptions, planner_options, register
+from ..base import PlanOptions, register
+from ..options import SEED_RANGE
 from ..exact import MAX_DEVICES, MAX_LAYERS, device_classes, search_exhaustively, within_limits
 from ..variants import batch_choices
 from . import chunked
@@ -63,8 +64,8 @@ class JointOptions:
     evaluations: int = field(default=DEFAULT_EVALUATIONS, metadata={"min": 1, "help": (
         "plans the search may score (the exhaustive phase's simulations and the local search's evaluations; "
         "the seed planners run apart from them)")})
-    budget: float | None = field(default=None, metadata={"above": 0, "help": (
-        "a wall-clock cap in seconds, the seed planners included (default: none, so that the same command gives "
+    budget: float | None = field(default=None, metadata={"above": 0, "duration": True, "help": (
+        "a wall-clock cap (90s, 3m, 1h; a bare number is seconds), the seed planners included (default: none, so that the same command gives "
         "the same plan on any machine); a plan it stops says complete: false")})
     schedules: str = field(default="auto", metadata={
         "help": "comma-separated schedules to search (auto: " + ", ".join(SEARCH_SCHEDULES) + " where built)"})
@@ -87,7 +88,7 @@ def search_schedules(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def _estimate_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
     """Seconds the search may take, for progress bars: its cap, else its evaluations at the
     expected rate."""
-    opts = planner_options(JointOptions, options, "joint")
+    opts = options.settings_of(JointOptions)
     return opts.budget if opts.budget is not None else opts.evaluations / EVALUATIONS_PER_S
 
 
@@ -176,7 +177,7 @@ def _search(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOpt
           "schedule, from the other planners' plans (exhaustive on small instances, then local search; symmetric "
           "plans on large clusters)", "1f1b", options=JointOptions, estimate=_estimate_s, after_others=True)
 def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
-    opts = planner_options(JointOptions, options, "joint")
+    opts = options.settings_of(JointOptions)
     schedules, chunk_schedules = search_schedules(opts.schedules)
     budget = _budget(opts, _splits(graph, cluster, options))
     seeds = seed_plans(graph, cluster, options, budget,

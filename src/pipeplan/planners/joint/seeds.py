@@ -33,7 +33,7 @@ def seed_plans(graph: Graph, cluster: Cluster, options: PlanOptions, budget: Bud
     plan the instance."""
     out: dict[str, tuple[Plan, SimResult]] = {}
     multi = any(len(d.resources) > 1 for d in cluster.devices)
-    plain = replace(options, extra=(), global_batch=None, known_plans=None)
+    plain = replace(options, global_batch=None, known_plans=None)  # each seed reads its own settings
     for name in planners:
         if name == "resalloc" and not multi:
             continue

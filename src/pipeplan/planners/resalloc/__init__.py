@@ -31,7 +31,7 @@ from ...errors import Infeasible, PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan, Stage
 from ...sim import simulate
-from ..base import PlanOptions, planner_options, register
+from ..base import PlanOptions, register
 from .grouping import local_search_groups
 from .partition import partition
 
@@ -127,7 +127,7 @@ class ResallocOptions:
 def plan_resalloc(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """The fastest depth that fits (else the one that overflows least); a depth whose
     partition cannot run (a pass no resource of the weakest worker can run) is skipped."""
-    opts = planner_options(ResallocOptions, options, "resalloc")
+    opts = options.settings_of(ResallocOptions)
     deepest = min(len(cluster), len(graph))
     if opts.beta is not None and not 0 < opts.beta < 1:
         raise PipeplanError(f"resalloc: beta must be in (0, 1), got {opts.beta}")

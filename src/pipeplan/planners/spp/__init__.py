@@ -16,7 +16,7 @@ from ...errors import Infeasible, PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan, Stage
 from ...sim import simulate
-from ..base import PlanOptions, planner_options, register
+from ..base import PlanOptions, register
 from .bounds import spp_bounds
 from .prm import prm
 from .rdo import device_order
@@ -62,7 +62,7 @@ def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """SPP Alg. 3: PRM for every stage count xi (or the one ``-O stages`` names), each
     simulated under the schedule; the fastest that fits wins (the one that overflows least
     when none fits). A stage count whose plan cannot run is skipped."""
-    only = planner_options(SppOptions, options, "spp").stages
+    only = options.settings_of(SppOptions).stages
     lin = linearize(graph)
     if only is not None and not 1 <= only <= min(lin.n, len(cluster)):
         raise PipeplanError(f"planner 'spp' option stages={only}: expected 1 to {min(lin.n, len(cluster))} "
