@@ -73,8 +73,8 @@ def instances() -> list[tuple[str, Graph, str, Cluster]]:
     return out
 
 
-def options(extra: tuple = ()) -> PlanOptions:
-    return PlanOptions(microbatches=MICROBATCHES, schedule=SCHEDULE, extra=extra)
+def options() -> PlanOptions:
+    return PlanOptions(microbatches=MICROBATCHES, schedule=SCHEDULE)
 
 
 def non_learned(graph: Graph, cluster: Cluster) -> dict[str, dict]:

@@ -21,7 +21,7 @@ from pipeplan.cluster import PRESETS, load_cluster
 from pipeplan.graph import load_graph
 from pipeplan.planners import PlanOptions
 from pipeplan.planners.compare import compare, default_planners
-from pipeplan.planners.variants import overflow_ratio
+from pipeplan.planners.ranking import rank_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
 from _results import PROFILES, add_out_argument, write_json, write_markdown  # noqa: E402
@@ -35,8 +35,8 @@ ZOO_CASES = [("bert-48", "spp-sim"), ("xlnet-large", "spp-sim"), ("vgg19", "spp-
 TOL = 1e-9
 
 
-def key(row) -> tuple[int, float]:
-    return (0, row.iteration_s) if row.fits else (1, overflow_ratio(row.result))
+def key(row) -> tuple[int, float, float]:
+    return rank_key(row.result)
 
 
 def run_case(model: str, graph_spec: str, cname: str, m: int) -> dict:

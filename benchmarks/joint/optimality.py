@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeplan.errors import PipeplanError
-from pipeplan.planners import PlanOptions, run_planner
+from pipeplan.planners import PlanOptions, planner_settings, run_planner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
 from _bruteforce import EXACT_SCHEDULES, brute_force  # noqa: E402
@@ -43,7 +43,7 @@ CHECKS = (("exact", "exact", (), EXACT_SCHEDULES),
 def check(graph, cluster, m: int, planner: str, extra: tuple, best: dict) -> dict:
     """One planner on one instance against the enumeration's best (``brute_force``)."""
     try:
-        plan, result = run_planner(planner, graph, cluster, PlanOptions(microbatches=m, extra=extra))
+        plan, result = run_planner(planner, graph, cluster, PlanOptions(microbatches=m, settings=planner_settings([planner], extra)))
     except PipeplanError:
         plan, result = None, None
     fits = result is not None and not result.over_memory

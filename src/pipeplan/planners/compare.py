@@ -17,7 +17,7 @@ from ..graph import Graph
 from ..plan import Plan
 from ..sim import SimResult
 from .base import REGISTRY, PlanOptions, get_planner, memory_over_bytes, overflow_text, run_planner
-from .variants import overflow_ratio
+from .ranking import rank_key
 
 
 @dataclass
@@ -125,7 +125,7 @@ def compare(graph: Graph, cluster: Cluster, planners: list[str], options: PlanOp
         # an exact search cut short found a plan no better than the optimum: a gap to it
         # is a lower bound on the gap to the optimum
         r.gap_is_bound = exact_row is not None and not exact_row.plan.search_complete
-    ok.sort(key=lambda r: (0.0, r.iteration_s) if r.fits else (overflow_ratio(r.result), r.iteration_s))
+    ok.sort(key=lambda r: rank_key(r.result))
     return ok + [r for r in rows if r.result is None]
 
 
@@ -145,10 +145,7 @@ def best_row(rows: list[CompareRow]) -> CompareRow:
     answered = [r for r in rows if r.result is not None]
     if not answered:
         raise PipeplanError("no planner could plan this: " + _reasons(rows))
-    fitting = [r for r in answered if r.fits]
-    if fitting:
-        return min(fitting, key=lambda r: r.iteration_s)
-    return min(answered, key=lambda r: (overflow_ratio(r.result), r.iteration_s))
+    return min(answered, key=lambda r: rank_key(r.result))
 
 
 def best(graph: Graph, cluster: Cluster, options: PlanOptions, planners: list[str] | None = None,

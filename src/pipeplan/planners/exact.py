@@ -78,6 +78,7 @@ from ..plan import Plan, Stage
 from ..sim import SimResult, simulate
 from ..sim.bounds import peak_rates
 from .base import PlanOptions, register
+from .ranking import rank_key
 
 MAX_LAYERS, MAX_DEVICES = 12, 8
 SCHEDULES = ("gpipe", "1f1b", "spp-pe")
@@ -187,22 +188,21 @@ def round_robin_shares(k: int, m: int) -> np.ndarray:
 
 @dataclass
 class _Best:
-    """The fastest plan that fits so far, and the one that overflows least (reported when
-    nothing fits)."""
+    """The first plan so far by ``ranking.rank_key``: the fastest that fits, else the one
+    that overflows least."""
 
-    time: float = np.inf
+    key: tuple[int, float, float] = (2, 0.0, np.inf)
     plan: Plan | None = None
-    least_over: float = np.inf
-    over_plan: Plan | None = None
+
+    @property
+    def time(self) -> float:
+        """The incumbent's time when it fits (the bound that prunes), else infinity."""
+        return self.key[2] if self.key[0] == 0 else np.inf
 
     def offer(self, plan: Plan, r: SimResult, allow_over: bool) -> None:
-        if not r.over_memory or allow_over:
-            if r.iteration_s < self.time:
-                self.time, self.plan = r.iteration_s, plan
-        else:
-            excess = float((r.memory_bytes - r.memory_limit).max())
-            if excess < self.least_over:
-                self.least_over, self.over_plan = excess, plan
+        key = rank_key(r, allow_over)
+        if key < self.key:
+            self.key, self.plan = key, plan
 
 
 def rematerialized(plan: Plan, r: SimResult) -> Plan:
@@ -365,7 +365,7 @@ def search_exhaustively(graph: Graph, cluster: Cluster, options: PlanOptions, bu
         s.best.offer(plan, r, options.allow_over_memory)
     s.search(0, [len(c) for c in s.classes], None, [], np.zeros(2), np.zeros(2))
     s.stats["seconds"] = budget.elapsed
-    return s.best.plan or s.best.over_plan, s.stats
+    return s.best.plan, s.stats
 
 
 @dataclass(frozen=True)

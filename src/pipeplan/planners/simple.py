@@ -11,6 +11,7 @@ from ..graph import Graph, linearize
 from ..plan import REPLICA_MODES, Plan, Stage
 from ..sim import simulate
 from .base import PlanOptions, register
+from .ranking import rank_key
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,7 @@ def plan_dp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     if len(plans) == 1:
         return plans[0]
 
-    def rank(p: Plan) -> tuple[bool, float]:  # fitting first (a split share keeps less), then time
-        r = simulate(p, timeline=False)
-        return bool(r.over_memory) and not options.allow_over_memory, r.iteration_s
-
-    return min(plans, key=rank)  # ties: round-robin
+    return min(plans, key=lambda p: rank_key(simulate(p, timeline=False), options.allow_over_memory))  # ties: round-robin
 
 
 @dataclass(frozen=True)

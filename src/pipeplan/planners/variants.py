@@ -35,6 +35,7 @@ from ..graph.scale import profiled_microbatch, with_microbatch
 from ..plan import Plan
 from ..schedule import SCHEDULES, Kind, make_schedule
 from ..sim import SimResult, simulate
+from .ranking import rank_key
 
 #: The schedule tried when the plan's keeps more microbatches in flight.
 FEWER_IN_FLIGHT = "1f1b"
@@ -193,11 +194,6 @@ def batch_choices(global_batch: int, graph: Graph, devices: int) -> list[tuple[i
     return [(n // m, m) for m in divisors]
 
 
-def overflow_ratio(result: SimResult) -> float:
-    """Largest memory / limit over the plan's devices (> 1: over memory)."""
-    return float(np.max(result.memory_bytes / result.memory_limit))
-
-
 def _plan_split(planner_fn: Callable[..., Plan], graph: Graph, cluster: Cluster, options: Any,
                 samples: int, m: int, memory_variants: bool) -> tuple[Plan, SimResult]:
     plan = planner_fn(with_microbatch(graph, samples), cluster, replace(options, microbatches=m))
@@ -210,8 +206,7 @@ def plan_for_global_batch(planner_fn: Callable[..., Plan], graph: Graph, cluster
                           global_batch: int, memory_variants: bool = True) -> Plan:
     """Plan every split of ``batch_choices`` (``planner_fn(scaled graph, cluster, options with
     microbatches=M)``, then ``fit_memory`` unless ``memory_variants`` is False or
-    ``options.allow_over_memory``) and keep the fastest that fits, else the least over
-    (smallest ``overflow_ratio``); ``extra["global_batch"]`` records the splits tried.
+    ``options.allow_over_memory``) and keep the first by ``ranking.rank_key``; ``extra["global_batch"]`` records the splits tried.
     ``options`` is a dataclass with a ``microbatches`` field (``PlanOptions``)."""
     t0 = time.perf_counter()
     fit = memory_variants and not getattr(options, "allow_over_memory", False)
@@ -224,9 +219,8 @@ def plan_for_global_batch(planner_fn: Callable[..., Plan], graph: Graph, cluster
         except (Infeasible, PipeplanError) as e:
             tried.append({**row, "error": str(e)})
             continue
-        fits = not res.over_memory
-        tried.append({**row, "iteration_s": res.iteration_s, "fits": fits})
-        key = (0, 0.0, res.iteration_s) if fits else (1, overflow_ratio(res), res.iteration_s)
+        tried.append({**row, "iteration_s": res.iteration_s, "fits": not res.over_memory})
+        key = rank_key(res)
         if best is None or key < best[0]:
             best = (key, plan, samples)
     if best is None:

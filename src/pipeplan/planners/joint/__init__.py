@@ -31,13 +31,14 @@ from ...schedule import SCHEDULES
 from ...sim import SimResult, simulate
 from ..base import PlanOptions, register
 from ..options import SEED_RANGE
+from ..ranking import rank_key
 from ..exact import MAX_DEVICES, MAX_LAYERS, device_classes, search_exhaustively, within_limits
 from ..variants import batch_choices
 from . import chunked
 from .candidate import from_plan, order_of_plan, to_plan
 from .local import LocalSearch
 from .moves import Space
-from .score import Scorer, result_key
+from .score import Scorer
 from .seeds import LARGE_SEED_PLANNERS, SEED_PLANNERS, balanced_starts, device_ranking, seed_plans, subset_sizes
 from .symmetric import symmetric_search
 
@@ -187,7 +188,7 @@ def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     answers.update((name, (p, simulate(p, timeline=False))) for name, p in found.items())
     if not answers:
         raise PipeplanError("joint: no plan found (no seed planner could plan this and the search found none)")
-    key = lambda k: result_key(answers[k][1], options.allow_over_memory)  # noqa: E731
+    key = lambda k: rank_key(answers[k][1], options.allow_over_memory)  # noqa: E731
     single = [k for k in answers if SCHEDULES[answers[k][0].schedule].placement == "single"]
     if single:
         base = min(single, key=key)

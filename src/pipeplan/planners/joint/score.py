@@ -4,9 +4,9 @@
 A candidate that overflows is scored again with re-materialization (GPipe §2.3) added on
 exactly the stages that overflow (the best recompute setting when a stage's memory depends
 only on its own flag, ``planners/variants.py``), and stands for that repaired candidate.
-Score: the iteration time of a plan that fits; ``OVER`` plus its overflow ratio otherwise
-(so any fitting plan beats any overflowing one, and less overflow beats more). The same
-repair and score for a single plan, simulated: ``simulate_fitting``, ``result_key``."""
+Score: ``ranking.rank_score``, the project's one order on plans as a number (the iteration
+time of a plan that fits; ``OVER`` plus its overflow ratio otherwise). The same repair for a
+single plan, simulated: ``simulate_fitting``."""
 
 from __future__ import annotations
 
@@ -22,18 +22,9 @@ from ...errors import Infeasible, PipeplanError
 from ...plan import Plan
 from ...sim import SimResult, simulate
 from ...sim.batch import BatchEvaluator
-from ..variants import overflow_ratio, overflowing_stages
+from ..ranking import rank_key, rank_score
+from ..variants import overflowing_stages
 from .candidate import Candidate, canonical
-
-OVER = 1e9
-
-
-def result_key(result: SimResult, allow_over: bool) -> float:
-    """The score of a simulated plan: its time if it fits, else OVER + its overflow ratio."""
-    if allow_over or not result.over_memory:
-        return result.iteration_s
-    return OVER + overflow_ratio(result)
-
 
 def simulate_fitting(plan: Plan, allow_over: bool) -> tuple[Plan, SimResult] | None:
     """The plan simulated; when it overflows, again with re-materialization added on the
@@ -44,7 +35,7 @@ def simulate_fitting(plan: Plan, allow_over: bool) -> tuple[Plan, SimResult] | N
             over = set(overflowing_stages(r))
             fixed = replace(plan, recompute=[plan.recomputes(s) or s in over for s in range(plan.num_stages)])
             r2 = simulate(fixed, timeline=False)
-            if not r2.over_memory or r2.iteration_s < r.iteration_s:
+            if rank_key(r2) < rank_key(r):
                 plan, r = fixed, r2
         return plan, r
     except (PipeplanError, Infeasible):
@@ -77,10 +68,10 @@ class Scorer:
         for c, (it, mem, ok) in zip(todo, self._evaluate(todo)):
             if not ok:
                 self.memo[c] = (np.inf, c)
-            elif self.allow_over or not self._overflows(mem):
-                self.memo[c] = (it, c)
-            else:
-                self.memo[c] = (OVER + float((mem / self.cluster.memory).max()), c)  # result_key's overflow
+                continue
+            ratio = float((mem / self.cluster.memory).max())
+            self.memo[c] = (rank_score(it, ratio, self.allow_over), c)
+            if ratio > 1.0 and not self.allow_over:
                 fixed = c.with_recompute(self._overflowing_stages(c, mem))
                 if fixed != c:
                     repairs[c] = fixed
@@ -89,9 +80,6 @@ class Scorer:
                 if score < self.memo[c][0]:
                     self.memo[c] = (score, stand)
         return [self.memo[c] for c in cands]
-
-    def _overflows(self, mem: np.ndarray) -> bool:
-        return bool(np.any(mem > self.cluster.memory))
 
     def _overflowing_stages(self, c: Candidate, mem: np.ndarray) -> set[int]:
         over = mem > self.cluster.memory

@@ -27,7 +27,8 @@ from ...graph import Graph, Linearization, linearize
 from ...plan import Plan, Stage
 from ...sim import SimResult
 from ..base import PlanOptions
-from .score import result_key, simulate_fitting
+from ..ranking import overflow_ratio, rank_score
+from .score import simulate_fitting
 from .seeds import device_ranking
 
 LAYOUTS = ("stage-major", "pipeline-major")
@@ -154,7 +155,7 @@ class _Runner:
         plan, r = done
         self.simulations += 1
         c = replace(c, recompute=tuple(plan.recompute or ()))
-        key = result_key(r, allow_over)
+        key = rank_score(r.iteration_s, overflow_ratio(r), allow_over)
         if self.best is None or key < self.best[0]:
             self.best = (key, c, r)
         return key

@@ -32,6 +32,7 @@ from ...graph import Graph, linearize
 from ...plan import Plan, Stage
 from ...sim import simulate
 from ..base import PlanOptions, register
+from ..ranking import rank_key
 from .grouping import local_search_groups
 from .partition import partition
 
@@ -133,7 +134,7 @@ def plan_resalloc(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
         raise PipeplanError(f"resalloc: beta must be in (0, 1), got {opts.beta}")
     if opts.depth is not None and not 1 <= opts.depth <= deepest:
         raise PipeplanError(f"resalloc: depth must be an integer in 1..{deepest}, got {opts.depth}")
-    best, over, reason = None, None, None
+    best, reason = None, None
     for q in [opts.depth] if opts.depth is not None else range(1, deepest + 1):
         try:
             plan = plan_for_depth(graph, cluster, q, options, opts.beta)
@@ -141,12 +142,9 @@ def plan_resalloc(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
         except Infeasible as e:
             reason = f"depth {q}: {e}"
             continue
-        if r.over_memory and not options.allow_over_memory:
-            excess = float((r.memory_bytes - r.memory_limit).max())
-            over = (excess, plan) if over is None or excess < over[0] else over
-            continue
-        if best is None or r.iteration_s < best[0]:
-            best = (r.iteration_s, plan)
-    if best is None and over is None:
+        key = rank_key(r, options.allow_over_memory)  # nothing fits: the plan that overflows least
+        if best is None or key < best[0]:
+            best = (key, plan)
+    if best is None:
         raise Infeasible(f"resalloc: no pipeline depth can run on {cluster.name!r} ({reason})")
-    return best[1] if best is not None else over[1]  # nothing fits: the plan that overflows least
+    return best[1]

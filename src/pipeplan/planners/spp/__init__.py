@@ -18,6 +18,7 @@ from ...plan import Plan, Stage
 from ...sim import simulate
 from ..base import PlanOptions, register
 from .bounds import spp_bounds
+from ..ranking import rank_key
 from .prm import prm
 from .rdo import device_order
 
@@ -73,7 +74,6 @@ def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     if all(parts is None for parts in res.stages):  # no partition fits: SPP's plan with memory ignored
         res = prm(lin, cluster.with_memory(float("inf")), order, options.microbatches, options.optimizer)
     best: tuple | None = None
-    overflowing = None
     per_xi = []
     for xi, parts in enumerate(res.stages, start=1):
         if parts is None or (only is not None and xi != only):
@@ -87,13 +87,9 @@ def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
         except Infeasible:
             continue
         per_xi.append({"stages": xi, "w_prm_s": res.w[xi - 1], "iteration_s": result.iteration_s})
-        if result.over_memory and not options.allow_over_memory:
-            over = float((result.memory_bytes - result.memory_limit).max())
-            if overflowing is None or over < overflowing[0]:
-                overflowing = (over, plan, result)
-        elif best is None or result.iteration_s < best[0]:
-            best = (result.iteration_s, plan, result)
-    best = best or overflowing  # nothing fits: the plan that overflows least
+        key = rank_key(result, options.allow_over_memory)  # nothing fits: the plan that overflows least
+        if best is None or key < best[0]:
+            best = (key, plan, result)
     if best is None:
         raise Infeasible(f"spp: no partition of {graph.name!r} can run on {cluster.name!r} (every stage "
                          f"count needs a link of zero bandwidth)")
