@@ -306,15 +306,25 @@ def _counting(counts: dict | None, phase: str):
         got[kind] = got.get(kind, 0) + n
 
 
-def _class_dim(func, args: tuple) -> tuple[torch.Tensor, int]:
-    """The logits (or log-probabilities) a loss op reads and their class dimension."""
+def _class_parallel(func, args: tuple, fused: list[bool]) -> bool:
+    """Whether a loss op runs as ``loss_parallel``: its logits (or log-probabilities) cut by
+    their classes and, for the NLL, its targets whole; the log-softmax's backward, where the
+    NLL's backward did (it then returns the gradient of both, fused)."""
+    from torch.distributed.tensor import DTensor
+
     name = func._opname
-    if name == "_log_softmax":
-        return args[0], args[1]
     if name == "_log_softmax_backward_data":
-        return args[1], args[2]
-    x = args[0] if name.endswith("_forward") else args[1]  # nll_loss(2d)_forward / _backward
-    return x, 1 if x.dim() >= 2 else 0
+        return fused[0]
+    if name == "_log_softmax":
+        x, dim, target = args[0], args[1], None
+    else:  # nll_loss(2d)_forward(x, target, ...) / _backward(grad, x, target, ...)
+        x, target = args[:2] if name.endswith("_forward") else args[1:3]
+        dim = 1 if x.dim() >= 2 else 0
+    whole = not isinstance(target, DTensor) or target.placements[0].is_replicate()
+    ok = x.placements[0].is_shard(dim % x.dim()) and whole
+    if name.endswith("_backward"):
+        fused[0] = ok
+    return ok
 
 
 @contextlib.contextmanager
@@ -322,15 +332,14 @@ def _vocab_parallel_loss():
     """Within: a log-softmax and NLL loss over logits cut by their classes run as torch's
     ``loss_parallel`` (each device its classes; row max, sum of exponentials and the target's
     log-probability all-reduced; the backward local), the others as DTensor runs them
-    (``loss_parallel`` alone refuses logits not cut by their classes)."""
+    (``loss_parallel`` alone refuses logits not cut by their classes and targets cut)."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel.loss import customized_loss_ops
 
-    handlers = DTensor._op_dispatcher._custom_op_handlers
+    handlers, fused = DTensor._op_dispatcher._custom_op_handlers, [False]
 
     def handler(func, args, kwargs):
-        x, dim = _class_dim(func, args)
-        if x.placements[0].is_shard(dim % x.dim()):
+        if _class_parallel(func, args, fused):
             return customized_loss_ops[func](func, args, kwargs)
         own = handlers.pop(func)  # DTensor's own propagation, this call only
         try:
