@@ -18,9 +18,16 @@ What DTensor (torch 2.13, CPU, gloo) cannot do as is, met on the built-in models
   has no sharding strategy, and a head-sharded SDPA output fails a ``view`` in T5: the
   HF models are built with the eager attention (``shard_models.py``);
 - a vocabulary-sharded embedding's output (``_MaskPartial``) can be reduced only once, and its
-  gradient cannot come back as a partial sum: ``_replicate_output`` all-reduces it at once;
+  gradient cannot come back as a partial sum: ``_VocabParallelEmbedding`` computes it as Megatron does;
 - its convolution rule assumes a replicated weight (the output takes the input's placement):
   a convolution cut by output or input channels runs through ``_ChannelParallelConv``;
+- it moves data the plan does not (``ir.cost`` prices, and ``--check`` compares, the collectives
+  of Megatron's layers): a row-parallel linear's replicated bias is made a partial sum (its
+  gradient all-reduced), a partial sum is reduced again by each op reading it and by the backward
+  of one that saved it partial, and a log-softmax over vocabulary-cut logits gathers them. So a
+  row-parallel linear runs as ``_RowParallelLinear``, a partial sum entering a module is
+  all-reduced once, explicitly (``_reduce_partial_inputs``), and the loss over class-cut logits
+  as torch's ``loss_parallel`` (``_vocab_parallel_loss``);
 - a view that splits a sharded dimension unevenly (T5-tiny's 2 heads over 4 workers) is
   refused: the run fails with one line naming the operation and the model's source line;
 - gloo has no all-to-all: DTensor falls back to all-gather + chunk (a logged warning).
@@ -124,7 +131,7 @@ def distribute_parameters(module: nn.Module, mesh, placements: dict[str, int | N
                 sub._parameters[key] = new[id(p)]
         if isinstance(sub, nn.Embedding) and _is_shard(sub.weight, 0):
             sub.forward = _VocabParallelEmbedding(sub)
-        if _is_norm(sub):
+        if next(sub.children(), None) is None:
             sub.register_forward_pre_hook(_reduce_partial_inputs)
         if isinstance(sub, nn.Conv2d) and (_is_shard(sub.weight, 0) or _is_shard(sub.weight, 1)):
             sub.forward = _ChannelParallelConv(sub)
@@ -167,18 +174,21 @@ class _VocabParallelEmbedding:
 
 
 def _reduce_partial_inputs(module: nn.Module, args: tuple) -> tuple:
-    """A norm's forward pre-hook: a partial sum it reads is all-reduced here, once and recorded
-    by autograd. Left to DTensor, the op reduces it inside (T5's RMS norm twice, once per
-    read) and saves it partial for its backward, which all-reduces it again."""
+    """Every leaf module's forward pre-hook: a partial sum it reads (a vocabulary-cut embedding's,
+    BERT's sum of three) is all-reduced here, explicitly (autograd records it) and once per
+    tensor (the result is kept on it for later readers), as ``ir.cost`` prices it. Left to
+    DTensor, each op reading it reduces it again (T5's RMS norm, the residual additions), and
+    an op saving it partial for its backward (a layer norm) all-reduces it again there."""
     from torch.distributed.tensor import DTensor, Replicate
 
-    return tuple(a.redistribute(placements=[Replicate()]) if isinstance(a, DTensor) and a.placements[0].is_partial()
-                 else a for a in args)
+    def whole(a):
+        if not isinstance(a, DTensor) or not a.placements[0].is_partial():
+            return a
+        if getattr(a, "_pipeplan_reduced", None) is None:
+            a._pipeplan_reduced = a.redistribute(placements=[Replicate()])
+        return a._pipeplan_reduced
 
-
-def _is_norm(sub: nn.Module) -> bool:
-    """Layer norms and RMS norms (``nn.LayerNorm``, T5's ``T5LayerNorm``, ``*RMSNorm``)."""
-    return isinstance(sub, nn.LayerNorm) or type(sub).__name__.endswith(("LayerNorm", "RMSNorm"))
+    return tuple(whole(a) for a in args)
 
 
 class _ChannelParallelConv:
