@@ -181,7 +181,7 @@ def _reduce_partial_inputs(module: nn.Module, args: tuple) -> tuple:
     an op saving it partial for its backward (a layer norm) all-reduces it again there."""
     from torch.distributed.tensor import DTensor, Replicate
 
-    def whole(a):
+    def whole(a: object) -> object:
         if not isinstance(a, DTensor) or not a.placements[0].is_partial():
             return a
         if getattr(a, "_pipeplan_reduced", None) is None:
@@ -348,7 +348,7 @@ def _vocab_parallel_loss():
 
     handlers, fused = DTensor._op_dispatcher._custom_op_handlers, [False]
 
-    def handler(func, args, kwargs):
+    def handler(func, args: tuple, kwargs: dict) -> object:
         if _class_parallel(func, args, fused):
             return customized_loss_ops[func](func, args, kwargs)
         own = handlers.pop(func)  # DTensor's own propagation, this call only
