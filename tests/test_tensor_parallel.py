@@ -148,15 +148,34 @@ def test_replicas_that_drift_apart_are_a_mismatch():
 
 
 @pytest.mark.slow
+def priced_collectives(spec: str, placements: dict[str, int | None], devices: int = 2) -> dict:
+    """The collectives ``ir.cost`` prices for ``spec`` with its parameters cut as ``placements``
+    (the others and the inputs replicated), built as ``pipeplan shard`` builds its problem."""
+    from pipeplan.ir.propagate import bit
+    from pipeplan.ir.rules import R, S
+    from pipeplan.planners.automap.shard import ShardRequest, build_problem
+
+    model, problem, _ = build_problem(ShardRequest(spec, devices, method="milp"))
+    prog = problem.prop.prog
+    fixed = {t.id: bit(R) for t in prog.tensors if t.kind in ("param", "input")}
+    fixed.update({prog.by_source(n).id: bit(S(d)) for n, d in placements.items() if d is not None})
+    dom, conflict = problem.prop.narrow(problem.start, fixed)
+    assert conflict is None
+    return problem.cost.evaluate(dom).by_phase
+
+
 def test_collectives_run_are_counted_and_compared_with_the_priced_ones():
-    """Megatron's MLP on 2 gloo workers: the forward all-reduce of fc2's partial output, and in
-    the backward one more (DTensor hands the gradient back partial and all-reduces it), which
-    ``ir.cost`` does not price: given the priced collectives, the check says they differ."""
-    priced = {"forward": {"all_reduce": 1}, "backward": {}}
+    """Megatron's MLP on 2 gloo workers runs exactly the collectives ``ir.cost`` prices: the
+    all-reduce of fc2's partial output and nothing in the backward (fc2 runs as Megatron's row
+    split, its replicated bias added after the all-reduce: ``_RowParallelLinear``)."""
+    priced = priced_collectives("test_tensor_parallel:mlp", MEGATRON_MLP)
+    assert priced == {"forward": {"all_reduce": 1}, "backward": {}}
     result = run_sharded("test_tensor_parallel:mlp", MEGATRON_MLP, None, workers=2, steps=2,
                          expected_collectives=priced)
-    assert result["collectives"] == {"forward": {"all_reduce": 1}, "backward": {"all_reduce": 1}}
-    assert result["max_rel_diff"] < 1e-5  # the numbers agree; the data moved does not
+    assert result["collectives"] == {"forward": {"all_reduce": 1}, "backward": {}}
+    assert result["max_rel_diff"] < 1e-5
+    assert (result["check"]["verdict"], result["check"]["collectives"]) == ("ok", "same")
+    tensor_parallel._check_collectives(result, {"forward": {"all_reduce": 1}, "backward": {"all_reduce": 1}})
     assert (result["check"]["verdict"], result["check"]["collectives"]) == ("mismatch", "differ")
 
 

@@ -120,6 +120,7 @@ class TupleCost:
 
     compute: tuple[float, ...]
     extra_comm: tuple[float, ...]  # softmax along a cut dimension: its row statistics all-reduced
+    softmax_ars: tuple[tuple[int, int], ...]  # those all-reduces: (forward, backward) calls
     forward_ar: tuple[tuple[int, ...], ...]
     backward_ar: tuple[tuple[int, ...], ...]
     gather: tuple[tuple[int, ...], ...]  # cut tensors read whole: all-gather (reduce-scatter back)
@@ -182,7 +183,7 @@ class CostModel:
     def _tuple_cost(self, op: OpInfo, table: OpTable, speed: float) -> TupleCost:
         whole = op_seconds(op, self.prog, speed)
         n_in = len(op.inputs)
-        compute, extra, fwd, bwd, gat = [], [], [], [], []
+        compute, extra, soft, fwd, bwd, gat = [], [], [], [], [], []
         root = self.root
         for masks, flags, gflags in zip(table.tuples, table.allreduce, table.allgather):
             # what the op computes on: a gathered input is whole by then
@@ -190,27 +191,40 @@ class CostModel:
             cut = any(m.bit_count() == 1 and m >= bit(2) for m in used)          # some tensor split
             partial = any(m == bit(P) for m in used[n_in:])                         # a partial result
             compute.append(whole / self.n if cut else whole)
-            extra.append(self._softmax_comm(op, used))
+            calls, rows = self._softmax_ars(op, used)
+            soft.append(calls)
+            extra.append(sum(calls) * self.allreduce(rows))
             fwd.append(tuple(int(root[op.inputs[i]]) for i in range(n_in) if flags >> i & 1))
             gat.append(tuple(int(root[op.inputs[i]]) for i in range(n_in) if gflags >> i & 1))
             bias = BIAS.get(op.target) if partial else None
             bwd.append(tuple(int(root[op.inputs[i]]) for i in range(n_in) if (cut or partial) and used[i] == bit(R)
                              and not flags >> i & 1 and not gflags >> i & 1 and self.grad[op.inputs[i]]
                              and i != bias))
-        return TupleCost(tuple(compute), tuple(extra), tuple(fwd), tuple(bwd), tuple(gat))
+        return TupleCost(tuple(compute), tuple(extra), tuple(soft), tuple(fwd), tuple(bwd), tuple(gat))
 
-    def _softmax_comm(self, op: OpInfo, masks: tuple[int, ...]) -> float:
+    def _softmax_ars(self, op: OpInfo, masks: list[int]) -> tuple[tuple[int, int], float]:
         """Softmax along its cut dimension all-reduces each row's max and sum (forward) and one
-        row sum (backward)."""
+        row sum (backward): ((forward, backward) all-reduces, bytes of each). A log-softmax read
+        only by gathers along that dimension (the NLL loss) has no backward one: the gradient
+        of the fused loss is each device's softmax less the target's one-hot, computed locally
+        (torch's ``loss_parallel``)."""
         if op.target not in SOFTMAX:
-            return 0.0
+            return (0, 0), 0.0
         x = self.prog.tensors[op.inputs[0]]
         dim = op.arg(1) % x.rank
         code = masks[0].bit_length() - 1
         if masks[0].bit_count() != 1 or code < 2 or dim_of(code)[0] != dim:
-            return 0.0
+            return (0, 0), 0.0
         rows = x.numel // x.shape[dim] * x.itemsize
-        return 3 * self.allreduce(rows)
+        return (2, 0 if self._read_by_nll(op, dim) else 1), rows
+
+    def _read_by_nll(self, op: OpInfo, dim: int) -> bool:
+        """Whether a log-softmax's output is read only by gathers along ``dim`` (the NLL loss)."""
+        out = op.outputs[0]
+        users = [self.prog.ops[u] for u in self.prog.users.get(out, [])]
+        rank = self.prog.tensors[out].rank
+        return op.target == "_log_softmax" and bool(users) and all(
+            u.target == "gather" and u.inputs[0] == out and u.arg(1) % rank == dim for u in users)
 
     def memory_of(self, placement: dict[int, int]) -> float:
         """Peak bytes on a device when tensor t has placement code ``placement[t]``."""
@@ -228,7 +242,7 @@ class CostModel:
         holds one placement. Greedy where choices remain (where to all-reduce a partial sum);
         ``milp`` optimizes them exactly."""
         dom = list(dom)
-        compute, extra, softmaxes = 0.0, 0.0, 0
+        compute, extra, softmax = 0.0, 0.0, np.zeros(2, dtype=int)
         paid: dict[str, set[int]] = {"f": set(), "b": set(), "g": set()}
         for o, table in enumerate(self.prop.tables):
             tc, n_in = self.tuples[o], len(self.prog.ops[o].inputs)
@@ -242,7 +256,7 @@ class CostModel:
             k = alive[int(np.argmin(price))]
             compute += tc.compute[k]
             extra += tc.extra_comm[k]
-            softmaxes += tc.extra_comm[k] > 0
+            softmax += tc.softmax_ars[k]
             for kind, ts in tc.comm_sets(k):
                 paid[kind].update(ts)
             if len(alive) > 1:
@@ -255,16 +269,16 @@ class CostModel:
         mem = self.memory_of({t: self._code(dom[t]) for t in range(len(dom))})
         count = sum(len(ts) for ts in paid.values())
         return PlanCost(compute + comm, compute, comm, count, mem, bool(mem <= self.memory),
-                        self._phases(paid, softmaxes))
+                        self._phases(paid, (int(softmax[0]), int(softmax[1]))))
 
-    def _phases(self, paid: dict[str, set[int]], softmaxes: int) -> dict:
+    def _phases(self, paid: dict[str, set[int]], softmax: tuple[int, int]) -> dict:
         """The collectives of a step by phase and kind: forward all-reduces of partial sums and
         all-gathers; backward all-reduces of partial gradients, reduce-scatters of gathered
-        tensors' gradients and parameters gathered again; a softmax along a cut dimension, two
-        all-reduces forward (row max and sum) and one backward."""
+        tensors' gradients and parameters gathered again; softmaxes along a cut dimension, their
+        (forward, backward) all-reduces ``softmax``."""
         gathered = list(paid["g"])
-        forward = {"all_reduce": len(paid["f"]) + 2 * softmaxes, "all_gather": len(gathered)}
-        backward = {"all_reduce": len(paid["b"]) + softmaxes,
+        forward = {"all_reduce": len(paid["f"]) + softmax[0], "all_gather": len(gathered)}
+        backward = {"all_reduce": len(paid["b"]) + softmax[1],
                     "reduce_scatter": int(sum(self.grad[t] for t in gathered)),
                     "all_gather": int(sum(self.prog.tensors[t].kind == PARAM for t in gathered))}
         return {phase: {k: n for k, n in kinds.items() if n}

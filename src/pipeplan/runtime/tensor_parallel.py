@@ -18,9 +18,16 @@ What DTensor (torch 2.13, CPU, gloo) cannot do as is, met on the built-in models
   has no sharding strategy, and a head-sharded SDPA output fails a ``view`` in T5: the
   HF models are built with the eager attention (``shard_models.py``);
 - a vocabulary-sharded embedding's output (``_MaskPartial``) can be reduced only once, and its
-  gradient cannot come back as a partial sum: ``_replicate_output`` all-reduces it at once;
+  gradient cannot come back as a partial sum: ``_VocabParallelEmbedding`` computes it as Megatron does;
 - its convolution rule assumes a replicated weight (the output takes the input's placement):
   a convolution cut by output or input channels runs through ``_ChannelParallelConv``;
+- it moves data the plan does not (``ir.cost`` prices, and ``--check`` compares, the collectives
+  of Megatron's layers): a row-parallel linear's replicated bias is made a partial sum (its
+  gradient all-reduced), a partial sum is reduced again by each op reading it and by the backward
+  of one that saved it partial, and a log-softmax over vocabulary-cut logits gathers them. So a
+  row-parallel linear runs as ``_RowParallelLinear``, a partial sum entering a module is
+  all-reduced once, explicitly (``_reduce_partial_inputs``), and the loss over class-cut logits
+  as torch's ``loss_parallel`` (``_vocab_parallel_loss``);
 - a view that splits a sharded dimension unevenly (T5-tiny's 2 heads over 4 workers) is
   refused: the run fails with one line naming the operation and the model's source line;
 - gloo has no all-to-all: DTensor falls back to all-gather + chunk (a logged warning).
@@ -123,9 +130,13 @@ def distribute_parameters(module: nn.Module, mesh, placements: dict[str, int | N
             if p is not None and id(p) in new:
                 sub._parameters[key] = new[id(p)]
         if isinstance(sub, nn.Embedding) and _is_shard(sub.weight, 0):
-            sub.register_forward_hook(_replicate_output)
+            sub.forward = _VocabParallelEmbedding(sub)
+        if next(sub.children(), None) is None:
+            sub.register_forward_pre_hook(_reduce_partial_inputs)
         if isinstance(sub, nn.Conv2d) and (_is_shard(sub.weight, 0) or _is_shard(sub.weight, 1)):
             sub.forward = _ChannelParallelConv(sub)
+        if _row_parallel(sub):
+            sub.forward = _RowParallelLinear(sub)
 
 
 def _is_shard(p: torch.Tensor, dim: int) -> bool:
@@ -134,18 +145,50 @@ def _is_shard(p: torch.Tensor, dim: int) -> bool:
     return isinstance(p, DTensor) and p.placements[0] == Shard(dim)
 
 
-def _replicate_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
-    """A vocabulary-partitioned embedding's output is a masked partial sum that DTensor can
-    reduce only once (its mask is freed at the first reduction); a consumer reading it twice
-    (T5's RMS norm) fails, so it is all-reduced right away, as torch's ``RowwiseParallel``
-    does (the all-reduce the partitioning implies anyway). Its gradient is made replicated
-    too (``from_local``'s backward all-reduces a partial one): DTensor cannot turn a partial
-    gradient into the masked partial placement the embedding's backward expects."""
+class _VocabParallelEmbedding:
+    """The forward of an embedding cut by its vocabulary (Megatron's ``VocabParallelEmbedding``):
+    each device looks up the ids in its rows, zeroes the others' and the output is a partial sum,
+    left partial (summed with other partials, e.g. BERT's three embeddings) until something
+    reads it whole. DTensor's own (``_MaskPartial``) can be reduced only once and is all-reduced
+    per embedding. Ids cut by the batch fall back to DTensor's, all-reduced at once."""
+
+    def __init__(self, emb: nn.Embedding) -> None:
+        self.emb, self.dtensor_forward = emb, emb.forward
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Partial, Replicate
+
+        w, emb = self.emb.weight, self.emb
+        if isinstance(ids, DTensor) and not ids.placements[0].is_replicate():
+            out = self.dtensor_forward(ids).redistribute(placements=[Replicate()])
+            return DTensor.from_local(out.to_local(grad_placements=[Replicate()]), out.device_mesh, [Replicate()],
+                                      run_check=False)
+        mesh, local_w = w.device_mesh, w.to_local()
+        start = min(mesh.get_local_rank() * -(-w.shape[0] // mesh.size()), w.shape[0])  # torch.chunk's rows
+        local_ids = (ids.to_local() if isinstance(ids, DTensor) else ids) - start
+        outside = (local_ids < 0) | (local_ids >= local_w.shape[0])
+        pad = emb.padding_idx - start if emb.padding_idx is not None else None
+        y = nn.functional.embedding(local_ids.masked_fill(outside, 0), local_w,
+                                    pad if pad is not None and 0 <= pad < local_w.shape[0] else None)
+        return DTensor.from_local(y.masked_fill(outside.unsqueeze(-1), 0.0), mesh, [Partial()], run_check=False)
+
+
+def _reduce_partial_inputs(module: nn.Module, args: tuple) -> tuple:
+    """Every leaf module's forward pre-hook: a partial sum it reads (a vocabulary-cut embedding's,
+    BERT's sum of three) is all-reduced here, explicitly (autograd records it) and once per
+    tensor (the result is kept on it for later readers), as ``ir.cost`` prices it. Left to
+    DTensor, each op reading it reduces it again (T5's RMS norm, the residual additions), and
+    an op saving it partial for its backward (a layer norm) all-reduces it again there."""
     from torch.distributed.tensor import DTensor, Replicate
 
-    rep = out.redistribute(placements=[Replicate()])
-    return DTensor.from_local(rep.to_local(grad_placements=[Replicate()]), rep.device_mesh, [Replicate()],
-                              run_check=False)
+    def whole(a: object) -> object:
+        if not isinstance(a, DTensor) or not a.placements[0].is_partial():
+            return a
+        if getattr(a, "_pipeplan_reduced", None) is None:
+            a._pipeplan_reduced = a.redistribute(placements=[Replicate()])
+        return a._pipeplan_reduced
+
+    return tuple(whole(a) for a in args)
 
 
 class _ChannelParallelConv:
@@ -172,6 +215,39 @@ class _ChannelParallelConv:
         y = conv._conv_forward(x.redistribute(mesh, [Shard(1)]).to_local(), w.to_local(), None)
         out = DTensor.from_local(y, mesh, [Partial()], run_check=False).redistribute(mesh, [Replicate()])
         return out if b is None else out + b.view(1, -1, 1, 1)
+
+
+def _row_parallel(sub: nn.Module) -> bool:
+    """Whether ``sub`` is a linear layer cut by its input features with a replicated (or no)
+    bias: ``nn.Linear``'s weight (out, in) cut along 1, or GPT-2's ``Conv1D`` (in, out) along 0."""
+    conv1d = type(sub).__name__ == "Conv1D"
+    if not (isinstance(sub, nn.Linear) or conv1d) or not _is_shard(sub.weight, 0 if conv1d else 1):
+        return False
+    return sub.bias is None or sub.bias.placements[0].is_replicate()
+
+
+class _RowParallelLinear:
+    """The forward of a linear layer cut by its input features (Megatron's row split, e.g. the
+    second linear of an MLP): each device multiplies its slice of the input (cut along its last
+    dimension) by its rows of the weight, the partial sum is all-reduced, then the replicated
+    bias is added once. Left to DTensor, the bias is made a partial sum too (its gradient
+    all-reduced in the backward), and a consumer of the partial output (a layer norm, a square)
+    saves it partial for its backward, which all-reduces it a second time."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        self.layer = layer
+        self.transposed = type(layer).__name__ != "Conv1D"  # nn.Linear's weight is (out, in)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+        w, b = self.layer.weight, self.layer.bias
+        mesh = w.device_mesh
+        local_w = w.to_local()
+        local_x = x.redistribute(mesh, [Shard(x.ndim - 1)]).to_local()
+        y = local_x @ (local_w.t() if self.transposed else local_w)
+        out = DTensor.from_local(y, mesh, [Partial()], run_check=False).redistribute(mesh, [Replicate()])
+        return out if b is None else out + b
 
 
 def distribute_inputs(model: ShardModel, mesh, input_dims: dict[str, int | None]) -> tuple:
@@ -240,6 +316,57 @@ def _counting(counts: dict | None, phase: str):
         got[kind] = got.get(kind, 0) + n
 
 
+def _class_parallel(func, args: tuple, fused: list[bool]) -> bool:
+    """Whether a loss op runs as ``loss_parallel``: its logits (or log-probabilities) cut by
+    their classes and, for the NLL, its targets whole; the log-softmax's backward, where the
+    NLL's backward did (it then returns the gradient of both, fused)."""
+    from torch.distributed.tensor import DTensor
+
+    name = func._opname
+    if name == "_log_softmax_backward_data":
+        return fused[0]
+    if name == "_log_softmax":
+        x, dim, target = args[0], args[1], None
+    else:  # nll_loss(2d)_forward(x, target, ...) / _backward(grad, x, target, ...)
+        x, target = args[:2] if name.endswith("_forward") else args[1:3]
+        dim = 1 if x.dim() >= 2 else 0
+    whole = not isinstance(target, DTensor) or target.placements[0].is_replicate()
+    ok = x.placements[0].is_shard(dim % x.dim()) and whole
+    if name.endswith("_backward"):
+        fused[0] = ok
+    return ok
+
+
+@contextlib.contextmanager
+def _vocab_parallel_loss():
+    """Within: a log-softmax and NLL loss over logits cut by their classes run as torch's
+    ``loss_parallel`` (each device its classes; row max, sum of exponentials and the target's
+    log-probability all-reduced; the backward local), the others as DTensor runs them
+    (``loss_parallel`` alone refuses logits not cut by their classes and targets cut)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel.loss import customized_loss_ops
+
+    handlers, fused = DTensor._op_dispatcher._custom_op_handlers, [False]
+
+    def handler(func, args: tuple, kwargs: dict) -> object:
+        if _class_parallel(func, args, fused):
+            return customized_loss_ops[func](func, args, kwargs)
+        own = handlers.pop(func)  # DTensor's own propagation, this call only
+        try:
+            return func(*args, **kwargs)
+        finally:
+            handlers[func] = own
+
+    saved = {op: handlers[op] for op in customized_loss_ops if op in handlers}
+    handlers.update({op: handler for op in customized_loss_ops})
+    try:
+        yield
+    finally:
+        for op in customized_loss_ops:
+            handlers.pop(op, None)
+        handlers.update(saved)
+
+
 def train(module: nn.Module, inputs: tuple, steps: int, lr: float, distributed: bool,
           collectives: dict | None = None) -> tuple[list[float], list[float]]:
     """``steps`` plain-SGD steps on ``inputs``: (loss of each step, seconds of each step).
@@ -258,7 +385,7 @@ def train(module: nn.Module, inputs: tuple, steps: int, lr: float, distributed: 
         opt.zero_grad()
         if distributed:
             counts = collectives if step == 0 else None
-            with implicit_replication():
+            with implicit_replication(), _vocab_parallel_loss():
                 with _counting(counts, "forward"):
                     loss = module(*inputs)
                     loss = loss.redistribute(placements=[Replicate()])  # a Partial loss is summed first
