@@ -125,13 +125,13 @@ def _refuse(plan: Plan, tg: TaskGraph, costs: StageCosts, out: Outcome, name: st
     if bad.size:
         t = int(tg.rep[bad[np.argmin(tg.rep[bad])]])
         s, cl, stage_devs = int(tg.stage[t]), plan.cluster, plan.stage_devices()
+        ga, gb = divmod(int(tg.pair[t]), len(tg.groups))
         if tg.kind[t] == Kind.AR:
             allreduce_time(cl, stage_devs[s], float(costs.params[0, s]), where=f"stage {s} all-reduce")
-        ga, gb = divmod(int(tg.pair[t]), len(tg.groups))
-        a, b = tg.groups[ga].devices, tg.groups[gb].devices
-        if tg.kind[t] == Kind.SEND_F:
-            transfer_time(cl, a, b, 0.0, where=f"stages {s} -> {s + 1}")
-        transfer_time(cl, b, a, 0.0, where=f"stages {s} -> {s - 1}")
+        elif tg.kind[t] == Kind.SEND_F:
+            transfer_time(cl, tg.groups[ga].devices, tg.groups[gb].devices, 0.0, where=f"stages {s} -> {s + 1}")
+        else:
+            transfer_time(cl, tg.groups[gb].devices, tg.groups[ga].devices, 0.0, where=f"stages {s} -> {s - 1}")
     raise PipeplanError(f"schedule {name!r} deadlocks on this plan: only {int(out.ran[0])} of "
                         f"{tg.n} tasks can run (a device waits for data its order never lets arrive)")
 
