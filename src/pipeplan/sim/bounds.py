@@ -36,11 +36,11 @@ def work_bound(graph: Graph, cluster: Cluster, microbatches: int) -> float:
     return microbatches * float(graph.fwd.sum() + graph.bwd.sum()) / float(peak_rates(cluster).sum())
 
 
-def path_bound(tg: TaskGraph) -> float:
+def path_bound(tg: TaskGraph, table: np.ndarray) -> np.ndarray:
+    """(candidates,): the longest one-microbatch chain, from each candidate's class durations."""
     chain = np.isin(tg.kind, [Kind.F, Kind.B, Kind.I, Kind.SEND_F, Kind.SEND_B])
     last_w = (tg.kind == Kind.W) & (tg.stage == 0)
-    sel = (chain | last_w) & (tg.micro >= 0)
-    if not sel.any():
-        return 0.0
-    per = np.bincount(tg.micro[sel], weights=tg.dur[sel])
-    return float(per.max())
+    sel = np.flatnonzero((chain | last_w) & (tg.micro >= 0))
+    if not sel.size:
+        return np.zeros(table.shape[0])
+    return tg.sums(table, sel, tg.micro[sel], int(tg.micro[sel].max()) + 1).max(axis=1)

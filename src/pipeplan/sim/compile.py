@@ -1,5 +1,5 @@
 """Plan + schedule -> task graph: every action of the schedule and every transfer it implies,
-with its duration (SPP §III cost model), its dependencies and its channel.
+with its dependencies and its channel, and its *class* (``durations`` costs a class once).
 
 - Devices that run the same program form one *group* (lockstep replicas); a group's
   actions are one chain of tasks. Devices listing the same (stage, microbatch) split it in
@@ -11,6 +11,9 @@ with its duration (SPP §III cost model), its dependencies and its channel.
   (``duplex: half``) both directions share one channel. Groups that hold several stages
   (model chunks) send every cut's data between them over the same channel.
 - Schedules with ``lanes`` (forward and backward side by side) chain them separately.
+
+The graph holds no durations: they depend on which devices run each group and on the
+stage costs, so one graph serves every candidate of the same structure (``batch``).
 """
 
 from __future__ import annotations
@@ -20,12 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cluster import Cluster
-from ..costmodel import allreduce_time, transfer_time, update_time
+from ..costmodel import update_time
 from ..plan import Plan
 from ..schedule import Kind, Program, Schedule
-from .costs import StageCosts
 
-_F, _B, _I, _W = int(Kind.F), int(Kind.B), int(Kind.I), int(Kind.W)
+_B = int(Kind.B)
 
 
 @dataclass
@@ -39,9 +41,12 @@ class Group:
 
 @dataclass
 class TaskGraph:
-    """Aligned task arrays plus successor lists in CSR form (``succ[ptr[i]:ptr[i+1]]``)."""
+    """Aligned task arrays plus successor lists in CSR form (``succ[ptr[i]:ptr[i+1]]``).
+    Tasks of one class (same kind, group, stage, channel pair and, for compute, the same
+    groups sharing its microbatch) last the same: ``cls[t]`` is t's class, ``rep[c]`` a task
+    of class c, ``sharers[c, g]`` whether group g runs class c's microbatches and
+    ``sharer_set[c]`` an id of that set of groups (compute classes; -1 for others)."""
 
-    dur: np.ndarray
     kind: np.ndarray
     stage: np.ndarray
     micro: np.ndarray
@@ -53,29 +58,46 @@ class TaskGraph:
     npred: np.ndarray
     channels: list[str]
     groups: list[Group]
-    share_f: np.ndarray  # summed forward speed of the devices running each (stage, microbatch)
+    cls: np.ndarray
+    rep: np.ndarray
+    sharers: np.ndarray
+    sharer_set: np.ndarray
+    group_stages: np.ndarray  # (groups, stages): 1 where the group's program runs the stage
 
     @property
     def n(self) -> int:
-        return int(self.dur.size)
+        return int(self.kind.size)
+
+    @property
+    def num_stages(self) -> int:
+        return int(self.group_stages.shape[1])
+
+    def sums(self, table: np.ndarray, tasks: np.ndarray, column: np.ndarray, width: int) -> np.ndarray:
+        """(candidates, width): the durations of ``tasks`` (``table``: per class) summed
+        per ``column`` (one value per task, below ``width``)."""
+        count = np.zeros((self.rep.size, width))
+        np.add.at(count, (self.cls[tasks], column), 1.0)
+        return mat(table, count)
+
+    def of_kinds(self, *kinds: int) -> np.ndarray:
+        """The classes of these kinds."""
+        return np.flatnonzero(np.isin(self.kind[self.rep], kinds))
 
 
 class _Builder:
     """Appends tasks (arrays) and dependency edges; ids are assigned in order."""
 
     def __init__(self) -> None:
-        self.parts: dict[str, list] = {k: [] for k in ("dur", "kind", "stage", "micro", "owner", "chan", "pair")}
+        self.parts: dict[str, list] = {k: [] for k in ("kind", "stage", "micro", "owner", "chan", "pair")}
         self.edges: list[np.ndarray] = []
         self.counts: list[int] = []
         self.n = 0
 
-    def add(self, dur, kind, stage, micro, owner=-1, chan=-1, pair=-1) -> np.ndarray:
-        """Append tasks: ``dur`` an array (or one value); the other fields arrays or one value
-        for all of them (expanded in ``finish``)."""
-        dur = np.atleast_1d(np.asarray(dur, dtype=float))
-        k = dur.size
+    def add(self, k: int, kind, stage, micro, owner=-1, chan=-1, pair=-1) -> np.ndarray:
+        """Append k tasks: each field an array of k or one value for all of them (expanded
+        in ``finish``)."""
         self.counts.append(k)
-        for key, v in (("dur", dur), ("kind", kind), ("stage", stage), ("micro", micro), ("owner", owner),
+        for key, v in (("kind", kind), ("stage", stage), ("micro", micro), ("owner", owner),
                        ("chan", chan), ("pair", pair)):
             self.parts[key].append(v)
         ids = np.arange(self.n, self.n + k)
@@ -93,15 +115,61 @@ class _Builder:
     def edge(self, a, b) -> None:
         self.edges.append(np.stack([np.asarray(a, dtype=np.int64).ravel(), np.asarray(b, dtype=np.int64).ravel()]))
 
-    def finish(self, channels: list[str], groups: list[Group], share_f: np.ndarray) -> TaskGraph:
-        arr = {k: self._column(k) for k in self.parts}
+    def finish(self, channels: list[str], groups: list[Group], s_count: int, m_count: int) -> TaskGraph:
+        arr = {k: self._column(k).astype(np.int64) for k in self.parts}
         edges = np.concatenate(self.edges, axis=1) if self.edges else np.zeros((2, 0), dtype=np.int64)
         order = np.argsort(edges[0], kind="stable")
         ptr = np.zeros(self.n + 1, dtype=np.int64)
         np.cumsum(np.bincount(edges[0], minlength=self.n), out=ptr[1:])
-        return TaskGraph(arr["dur"].astype(float), arr["kind"].astype(np.int64), arr["stage"].astype(np.int64),
-                         arr["micro"].astype(np.int64), arr["owner"].astype(np.int64), arr["chan"].astype(np.int64),
-                         arr["pair"].astype(np.int64), ptr, edges[1][order], np.bincount(edges[1], minlength=self.n), channels, groups, share_f)
+        cls, rep, sharers, sharer_set = _classes(arr, groups, s_count, m_count)
+        g_st = np.zeros((len(groups), s_count))
+        for gi, g in enumerate(groups):
+            g_st[gi, np.unique(g.program.stages)] = 1.0
+        return TaskGraph(arr["kind"], arr["stage"], arr["micro"], arr["owner"], arr["chan"], arr["pair"], ptr,
+                         edges[1][order], np.bincount(edges[1], minlength=self.n), channels, groups, cls, rep,
+                         sharers, sharer_set, g_st)
+
+
+def _classes(arr: dict[str, np.ndarray], groups: list[Group], s_count: int,
+             m_count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each task's class, a task of each class, which groups share each class's
+    microbatches (devices listing the same (stage, microbatch) split it by speed) and an id
+    of that set."""
+    runs = np.zeros((len(groups), s_count, m_count), dtype=bool)
+    for gi, g in enumerate(groups):
+        f = g.program.kinds == Kind.F
+        runs[gi, g.program.stages[f], g.program.micro[f]] = True
+    flat = runs.reshape(len(groups), -1).T
+    first, set_of = _row_ids(flat)
+    kind, owner = arr["kind"], arr["owner"]
+    compute = (owner >= 0) & (kind != Kind.UPDATE)
+    sharer = np.where(compute, set_of[np.where(compute, arr["stage"] * m_count + arr["micro"], 0)], -1)
+    rep, cls = _row_ids(np.stack([kind, owner, arr["stage"], arr["pair"], sharer], axis=1))
+    shared = np.where(sharer[rep, None] >= 0, flat[first][np.maximum(sharer[rep], 0)], False)
+    return cls, rep, shared.astype(float), sharer[rep]
+
+
+def _row_ids(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0)``'s first index of each distinct row and each row's id, by
+    one integer key per row where the columns' ranges allow (much faster)."""
+    if not rows.size:
+        return np.zeros(0, dtype=np.int64), np.zeros(rows.shape[0], dtype=np.int64)
+    rows = rows.astype(np.int64) - rows.min(axis=0)
+    span = rows.max(axis=0) + 1
+    if np.prod(span.astype(float)) >= 2.0 ** 62:
+        _, first, ids = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        return first, ids.ravel()
+    key = np.zeros(rows.shape[0], dtype=np.int64)
+    for j in range(rows.shape[1]):
+        key = key * span[j] + rows[:, j]
+    _, first, ids = np.unique(key, return_index=True, return_inverse=True)
+    return first, ids
+
+
+def mat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` (2-D) in numpy's own loops: the products here are small, and OpenBLAS's
+    threads, left spinning after a call, slow the engine down on a loaded machine."""
+    return np.einsum("ij,jk->ik", a, b)
 
 
 def groups_of(schedule: Schedule) -> list[Group]:
@@ -114,54 +182,6 @@ def groups_of(schedule: Schedule) -> list[Group]:
         else:
             groups[key] = Group([d], p)
     return list(groups.values())
-
-
-def fixed_part(fixed: float, speeds: np.ndarray) -> float:
-    """A microbatch share's fixed time on the slowest working replica (a device with no
-    speed for a pass takes no share of it)."""
-    working = speeds[speeds > 0]
-    return fixed / float(working.min()) if fixed > 0 and working.size else 0.0
-
-
-def _fixed_parts(fixed: np.ndarray, speeds: np.ndarray) -> np.ndarray:
-    """``fixed_part`` of every stage (zeros when nothing was profiled as fixed)."""
-    if not fixed.any():
-        return np.zeros(fixed.size)
-    return np.array([fixed_part(x, speeds) for x in fixed.tolist()])
-
-
-def _shares(groups: list[Group], s_count: int, m_count: int, fspeed: np.ndarray,
-            bspeed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Summed forward and backward speed of the devices that run each (stage, microbatch)."""
-    share_f, share_b = np.zeros((s_count, m_count)), np.zeros((s_count, m_count))
-    for g in groups:
-        p = g.program
-        sel = p.kinds == Kind.F
-        np.add.at(share_f, (p.stages[sel], p.micro[sel]), float(fspeed[g.devices].sum()))
-        np.add.at(share_b, (p.stages[sel], p.micro[sel]), float(bspeed[g.devices].sum()))
-    return share_f, share_b
-
-
-def _compute_durations(groups: list[Group], costs: StageCosts, share_f: np.ndarray, share_b: np.ndarray,
-                       fspeed: np.ndarray, bspeed: np.ndarray, overhead: float) -> list[np.ndarray]:
-    """Duration of each non-AR action of each group: the varying part shared by speed, the
-    fixed per-call part in full, the runtime's per-action overhead; a re-materializing stage
-    runs its forward again inside the backward (or its I half)."""
-    comp = [g.program.kinds != Kind.AR for g in groups]
-    k = np.concatenate([g.program.kinds[c] for g, c in zip(groups, comp)])
-    s = np.concatenate([g.program.stages[c] for g, c in zip(groups, comp)])
-    m = np.concatenate([g.program.micro[c] for g, c in zip(groups, comp)])
-    gi = np.repeat(np.arange(len(groups)), [int(c.sum()) for c in comp])
-    ff = np.stack([_fixed_parts(costs.fwd_fixed, fspeed[g.devices]) for g in groups])[gi, s]
-    bf = np.stack([_fixed_parts(costs.bwd_fixed, bspeed[g.devices]) for g in groups])[gi, s]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        fwd = (costs.fwd[s] - costs.fwd_fixed[s]) / share_f[s, m] + ff
-        bwd = (costs.bwd[s] - costs.bwd_fixed[s]) / share_b[s, m] + bf
-    redo = np.where(costs.recompute[s], fwd, 0.0)
-    frac, cost = costs.input_fraction, costs.split_cost
-    dur = np.select([k == _F, k == _B, k == _I, k == _W],
-                    [fwd, bwd + redo, cost * frac * bwd + redo, cost * (1.0 - frac) * bwd])
-    return np.split(dur + overhead, np.cumsum([int(c.sum()) for c in comp])[:-1])
 
 
 def _chain(b: _Builder, g: Group, lanes: bool) -> None:
@@ -180,40 +200,29 @@ def _chain(b: _Builder, g: Group, lanes: bool) -> None:
     b.edge(bo[:-window], fo[window:])
 
 
-def _add_groups(b: _Builder, plan: Plan, sched: Schedule, groups: list[Group], costs: StageCosts,
-                fspeed: np.ndarray, bspeed: np.ndarray) -> np.ndarray:
-    """Compute and all-reduce tasks, and each group's chain; returns the forward shares."""
-    cl = plan.cluster
-    stage_devs = plan.stage_devices()
-    share_f, share_b = _shares(groups, len(stage_devs), sched.microbatches, fspeed, bspeed)
-    overhead = float(cl.meta.get("action_overhead_s", 0.0))  # the runtime's, per compute action
+def _add_groups(b: _Builder, sched: Schedule, groups: list[Group]) -> None:
+    """Compute and all-reduce tasks (one per stage, shared by the groups that list it), and
+    each group's chain."""
     ar_task: dict[int, int] = {}
-    durations = _compute_durations(groups, costs, share_f, share_b, fspeed, bspeed, overhead)
     for gi, g in enumerate(groups):
         p = g.program
         is_ar = p.kinds == Kind.AR
         for s in p.stages[is_ar].tolist():
             if s not in ar_task:
-                ar_task[s] = int(b.add(allreduce_time(cl, stage_devs[s], costs.params[s], where=f"stage {s} all-reduce"),
-                                       Kind.AR, s, -1)[0])
+                ar_task[s] = int(b.add(1, Kind.AR, s, -1)[0])
         g.ids = np.empty(len(p), dtype=np.int64)
-        g.ids[~is_ar] = b.add(durations[gi], p.kinds[~is_ar], p.stages[~is_ar], p.micro[~is_ar], owner=gi)
+        g.ids[~is_ar] = b.add(int((~is_ar).sum()), p.kinds[~is_ar], p.stages[~is_ar], p.micro[~is_ar], owner=gi)
         g.ids[is_ar] = [ar_task[s] for s in p.stages[is_ar].tolist()]
         _chain(b, g, sched.lanes)
-    return share_f
 
 
-def _add_updates(b: _Builder, plan: Plan, groups: list[Group], costs: StageCosts) -> None:
+def _add_updates(b: _Builder, plan: Plan, groups: list[Group]) -> None:
     """The optimizer step closes each device's iteration, after its last action
-    (``costmodel.update_time``)."""
-    if update_time(plan.graph.meta, plan.cluster, 1.0, 1.0) <= 0:  # no rate, measured or profiled
+    (``costmodel.update_time``), unless no rate is known, measured or profiled."""
+    if update_time(plan.graph.meta, plan.cluster, 1.0, 1.0) <= 0:
         return
-    speed = plan.cluster.speed
     for gi, g in enumerate(groups):
-        stages = np.unique(g.program.stages)
-        t = b.add(update_time(plan.graph.meta, plan.cluster, float(costs.params[stages].sum()),
-                              float(speed[g.devices].min())),
-                  Kind.UPDATE, int(stages[0]), -1, owner=gi)
+        t = b.add(1, Kind.UPDATE, int(np.unique(g.program.stages)[0]), -1, owner=gi)
         b.edge([g.ids[-1]], t)
 
 
@@ -257,17 +266,7 @@ def _channel(keys: dict[tuple, int], channels: list[str], name: str, key: tuple[
     return keys[key]
 
 
-def _transfer(cl: Cluster, a: list[int], c: list[int], nbytes: float, s: int, forward: bool) -> float:
-    """``costmodel.transfer_time`` (the same formula, without building its message unless a
-    link has no bandwidth)."""
-    ia, ic = np.ix_(a, c)
-    bw = float(cl.bandwidth[ia, ic].min())
-    if bw <= 0:
-        return transfer_time(cl, a, c, nbytes, where=f"stages {s} -> {s + 1}" if forward else f"stages {s + 1} -> {s}")
-    return nbytes / (len(a) * len(c) * bw) + float(cl.latency[ia, ic].max())
-
-
-def _add_transfers(b: _Builder, plan: Plan, groups: list[Group], costs: StageCosts, m_count: int,
+def _add_transfers(b: _Builder, plan: Plan, groups: list[Group], crossing: np.ndarray, m_count: int,
                    channels: list[str]) -> None:
     """Forward transfers s -> s+1 and backward transfers s+1 -> s of every microbatch."""
     cl = plan.cluster
@@ -277,21 +276,19 @@ def _add_transfers(b: _Builder, plan: Plan, groups: list[Group], costs: StageCos
     keys: dict[tuple, int] = {}
     for s in range(len(stage_devs) - 1):
         src_g, dst_g = owner[s], owner[s + 1]
-        local = (src_g == dst_g) | (not costs.crossing[s])
+        local = (src_g == dst_g) | (not crossing[s])
         b.edge(f_task[s][local], f_task[s + 1][local])
         b.edge(b_task[s + 1][local], b_task[s][local])
         ms = np.flatnonzero(~local)
         pairs, inv = np.unique(src_g[ms] * len(groups) + dst_g[ms], return_inverse=True)
         for forward in (True, False):
-            dur, chan = np.empty(pairs.size), np.empty(pairs.size, dtype=np.int64)
+            chan = np.empty(pairs.size, dtype=np.int64)
             for u, code in enumerate(pairs.tolist()):
                 ga, gb = divmod(code, len(groups))
                 src, dst = groups[ga].devices, groups[gb].devices
                 chan[u] = _channel(keys, channels, _channel_name(cl, stage_devs, s, src, dst, forward, half),
                                    (min(ga, gb), max(ga, gb)) if half else ((ga, gb) if forward else (gb, ga)))
-                a, c = (src, dst) if forward else (dst, src)
-                dur[u] = _transfer(cl, a, c, float(costs.boundary[s]), s, forward)
-            t = b.add(dur[inv], Kind.SEND_F if forward else Kind.SEND_B, s if forward else s + 1, ms,
+            t = b.add(ms.size, Kind.SEND_F if forward else Kind.SEND_B, s if forward else s + 1, ms,
                       chan=chan[inv], pair=pairs[inv])
             if forward:
                 b.edge(f_task[s][ms], t), b.edge(t, f_task[s + 1][ms])
@@ -299,14 +296,14 @@ def _add_transfers(b: _Builder, plan: Plan, groups: list[Group], costs: StageCos
                 b.edge(b_task[s + 1][ms], t), b.edge(t, b_task[s][ms])
 
 
-def compile_tasks(plan: Plan, sched: Schedule, costs: StageCosts, fspeed: np.ndarray,
-                  bspeed: np.ndarray) -> TaskGraph:
-    """The task graph of one iteration (or stream, for a steady state) of ``sched``."""
+def compile_tasks(plan: Plan, sched: Schedule, crossing: np.ndarray) -> TaskGraph:
+    """The task graph of one iteration (or stream, for a steady state) of ``sched``;
+    ``crossing[s]``: some edge crosses cut s|s+1 (``StageCosts.crossing``)."""
     groups = groups_of(sched)
     b = _Builder()
-    share_f = _add_groups(b, plan, sched, groups, costs, fspeed, bspeed)
+    _add_groups(b, sched, groups)
     if sched.steady_state is None:
-        _add_updates(b, plan, groups, costs)
+        _add_updates(b, plan, groups)
     channels: list[str] = []
-    _add_transfers(b, plan, groups, costs, sched.microbatches, channels)
-    return b.finish(channels, groups, share_f)
+    _add_transfers(b, plan, groups, crossing, sched.microbatches, channels)
+    return b.finish(channels, groups, plan.num_stages, sched.microbatches)

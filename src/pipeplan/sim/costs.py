@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
+from ..graph import Graph
 from ..plan import Plan
 
 #: Share of a backward pass that computes the input gradient (torch's I); the rest is the
@@ -32,14 +33,17 @@ def assumed_input_fraction(meta: dict) -> float | None:
 
 @dataclass(frozen=True)
 class StageCosts:
-    """Whole-microbatch costs on the reference device, per stage s:
-    ``fwd[s]``, ``bwd[s]`` (s) and their fixed per-call parts, ``params[s]`` (bytes),
-    ``outputs[s]`` (bytes of the stage's own activations kept for backward), ``received[s]``
-    (bytes of the activations it received), ``held[s]`` (bytes of the outputs it sends that
-    it keeps until their backward beyond ``outputs``), ``workspace[s]`` (the largest gradient
-    pair of one of its backward steps, docs/memory.md); per cut s|s+1: ``boundary[s]`` (bytes
-    crossing it) and ``crossing[s]`` (some edge crosses it, so the two stages must talk even
-    if the bytes are 0); ``recompute[s]``: the stage re-materializes (Huang et al. 2019, §2.3)."""
+    """Whole-microbatch costs on the reference device, per stage s (SPP §III-A), with a
+    leading candidate axis (one row: ``simulate``; many: the batched evaluator) or, from
+    ``stage_costs``/``row``, without it: ``fwd[s]``, ``bwd[s]`` (s) and their fixed per-call
+    parts, ``params[s]`` (bytes), ``outputs[s]`` (bytes of the stage's own activations kept
+    for backward), ``received[s]`` (bytes of the activations it received), ``held[s]`` (bytes
+    of the outputs it sends that it keeps until their backward beyond ``outputs``),
+    ``workspace[s]`` (the largest gradient pair of one of its backward steps, docs/memory.md);
+    per cut s|s+1: ``boundary[s]`` (bytes crossing it) and ``crossing[s]`` (some edge crosses
+    it, so the two stages must talk even if the bytes are 0); ``recompute[s]``: the stage
+    re-materializes (Huang et al. 2019, §2.3); ``valid``: every stage has a node and no edge
+    goes back to an earlier stage."""
 
     fwd: np.ndarray
     bwd: np.ndarray
@@ -55,6 +59,7 @@ class StageCosts:
     recompute: np.ndarray
     input_fraction: float
     split_cost: float
+    valid: np.ndarray
 
     @property
     def stash(self) -> np.ndarray:
@@ -66,42 +71,89 @@ class StageCosts:
         """Bytes kept per microbatch in flight by a re-materializing stage."""
         return self.received + self.held
 
+    @property
+    def kept(self) -> np.ndarray:
+        """Bytes kept per microbatch in flight, as each stage recomputes or not."""
+        return np.where(self.recompute, self.kept_recomputing, self.stash)
 
-def _cuts(owner: np.ndarray, edges: list, act: np.ndarray,
-          s_count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Bytes crossing each cut, whether any edge crosses it, and which nodes' outputs leave
-    their stage: an output of a node in stage a consumed up to stage b crosses cuts
-    a|a+1 ... b-1|b (relayed stage by stage)."""
-    last = owner.copy()
-    if edges:
-        e = np.asarray(edges, dtype=np.int64)
-        np.maximum.at(last, e[:, 0], owner[e[:, 1]])
-    diff = np.zeros(s_count + 1)
-    edge_diff = np.zeros(s_count + 1)
-    cross = last > owner
-    np.add.at(diff, owner[cross], act[cross])
-    np.add.at(diff, last[cross], -act[cross])
-    np.add.at(edge_diff, owner[cross], 1)
-    np.add.at(edge_diff, last[cross], -1)
-    return np.cumsum(diff)[: s_count - 1], np.cumsum(edge_diff)[: s_count - 1] > 0, cross
+    def take(self, idx) -> "StageCosts":
+        """The candidates ``idx`` (an index array keeps the axis, an int drops it)."""
+        return StageCosts(**{f.name: getattr(self, f.name) if f.name in ("input_fraction", "split_cost")
+                             else getattr(self, f.name)[idx] for f in fields(self)})
 
 
-def stage_costs(plan: Plan) -> StageCosts:
-    g = plan.graph
-    s_count = plan.num_stages
-    owner = plan.stage_of_node()
-    per = lambda w: np.bincount(owner, weights=w, minlength=s_count)  # noqa: E731
-    boundary, crossing, leaves = _cuts(owner, g.edges, g.act, s_count)
+def _per_stage(owner: np.ndarray, weights: np.ndarray, s_count: int) -> np.ndarray:
+    """Row-wise bincount: sum of ``weights[u]`` over the nodes of each stage."""
+    count = owner.shape[0]
+    idx = (owner + s_count * np.arange(count)[:, None]).ravel()
+    return np.bincount(idx, weights=np.tile(weights, count), minlength=count * s_count).reshape(count, s_count)
+
+
+def _stage_max(owner: np.ndarray, weights: np.ndarray, s_count: int) -> np.ndarray:
+    """Row-wise maximum of ``weights[u]`` over the nodes of each stage (0 for an empty one)."""
+    count = owner.shape[0]
+    out = np.zeros(count * s_count)
+    np.maximum.at(out, (owner + s_count * np.arange(count)[:, None]).ravel(), np.tile(weights, count))
+    return out.reshape(count, s_count)
+
+
+def _fixed(g: Graph) -> np.ndarray:
+    """Each node's fixed per-call (forward, backward) time (``graph.meta["fixed_s"]``)."""
     fixed = np.zeros((2, len(g)))
     for nid, pair in (g.meta.get("fixed_s") or {}).items():
         i = g.index.get(nid)
         if i is not None:
             fixed[:, i] = pair
-    kept = g.saved  # what autograd keeps per node (docs/memory.md); in-place nodes keep none of their own
-    recompute = np.array([plan.recomputes(s) for s in range(s_count)], dtype=bool)
-    workspace = np.zeros(s_count)
-    np.maximum.at(workspace, owner, g.grad_pair)
-    return StageCosts(per(g.fwd), per(g.bwd), per(fixed[0]), per(fixed[1]), per(g.params), per(kept),
-                      np.concatenate(([0.0], boundary)), per(np.where(leaves, g.sent_held, 0.0)), workspace,
-                      boundary, crossing, recompute,
-                      float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)), split_cost(g.meta))
+    return fixed
+
+
+def _cuts(g: Graph, own: np.ndarray, s_count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per candidate: bytes crossing each cut, whether any edge crosses it, which nodes'
+    outputs leave their stage, and whether no edge goes back. An output of a node in stage a
+    consumed up to stage b crosses cuts a|a+1 ... b-1|b (relayed stage by stage)."""
+    count = own.shape[0]
+    last, forward = own.copy(), np.ones(count, dtype=bool)
+    if g.edges:
+        e = np.asarray(g.edges, dtype=np.int64)
+        np.maximum.at(last, (np.arange(count)[:, None], e[None, :, 0]), own[:, e[:, 1]])
+        forward = (own[:, e[:, 0]] <= own[:, e[:, 1]]).all(axis=1)
+    cross = last > own
+    width = s_count + 1
+    base = width * np.arange(count)[:, None]
+    act = np.broadcast_to(g.act, own.shape)
+    diff = np.bincount((own + base)[cross], weights=act[cross], minlength=count * width) \
+        - np.bincount((last + base)[cross], weights=act[cross], minlength=count * width)
+    edge_diff = np.bincount((own + base)[cross], minlength=count * width) \
+        - np.bincount((last + base)[cross], minlength=count * width)
+    boundary = np.cumsum(diff.reshape(count, width), axis=1)[:, : s_count - 1]
+    crossing = np.cumsum(edge_diff.reshape(count, width), axis=1)[:, : s_count - 1] > 0
+    return boundary, crossing, cross, forward
+
+
+def batch_costs(g: Graph, owner: np.ndarray, s_count: int, recompute: np.ndarray) -> StageCosts:
+    """Stage costs of candidates ``owner[b, u]`` (the stage of node u), with a leading axis."""
+    count = owner.shape[0]
+    valid = ((owner >= 0) & (owner < s_count)).all(axis=1)
+    own = np.clip(owner, 0, s_count - 1)
+    boundary, crossing, cross, forward = _cuts(g, own, s_count)
+    valid &= forward & (_per_stage(own, np.ones(len(g)), s_count) > 0).all(axis=1)
+    fixed = _fixed(g)
+    held = np.bincount((own + s_count * np.arange(count)[:, None])[cross], weights=np.broadcast_to(
+        g.sent_held, own.shape)[cross], minlength=count * s_count).reshape(count, s_count)
+    per = lambda w: _per_stage(own, w, s_count)  # noqa: E731
+    return StageCosts(per(g.fwd), per(g.bwd), per(fixed[0]), per(fixed[1]), per(g.params), per(g.saved),
+                      np.concatenate([np.zeros((count, 1)), boundary], axis=1), held,
+                      _stage_max(own, g.grad_pair, s_count), boundary, crossing, recompute.astype(bool),
+                      float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)), split_cost(g.meta),
+                      valid)
+
+
+def plan_costs(plan: Plan) -> StageCosts:
+    """The plan's stage costs as a batch of one."""
+    rec = np.array([[plan.recomputes(s) for s in range(plan.num_stages)]], dtype=bool)
+    return batch_costs(plan.graph, plan.stage_of_node()[None], plan.num_stages, rec)
+
+
+def stage_costs(plan: Plan) -> StageCosts:
+    """The plan's stage costs, one value per stage (no candidate axis)."""
+    return plan_costs(plan).take(0)

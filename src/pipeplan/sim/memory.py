@@ -10,48 +10,76 @@ microbatch's activations again. Every backward step also holds its gradient pair
 gradients w.r.t. a layer's output and input, ``StageCosts.workspace``). A split backward
 frees at W. An asynchronous steady state (PipeDream's
 weight stashing, §3.3) keeps one weight version per microbatch in flight beyond the first.
+
+The walk is linear in the bytes: a group's actions fall in a few *keys* (stage and the
+groups sharing the microbatch), so the level after each action is the keys' bytes per unit
+of speed times a count that depends on the program alone (``GroupWalk``), for every
+candidate at once.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..costmodel import state_bytes
 from ..schedule import Kind
-from .compile import Group
+from .compile import TaskGraph, mat
 from .costs import StageCosts
+from .durations import Layout, class_shares
 
 
-def _activation_peak(g: Group, costs: StageCosts, share_f: np.ndarray) -> tuple[float, int]:
-    """Peak activation bytes of the group per unit of a device's forward speed (a device's
-    share of a microbatch is its speed over the summed speed running it), and the most
-    microbatches in flight."""
-    p = g.program
-    comp = p.kinds != Kind.AR
-    k, s, m = p.kinds[comp], p.stages[comp], p.micro[comp]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        frac = np.where(share_f[s, m] > 0, 1.0 / share_f[s, m], 0.0)
-    keep = np.where(costs.recompute[s], costs.kept_recomputing[s], costs.stash[s]) * frac
-    frees = (k == Kind.B) | (k == Kind.W)
-    delta = np.where(k == Kind.F, keep, np.where(frees, -keep, 0.0))
-    level = np.cumsum(delta)
-    before = level - delta  # level just before each action
-    back = (k == Kind.B) | (k == Kind.I)
-    extra = back * (costs.recompute[s] * costs.outputs[s] + costs.workspace[s]) * frac
-    peak = float(max(level.max(initial=0.0), (before + extra).max(initial=0.0)))
-    count = np.cumsum(np.where(k == Kind.F, 1, np.where(frees, -1, 0)))
-    return peak, int(count.max(initial=0))
+@dataclass(frozen=True)
+class GroupWalk:
+    """One group's program as counts: key k is (stage ``stage[k]``, sharers of compute class
+    ``cls[k]``); the activation level before or after each action, over a candidate's
+    per-key bytes ``x = [kept, at_backward]`` (per unit of speed), is ``x @ counts[:, a]``
+    (backward actions only for the latter); ``in_flight``: the most microbatches in flight."""
+
+    cls: np.ndarray
+    stage: np.ndarray
+    counts: np.ndarray
+    in_flight: int
 
 
-def device_memory(groups: list[Group], costs: StageCosts, optimizer: str, fspeed: np.ndarray,
-                  share_f: np.ndarray, steady: bool) -> dict[int, float]:
-    """Peak bytes of every device that runs a program."""
-    out: dict[int, float] = {}
-    for g in groups:
-        stages = np.unique(g.program.stages)
-        state = sum(state_bytes(float(costs.params[s]), optimizer) for s in stages.tolist())
-        act, in_flight = _activation_peak(g, costs, share_f)
-        stash = max(in_flight - 1, 0) * float(costs.params[stages].sum()) if steady else 0.0
-        for d in g.devices:
-            out[d] = state + float(fspeed[d]) * act + stash
+def _walk(tg: TaskGraph, ids: np.ndarray, kinds: np.ndarray) -> GroupWalk:
+    cls = tg.cls[ids]
+    _, first, key = np.unique(tg.stage[ids] * (tg.sharer_set.max(initial=0) + 2) + tg.sharer_set[cls] + 1,
+                              return_index=True, return_inverse=True)
+    sign = np.where(kinds == Kind.F, 1.0, np.where((kinds == Kind.B) | (kinds == Kind.W), -1.0, 0.0))
+    one = np.zeros((first.size, ids.size))
+    one[key, np.arange(ids.size)] = 1.0
+    level = np.cumsum(one * sign, axis=1)
+    back = (kinds == Kind.B) | (kinds == Kind.I)
+    counts = np.concatenate([np.concatenate([level, (level - one * sign)[:, back]], axis=1),
+                             np.concatenate([np.zeros_like(one), one[:, back]], axis=1)])
+    return GroupWalk(cls[first], tg.stage[ids[first]], counts,
+                     int(np.cumsum(sign).max(initial=0)))
+
+
+def walks(tg: TaskGraph) -> list[GroupWalk]:
+    """Each group's ``GroupWalk`` (depends on the task graph only)."""
+    out = []
+    for g in tg.groups:
+        comp = g.program.kinds != Kind.AR
+        out.append(_walk(tg, g.ids[comp], g.program.kinds[comp]))
     return out
+
+
+def device_memory(tg: TaskGraph, walk: list[GroupWalk], lay: Layout, c: StageCosts, optimizer: str,
+                  fs: np.ndarray, steady: bool) -> np.ndarray:
+    """(candidates, devices): peak bytes, 0 for a device that runs no program."""
+    share = class_shares(tg, lay, fs)
+    params = mat(c.params, tg.group_stages.T)  # (candidates, groups)
+    extra = np.where(c.recompute, c.outputs, 0.0) + c.workspace
+    mem = np.zeros(fs.shape)
+    for gi, w in enumerate(walk):
+        sh = share[:, w.cls]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per = np.where(sh > 0, 1.0 / sh, 0.0)
+        x = np.concatenate([c.kept[:, w.stage] * per, extra[:, w.stage] * per], axis=1)
+        peak = mat(x, w.counts).max(axis=1, initial=0.0)
+        fixed = state_bytes(params[:, gi], optimizer) + (max(w.in_flight - 1, 0) * params[:, gi] if steady else 0.0)
+        mem += lay.groups[:, gi] * (fixed[:, None] + fs * peak[:, None])
+    return mem

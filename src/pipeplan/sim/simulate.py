@@ -1,8 +1,8 @@
 """Simulate one training iteration of a plan under a schedule (SPP §III cost model).
 
-``compile`` turns plan + schedule into a task graph, ``engine`` runs it, ``memory`` and
-``bounds`` read it, ``steady`` evaluates asynchronous schedules; this module ties them and
-applies contention. It never looks at a schedule's name: what to evaluate is in the IR.
+``compile`` turns plan + schedule into a task graph; ``iteration`` costs it (``durations``),
+runs it (``engine``) and reads it (``memory``, ``bounds``, ``steady``, contention) for a
+batch of one. It never looks at a schedule's name: what to evaluate is in the IR.
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cluster.model import Resource
+from ..costmodel import allreduce_time, transfer_time
 from ..errors import PipeplanError
 from ..plan import Plan
 from ..schedule import Kind, Schedule, make_schedule
-from .bounds import path_bound, work_bound
+from .bounds import work_bound
 from .compile import TaskGraph, compile_tasks
-from .costs import stage_costs
-from .engine import run_tasks
-from .memory import device_memory
-from .steady import period, steady_iteration
+from .costs import StageCosts, plan_costs
+from .durations import Layout, pass_speeds
+from .iteration import Outcome, Shape, run_layouts
+from .memory import walks
 from .timeline import Timeline, build_timeline
 
 
@@ -82,25 +82,6 @@ class SimResult:
         }
 
 
-def pass_speeds(plan: Plan, lanes: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Each device's forward and backward speed. With ``lanes`` (resalloc.txt
-    §III-B) forward gets beta_j of each resource j and backward the rest (a single resource
-    is time-shared), beta from the plan's allocation (default 0.5); speeds are linear in beta."""
-    cl = plan.cluster
-    if not lanes:
-        return cl.fspeed, cl.bspeed
-    f, b = np.zeros(len(cl)), np.zeros(len(cl))
-    for s, st in enumerate(plan.stages):
-        alloc = (plan.allocation[s] if plan.allocation else None) or {}
-        for d in cl.device_indices(st.devices):
-            dev = cl.devices[d]
-            for r in dev.resources or (Resource("*", dev.speed, dev.speed),):
-                beta = float(alloc.get(r.name, alloc.get("*", 0.5)))
-                f[d] += beta * r.fwd_speed
-                b[d] += (1.0 - beta) * r.bwd_speed
-    return f, b
-
-
 def schedule_of(plan: Plan, schedule: Schedule | None = None) -> Schedule:
     """The plan's schedule (generated from its name), or ``schedule`` checked against the plan."""
     stage_devs = plan.stage_devices()
@@ -114,93 +95,79 @@ def schedule_of(plan: Plan, schedule: Schedule | None = None) -> Schedule:
     return schedule
 
 
+def plan_layout(plan: Plan, tg: TaskGraph) -> Layout:
+    """The plan's devices per group and per stage, as a batch of one."""
+    lay = Layout(np.zeros((1, len(tg.groups), len(plan.cluster)), dtype=bool),
+                 np.zeros((1, plan.num_stages, len(plan.cluster)), dtype=bool))
+    for gi, g in enumerate(tg.groups):
+        lay.groups[0, gi, g.devices] = True
+    for s, devs in enumerate(plan.stage_devices()):
+        lay.stages[0, s, devs] = True
+    return lay
+
+
+def plan_speeds(plan: Plan, lanes: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``durations.pass_speeds`` with the plan's allocation of each device's stage, (1, devices)."""
+    beta = None
+    if lanes and plan.allocation:
+        beta = [{} for _ in plan.cluster.devices]
+        for s, devs in enumerate(plan.stage_devices()):
+            for d in devs:
+                beta[d] = beta[d] or plan.allocation[s] or {}
+    fs, bs = pass_speeds(plan.cluster, lanes, beta)
+    return fs[None], bs[None]
+
+
+def _refuse(plan: Plan, tg: TaskGraph, costs: StageCosts, out: Outcome, name: str) -> None:
+    """Raise the first reason the plan cannot run: a missing link (the message of
+    ``costmodel``'s formula for it), else a deadlock."""
+    bad = np.flatnonzero(out.bad[0])
+    if bad.size:
+        t = int(tg.rep[bad[np.argmin(tg.rep[bad])]])
+        s, cl, stage_devs = int(tg.stage[t]), plan.cluster, plan.stage_devices()
+        ga, gb = divmod(int(tg.pair[t]), len(tg.groups))
+        if tg.kind[t] == Kind.AR:
+            allreduce_time(cl, stage_devs[s], float(costs.params[0, s]), where=f"stage {s} all-reduce")
+        elif tg.kind[t] == Kind.SEND_F:
+            transfer_time(cl, tg.groups[ga].devices, tg.groups[gb].devices, 0.0, where=f"stages {s} -> {s + 1}")
+        else:
+            transfer_time(cl, tg.groups[gb].devices, tg.groups[ga].devices, 0.0, where=f"stages {s} -> {s - 1}")
+    raise PipeplanError(f"schedule {name!r} deadlocks on this plan: only {int(out.ran[0])} of "
+                        f"{tg.n} tasks can run (a device waits for data its order never lets arrive)")
+
+
 def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True) -> SimResult:
     """Run the plan's iteration; ``timeline=False`` skips building the timeline (searches).
-
-    Devices that know their ``solo_speed`` (calibrated) are simulated twice: first alone,
-    then at a speed between alone and all-busy by how much of their time the other devices
-    of their server are busy (``contention_scale``)."""
+    The batched evaluator's pipeline (``iteration.run_layouts``) with a batch of one."""
     sched = schedule_of(plan, schedule)
     cl = plan.cluster
-    if all(d.solo_speed is None for d in cl.devices):
-        return _simulate(plan, sched, timeline)
-    solo = np.array([d.solo_speed or d.speed for d in cl.devices])
-    first = _simulate(plan, sched, False, scale=solo / cl.speed)
-    scale = contention_scale(plan, first)
-    result = _simulate(plan, sched, timeline, scale=scale)
-    used = [cl.index[n] for n in first.devices]
-    result.extra["contention"] = {cl.devices[i].name: float(scale[i] * cl.devices[i].speed) for i in used}
-    return result
+    costs = plan_costs(plan)
+    tg = compile_tasks(plan, sched, costs.crossing[0])
+    shape = Shape(tg, walks(tg), sched.steady_state, sched.microbatches, sched.lanes)
+    fs, bs = plan_speeds(plan, sched.lanes)
+    out = run_layouts(shape, plan_layout(plan, tg), costs, cl, plan.graph.meta, plan.optimizer, fs, bs,
+                      starts=timeline)
+    if not out.done[0]:
+        _refuse(plan, tg, costs, out, sched.name)
+    return _result(plan, sched, tg, out, timeline)
 
 
-def contention_scale(plan: Plan, alone: SimResult) -> np.ndarray:
-    """Effective speed / speed of each device: between its solo speed and its all-busy
-    speed, by the probability that another device of its server is busy (from their
-    utilization when simulated alone), harmonically (time per unit of work interpolates)."""
+def _result(plan: Plan, sched: Schedule, tg: TaskGraph, out: Outcome, timeline: bool) -> SimResult:
     cl = plan.cluster
-    util = dict(zip((cl.index[n] for n in alone.devices), alone.utilization))
-    scale = np.ones(len(cl))
-    for i, d in enumerate(cl.devices):
-        if i not in util:
-            continue
-        solo = d.solo_speed or d.speed
-        others = [util[j] for j, e in enumerate(cl.devices) if j != i and j in util and e.server == d.server]
-        overlap = 1.0 - float(np.prod([1.0 - min(u, 1.0) for u in others])) if others else 0.0
-        scale[i] = 1.0 / ((1.0 - overlap) / solo + overlap / d.speed) / d.speed
-    return scale
-
-
-def _busy(tg: TaskGraph, n_dev: int, lanes: bool) -> np.ndarray:
-    """Compute time of each device (the busier lane with lanes)."""
-    busy = np.zeros(n_dev)
-    comp = tg.owner >= 0
-    for gi, g in enumerate(tg.groups):
-        sel = comp & (tg.owner == gi)
-        if lanes:
-            f = float(tg.dur[sel & (tg.kind == Kind.F)].sum())
-            b = float(tg.dur[sel & (tg.kind != Kind.F)].sum())
-            busy[g.devices] = max(f, b)
-        else:
-            busy[g.devices] = float(tg.dur[sel].sum())
-    return busy
-
-
-def _simulate(plan: Plan, sched: Schedule, timeline: bool, scale: np.ndarray | None = None) -> SimResult:
-    cl = plan.cluster
-    fspeed, bspeed = pass_speeds(plan, sched.lanes)
-    if scale is not None:  # contention: the effective speed of each device
-        fspeed, bspeed = fspeed * scale, bspeed * scale
-    costs = stage_costs(plan)
-    tg = compile_tasks(plan, sched, costs, fspeed, bspeed)
-    start_a, end_a, done = run_tasks(tg.dur, tg.ptr, tg.succ, tg.npred, tg.chan, len(tg.channels))
-    if done != tg.n:
-        raise PipeplanError(f"schedule {sched.name!r} deadlocks on this plan: only {done} of {tg.n} "
-                            "tasks can run (a device waits for data its order never lets arrive)")
-    busy = _busy(tg, len(cl), sched.lanes)
-    m_eval = sched.steady_state or sched.microbatches
-    window = None
-    if sched.steady_state is not None:
-        ar = np.zeros(len(cl))
-        for t in np.flatnonzero(tg.kind == Kind.AR).tolist():
-            ar[plan.stage_devices()[int(tg.stage[t])]] += tg.dur[t]
-        window = period(tg, end_a, sched.steady_state, sched.microbatches)
-        iteration = steady_iteration(tg, window, sched.steady_state, sched.microbatches, busy, ar)
-        busy = busy * (sched.steady_state / sched.microbatches)
-        path = 0.0
-    else:
-        iteration = float(end_a.max(initial=0.0))
-        path = path_bound(tg)
-    work = work_bound(plan.graph, cl, m_eval)
-    mem = device_memory(tg.groups, costs, plan.optimizer, fspeed, tg.share_f, sched.steady_state is not None)
+    iteration, path = float(out.iteration[0]), float(out.path[0])
+    work = work_bound(plan.graph, cl, sched.steady_state or sched.microbatches)
     stage_devs = plan.stage_devices()
     plan_devs = list(dict.fromkeys(d for grp in stage_devs for d in grp))  # a device once, however many stages
     held = {d: [s for s, grp in enumerate(stage_devs) if d in grp] for d in plan_devs}
-    tl = build_timeline(cl, tg, start_a, end_a, iteration, plan_devs, stage_devs, sched.lanes,
+    window = None if out.window is None else (float(out.window[0, 0]), float(out.window[0, 1]))
+    tl = build_timeline(cl, tg, out.start[0], out.end[0], iteration, plan_devs, stage_devs, sched.lanes,
                         window) if timeline else None
-    extra = {"steady_state_of": sched.steady_state} if sched.steady_state is not None else {}
+    extra: dict = {"steady_state_of": sched.steady_state} if sched.steady_state is not None else {}
+    if out.scale is not None:
+        extra["contention"] = {cl.devices[d].name: float(out.scale[0, d] * cl.devices[d].speed) for d in plan_devs}
     return SimResult(iteration_s=iteration, lower_s=max(work, path), work_bound_s=work, path_bound_s=path,
                      devices=[cl.devices[d].name for d in plan_devs],
                      stage_of_device=[held[d][0] for d in plan_devs],
-                     busy_s=busy[plan_devs], memory_bytes=np.array([mem[d] for d in plan_devs]),
+                     busy_s=out.busy[0, plan_devs], memory_bytes=out.memory[0, plan_devs],
                      memory_limit=cl.memory[plan_devs], num_tasks=tg.n, timeline=tl, extra=extra,
                      device_stages=[held[d] for d in plan_devs] if any(len(h) > 1 for h in held.values()) else [])

@@ -6,6 +6,7 @@ the last backward of microbatch N-1 and of 2N-1 on stage 0 (the pipeline is full
 and never less than the busiest resource's work for N microbatches: a device's compute
 (a replicated stage's plus its all-reduce, which overlaps the stream) or a channel's
 transfers. A true steady state cannot run faster than its busiest resource.
+Every function takes a leading candidate axis.
 """
 
 from __future__ import annotations
@@ -16,19 +17,20 @@ from ..schedule import Kind
 from .compile import TaskGraph
 
 
-def period(tg: TaskGraph, end: np.ndarray, steady: int, m_count: int) -> tuple[float, float]:
-    """The measured period: from the last backward of microbatch N-1 to that of 2N-1 on stage 0."""
-    sel = ((tg.kind == Kind.B) | (tg.kind == Kind.I) | (tg.kind == Kind.W)) & (tg.stage == 0)
-    last_b0 = np.zeros(m_count)
-    np.maximum.at(last_b0, tg.micro[sel], end[sel])
-    return float(last_b0[steady - 1]), float(last_b0[2 * steady - 1])
+def period(tg: TaskGraph, end: np.ndarray, steady: int, m_count: int) -> np.ndarray:
+    """(candidates, 2): from the last backward of microbatch N-1 to that of 2N-1 on stage 0."""
+    sel = np.flatnonzero(np.isin(tg.kind, [Kind.B, Kind.I, Kind.W]) & (tg.stage == 0))
+    last = np.zeros((end.shape[0], m_count))
+    np.maximum.at(last, (np.arange(end.shape[0])[:, None], tg.micro[sel][None, :]), end[:, sel])
+    return last[:, [steady - 1, 2 * steady - 1]]
 
 
-def steady_iteration(tg: TaskGraph, window: tuple[float, float], steady: int, m_count: int, busy: np.ndarray,
-                     allreduce: np.ndarray) -> float:
-    """``window``: the ``period``; ``busy`` per device over the whole stream; ``allreduce``
-    per device (its stage's)."""
+def steady_iteration(tg: TaskGraph, table: np.ndarray, window: np.ndarray, steady: int, m_count: int,
+                     busy: np.ndarray, allreduce: np.ndarray) -> np.ndarray:
+    """``window``: the ``period``; ``table``: class durations; ``busy`` per device over the
+    whole stream; ``allreduce`` per device (its stage's)."""
     scale = steady / m_count
-    chan = tg.chan >= 0
-    load = np.bincount(tg.chan[chan], weights=tg.dur[chan]) * scale if chan.any() else np.zeros(1)
-    return max(window[1] - window[0], float((busy * scale + allreduce).max(initial=0.0)), float(load.max(initial=0.0)))
+    ch = np.flatnonzero(tg.chan >= 0)
+    load = tg.sums(table, ch, tg.chan[ch], len(tg.channels)).max(axis=1) * scale if ch.size else 0.0
+    dev = (busy * scale + allreduce).max(axis=1, initial=0.0)
+    return np.maximum(np.maximum(window[:, 1] - window[:, 0], dev), load)

@@ -1,0 +1,155 @@
+"""How long each task class lasts, per candidate (SPP §III cost model): the one place a
+cost is written. ``simulate`` calls it with a batch of one, the batched evaluator with many.
+
+A *layout* says, per candidate, which devices form each group of the task graph and which
+hold each stage; durations follow from it, the stage costs and the devices' speeds:
+
+- compute: the varying part of a stage's whole-microbatch time over the summed speed of the
+  devices sharing the microbatch (split in proportion to speed, so they finish together),
+  the fixed per-call part on the slowest working device of the group, the runtime's
+  per-action overhead; a re-materializing stage runs its forward again inside its backward
+  (or the input half I of a split backward, W being the rest);
+- transfer between groups: bytes / (|senders| |receivers| slowest link) + largest latency
+  (SPP §III-B2, ``costmodel.transfer_time``);
+- ring all-reduce of a replicated stage (SPP Eq. 1, ``costmodel.allreduce_time``);
+- the optimizer step (``costmodel.update_time``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..cluster.model import Resource
+from ..costmodel import update_time
+from ..schedule import Kind
+from .compile import TaskGraph, mat
+from .costs import StageCosts
+
+_F, _B, _I, _W = int(Kind.F), int(Kind.B), int(Kind.I), int(Kind.W)
+_AR, _UP, _SF, _SB = int(Kind.AR), int(Kind.UPDATE), int(Kind.SEND_F), int(Kind.SEND_B)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Per candidate b: ``groups[b, g, v]``: device v runs group g's program;
+    ``stages[b, s, v]``: device v holds stage s."""
+
+    groups: np.ndarray
+    stages: np.ndarray
+
+    @property
+    def used(self) -> np.ndarray:
+        """(candidates, devices): the device runs some program."""
+        return self.groups.any(axis=1)
+
+    def group_sum(self, x: np.ndarray) -> np.ndarray:
+        """(candidates, groups): ``x[b, v]`` summed over each group's devices."""
+        return np.einsum("bgv,bv->bg", self.groups, x)
+
+    def group_min(self, x: np.ndarray) -> np.ndarray:
+        """(candidates, groups): the least ``x[b, v]`` over each group's devices with x > 0 (inf if none)."""
+        return np.where(self.groups & (x > 0)[:, None, :], x[:, None, :], np.inf).min(axis=2)
+
+
+def pass_speeds(cluster: Cluster, lanes: bool, beta: list[dict] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each device's forward and backward speed. With ``lanes`` (resalloc.txt §III-B)
+    forward gets beta_j of each resource j and backward the rest (a single resource is
+    time-shared), ``beta[v]`` the allocation of device v's stage (default 0.5); speeds are
+    linear in beta."""
+    if not lanes:
+        return cluster.fspeed, cluster.bspeed
+    f, b = np.zeros(len(cluster)), np.zeros(len(cluster))
+    for d, dev in enumerate(cluster.devices):
+        alloc = (beta[d] if beta else None) or {}
+        for r in dev.resources or (Resource("*", dev.speed, dev.speed),):
+            share = float(alloc.get(r.name, alloc.get("*", 0.5)))
+            f[d] += share * r.fwd_speed
+            b[d] += (1.0 - share) * r.bwd_speed
+    return f, b
+
+
+def class_shares(tg: TaskGraph, lay: Layout, speed: np.ndarray) -> np.ndarray:
+    """(candidates, classes): summed ``speed`` of the devices sharing each compute class's
+    microbatches (0 for other classes)."""
+    return mat(lay.group_sum(speed), tg.sharers.T)
+
+
+def _compute(tg: TaskGraph, lay: Layout, c: StageCosts, fs: np.ndarray, bs: np.ndarray, overhead: float,
+             dur: np.ndarray) -> None:
+    sel = tg.of_kinds(_F, _B, _I, _W)
+    g, s, k = tg.owner[tg.rep[sel]], tg.stage[tg.rep[sel]], tg.kind[tg.rep[sel]]
+    share_f, share_b = class_shares(tg, lay, fs)[:, sel], class_shares(tg, lay, bs)[:, sel]
+    slow_f, slow_b = lay.group_min(fs)[:, g], lay.group_min(bs)[:, g]
+    ffix, bfix = c.fwd_fixed[:, s], c.bwd_fixed[:, s]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fwd = (c.fwd[:, s] - ffix) / share_f + np.where(ffix > 0, ffix / slow_f, 0.0)
+        bwd = (c.bwd[:, s] - bfix) / share_b + np.where(bfix > 0, bfix / slow_b, 0.0)
+    redo = np.where(c.recompute[:, s], fwd, 0.0)
+    frac, cost = c.input_fraction, c.split_cost
+    dur[:, sel] = np.select([k == _F, k == _B, k == _I, k == _W],
+                            [fwd, bwd + redo, cost * frac * bwd + redo, cost * (1.0 - frac) * bwd]) + overhead
+
+
+def _allreduce(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, dur: np.ndarray, bad: np.ndarray) -> None:
+    eff = float(cl.meta.get("allreduce_efficiency", 1.0))  # measured by calibrate
+    for t in tg.of_kinds(_AR).tolist():
+        s = int(tg.stage[tg.rep[t]])
+        m = lay.stages[:, s]
+        k = m.sum(axis=1)
+        pm = m[:, :, None] & m[:, None, :]
+        bw = np.where(pm, cl.bandwidth[None], np.inf).min(axis=(1, 2))
+        lat = np.where(pm, cl.latency[None], 0.0).max(axis=(1, 2))
+        live = (k >= 2) & (c.params[:, s] > 0)
+        bad[:, t] = live & (bw <= 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dur[:, t] = np.where(live, 2.0 * (k - 1) / k * c.params[:, s] / (bw * eff) + 2 * (k - 1) * lat, 0.0)
+
+
+def _links(gmask: np.ndarray, ga: int, gb: int, cl: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """Slowest bandwidth and largest latency from group ga's devices to gb's, per candidate."""
+    if (gmask[:, ga].sum(axis=1) == 1).all() and (gmask[:, gb].sum(axis=1) == 1).all():
+        i, j = gmask[:, ga].argmax(axis=1), gmask[:, gb].argmax(axis=1)
+        return cl.bandwidth[i, j], cl.latency[i, j]
+    pm = gmask[:, ga, :, None] & gmask[:, gb, None, :]
+    return np.where(pm, cl.bandwidth[None], np.inf).min(axis=(1, 2)), np.where(pm, cl.latency[None], 0.0).max(axis=(1, 2))
+
+
+def _transfers(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, dur: np.ndarray, bad: np.ndarray) -> None:
+    """A transfer class's pair is (the group of stage s, the group of s+1) in both directions."""
+    n_g = len(tg.groups)
+    pair, kinds, stage = tg.pair[tg.rep], tg.kind[tg.rep], tg.stage[tg.rep]
+    for code in np.unique(pair[pair >= 0]).tolist():
+        ga, gb = divmod(code, n_g)
+        size = lay.groups[:, ga].sum(axis=1) * lay.groups[:, gb].sum(axis=1)
+        for kind, (bw, lat) in ((_SF, _links(lay.groups, ga, gb, cl)), (_SB, _links(lay.groups, gb, ga, cl))):
+            sel = np.flatnonzero((pair == code) & (kinds == kind))
+            if not sel.size:
+                continue
+            cut = stage[sel] - (0 if kind == _SF else 1)
+            bad[:, sel] = (bw <= 0)[:, None]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                dur[:, sel] = c.boundary[:, cut] / (size * bw)[:, None] + lat[:, None]
+
+
+def _updates(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, meta: dict, dur: np.ndarray) -> None:
+    sel = tg.of_kinds(_UP)
+    if sel.size:
+        g = tg.owner[tg.rep[sel]]
+        slow = np.where(lay.groups, cl.speed[None, None], np.inf).min(axis=2)[:, g]
+        dur[:, sel] = update_time(meta, cl, mat(c.params, tg.group_stages.T)[:, g], slow)
+
+
+def durations(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, graph_meta: dict, fs: np.ndarray,
+              bs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(candidates, classes): every class's duration, and whether it needs a link that is
+    not there (zero bandwidth between devices that must talk)."""
+    dur = np.zeros((fs.shape[0], tg.rep.size))
+    bad = np.zeros(dur.shape, dtype=bool)
+    _compute(tg, lay, c, fs, bs, float(cl.meta.get("action_overhead_s", 0.0)), dur)
+    _allreduce(tg, lay, c, cl, dur, bad)
+    _transfers(tg, lay, c, cl, dur, bad)
+    _updates(tg, lay, c, cl, graph_meta, dur)
+    return dur, bad
