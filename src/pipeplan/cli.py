@@ -471,9 +471,10 @@ def _write_measured(outs: Outputs, args, plan, timeline, out: dict) -> None:
     title = f"measured (step {out['timeline_step']})"
     drawn, gantt_title = timeline, title
     if args.vs_prediction:
-        from .runtime.timing import vs_prediction
+        from .runtime.timing import side_by_side
+        from .sim import simulate
 
-        drawn, out["action_error"] = vs_prediction(plan, timeline)
+        drawn, out["action_error"] = side_by_side(simulate(plan).timeline, timeline)
         gantt_title = f"predicted and measured (step {out['timeline_step']})"
     _render(outs, timeline, title, drawn, gantt_title)
 
