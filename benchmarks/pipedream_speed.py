@@ -17,7 +17,7 @@ import time
 
 from pipeplan.graph import load_graph
 from pipeplan.planners.pipedream import MAX_STATES, _dag
-from pipeplan.planners.pipedream_dp import Level, solve
+from pipeplan.planners.pipedream.dp import Level, solve
 
 from _results import PROFILES, add_out_argument, write_json
 

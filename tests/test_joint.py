@@ -162,7 +162,7 @@ def test_cli_bad_joint_options_one_line_exit_2(capsys, tmp_path, option, fragmen
 
 
 def test_interchangeable_devices_make_one_candidate():
-    from pipeplan.planners.exact import device_classes
+    from pipeplan.cluster.symmetry import device_classes
     from pipeplan.planners.joint.candidate import canonical, make
 
     c = load_cluster("1080ti-4x2")  # 4 servers x 2: devices of a server are interchangeable, not across

@@ -207,7 +207,7 @@ def test_runtime_scorer_caches_and_skips_what_cannot_run():
         calls.append(plan_key(plan))
         return 0.01 * len(calls)
 
-    scorer = RuntimeScorer("unused", g, hierarchical("h", 1, 2, 1e9, 1e9), 4, runner=runner)
+    scorer = RuntimeScorer(g, hierarchical("h", 1, 2, 1e9, 1e9), 4, runner)
     a = (np.array([0, 0, 1, 1]), np.array([0, 1]))
     b = (np.array([0, 0, 0, 1]), np.array([1, 0]))
     first = scorer.score(*a)
@@ -215,7 +215,7 @@ def test_runtime_scorer_caches_and_skips_what_cannot_run():
     again = scorer.score(np.stack([a[0], b[0], a[0]]), np.stack([a[1], b[1], a[1]]))
     assert again.iteration_s.tolist() == [0.01, 0.02, 0.01]
     assert scorer.measured == 2 and len(calls) == 2 and scorer.evaluations == 4
-    tight = RuntimeScorer("unused", g, hierarchical("h", 1, 2, 1e9, 1e9, memory=1e5), 4, runner=runner)
+    tight = RuntimeScorer(g, hierarchical("h", 1, 2, 1e9, 1e9, memory=1e5), 4, runner)
     over = tight.score(*a)  # over memory by the cost model: not run
     assert not over.fits[0] and over.reward[0] == tight.infeasible_reward and over.iteration_s[0] == math.inf
     assert tight.measured == 0 and len(calls) == 2
@@ -224,9 +224,9 @@ def test_runtime_scorer_caches_and_skips_what_cannot_run():
 def test_measured_env_passes_the_checker_with_a_stand_in_runtime():
     g = Graph.chain("c4", [1e-3] * 4, [2e-3] * 4, params=[1e6] * 4, act=[1e5] * 4)
     c = hierarchical("h", 1, 2, 1e9, 1e9)
-    scorer = RuntimeScorer("unused", g, c, 4, runner=lambda plan: 0.5)
-    env = gymnasium.make("pipeplan/MeasuredPartition-v0", model_spec="unused", graph=None, cluster=c,
-                         microbatches=4, scorer=scorer)
+    scorer = RuntimeScorer(g, c, 4, lambda plan: 0.5)
+    env = gymnasium.make("pipeplan/MeasuredPartition-v0", graph=None, cluster=c, microbatches=4,
+                         scorer=scorer)
     check_env(env.unwrapped)
     reward, info, _ = rollout(env, np.random.default_rng(0))
     assert reward == pytest.approx(-math.log(0.5)) and info["iteration_s"] == 0.5
@@ -234,12 +234,13 @@ def test_measured_env_passes_the_checker_with_a_stand_in_runtime():
 
 @pytest.mark.slow
 def test_measured_env_runs_the_plan_once_per_distinct_plan():
+    from pipeplan.runtime.measure import plan_runner
     from pipeplan.runtime.profiler import profile_model
 
     g = profile_model("example:mlp", warmup=1, reps=3)
     c = hierarchical("local", 1, 2, 1e9, 1e9)  # two CPU worker processes, as in test_runtime
-    env = gymnasium.make("pipeplan/MeasuredPartition-v0", model_spec="example:mlp", graph=g, cluster=c,
-                         microbatches=4, steps=2, warmup=1, timeout_s=120)
+    env = gymnasium.make("pipeplan/MeasuredPartition-v0", graph=g, cluster=c, microbatches=4,
+                         runner=plan_runner("example:mlp", steps=2, warmup=1, timeout_s=120))
     base = env.unwrapped
     assert isinstance(base, MeasuredPartitionEnv)
     reward, info, actions = rollout(env, np.random.default_rng(3), seed=0)

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from pipeplan.cli import main
 from pipeplan.cluster import hierarchical
 from pipeplan.graph import Graph, NodeSpec, load_graph
-from pipeplan.graph.antichain import antichain_dag, compress_branches
+from pipeplan.planners.pipedream.antichain import antichain_dag, compress_branches
 from pipeplan.planners import PlanOptions, planner_settings, run_planner
 from pipeplan.planners.pipedream import run_pipedream
-from pipeplan.planners.pipedream_dp import DPOptions, Level, solve
+from pipeplan.planners.pipedream.dp import DPOptions, Level, solve
 from pipeplan.sim import simulate
 
 from conftest import profile_path
@@ -305,7 +305,7 @@ def test_too_many_states_even_compressed_plans_a_chain_and_says_so(tmp_path, cap
     antichain DAG stays above the limit once compressed, over one topological order, and say
     so in the plan and on one line."""
     from pipeplan.graph import save_graph
-    from pipeplan.graph.antichain import TooManyStates
+    from pipeplan.planners.pipedream.antichain import TooManyStates
     from pipeplan.planners.pipedream import MAX_STATES
 
     g = nasnet_like()

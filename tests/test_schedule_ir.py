@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeplan.errors import PipeplanError
-from pipeplan.schedule import SCHEDULES, Kind, Program, Schedule, make_schedule
+from pipeplan.schedule import SCHEDULES, Kind, Program, Schedule, check_schedule, make_schedule
 from pipeplan.sim import simulate
 
 from helpers import chain_plan, one_server, uniform_chain
@@ -34,7 +34,7 @@ def test_kinds_are_one_intenum():
 ])
 def test_bad_programs_are_refused(actions, message):
     with pytest.raises(PipeplanError, match=message):
-        Schedule("custom", 2, [0], [Program.from_actions(0, actions)]).check(1)
+        check_schedule(Schedule("custom", 2, [0], [Program.from_actions(0, actions)]), 1)
 
 
 def test_split_backward_equals_full_backward_closed_form():

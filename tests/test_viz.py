@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from pipeplan.schedule import Kind
-from pipeplan.sim.timeline import KIND_NAMES, Timeline
+from pipeplan.schedule.timeline import KIND_NAMES, Timeline
+from pipeplan.viz import draw_gantt, to_trace, write_trace
 
 ALLREDUCE, BWD, COMM_B, COMM_F, FWD = Kind.AR, Kind.B, Kind.SEND_B, Kind.SEND_F, Kind.F
-from pipeplan.viz import draw_gantt, to_trace, write_trace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

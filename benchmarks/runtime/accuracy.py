@@ -35,7 +35,8 @@ from pipeplan.planners.compare import compare
 from pipeplan.runtime.calibrate import calibrate
 from pipeplan.runtime.executor import RunConfig, run_plan
 from pipeplan.runtime.profiler import profile_model
-from pipeplan.runtime.timing import vs_prediction
+from pipeplan.runtime.timing import side_by_side
+from pipeplan.sim import simulate
 from pipeplan.viz import gantt_figure
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
@@ -99,7 +100,7 @@ def measure_model(spec: str, args) -> tuple[list[dict], dict, dict]:
                 "measured_s": times, "spread": [o["spread"] for o in runs[label]],
                 "between_runs": (max(times) - min(times)) / measured,
                 "errors": [o["error"] for o in runs[label]],
-                "action_error": vs_prediction(plan, pick["_timeline"])[1]["summary"],
+                "action_error": side_by_side(simulate(plan).timeline, pick["_timeline"])[1]["summary"],
                 "skip_edges_cut": crossing_edges(graph, len(plan.stages[0].nodes)) if len(plan.stages) > 1 else 0}
         cases.append(case)
         print(f"{spec[:40]:>40} {label:<26} predicted {case['predicted_s'] * 1e3:7.2f} ms  measured "
@@ -122,7 +123,7 @@ def worst_case(cases: list[dict], context: dict, out_dir: Path) -> dict:
     worst = max(cases, key=lambda c: statistics.median(c["errors"]))
     ctx = context[worst["model"]]
     plan = ctx["plans"][worst["plan"]]
-    merged, errors = vs_prediction(plan, ctx["timelines"][worst["plan"]])
+    merged, errors = side_by_side(simulate(plan).timeline, ctx["timelines"][worst["plan"]])
     save_figure(gantt_figure(merged, f"{worst['model']}, {worst['plan']}: predicted and measured"),
                 out_dir / "accuracy_worst.png")
     return {**worst, "action_error": errors["summary"]}

@@ -25,6 +25,7 @@ against one-process training; beside it the prediction from ``pipeplan profile``
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -217,6 +218,22 @@ def markdown(pred: list[dict], summ: dict, meas: dict, args) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_measured(meas: dict) -> None:
+    """The measured runs say what they hold, checked before anything is written: every run
+    trained as one process does, gains are the ratios of the best times (SystemExit if not)."""
+    rows = {r["label"]: r for r in meas["rows"]}
+    base = rows["1f1b"]
+    for lab, r in rows.items():
+        bad = [why for why, ok in (
+            ("a check did not pass", set(r["checks"]) == {"pass"} and r["max_rel_diff"] <= 1e-5),
+            ("best is not the least run", min(r["measured_s"]) == r["best_s"] > 0),
+            ("gain is not the ratio of best times", math.isclose(r["gain"], base["best_s"] / r["best_s"] - 1)),
+            ("predicted gain is not the ratio of predictions",
+             math.isclose(r["predicted_gain"], base["predicted_s"] / r["predicted_s"] - 1))) if not ok]
+        if bad:
+            raise SystemExit(f"gains: {lab}: {'; '.join(bad)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=2, help="gloo processes of the measured runs (the pipeline depth)")
@@ -230,6 +247,7 @@ def main() -> None:
     for lab, s in summ.items():
         print(f"predicted {lab:<26} median {_pct(s['median'])}, {s['faster']}/{s['cases']} faster than 1F1B")
     meas = measured(args)
+    check_measured(meas)
     write_json(args.out / "gains.json", {"predicted": pred, "summary": summ, "measured": meas})
     write_markdown(args.out / "gains.md", markdown(pred, summ, meas, args))
 

@@ -32,12 +32,9 @@ def _load_inputs(args):
 
     graph, cluster = load_graph(args.model), load_cluster(args.cluster)
     if getattr(args, "global_batch", None) and args.microbatches:  # M fixed: scale the microbatch
-        from .graph.scale import with_microbatch
+        from .graph.scale import with_global_batch
 
-        if args.global_batch % args.microbatches:
-            raise PipeplanError(f"--global-batch {args.global_batch} is not a multiple of --microbatches "
-                                f"{args.microbatches}")
-        graph = with_microbatch(graph, args.global_batch // args.microbatches)
+        graph = with_global_batch(graph, args.global_batch, args.microbatches)
     if args.memory_limit is not None:
         limit = parse_bytes(args.memory_limit, "--memory-limit")
         if limit <= 0:
@@ -56,7 +53,7 @@ def _options(args, planners: list[str] = ()):
         if not sep or not key:
             raise PipeplanError(f"-O/--planner-option: expected KEY=VALUE, got {item!r}")
         pairs.append((key, value))
-    return PlanOptions(microbatches=args.microbatches or 32, schedule=getattr(args, "schedule", None),
+    return PlanOptions(microbatches=args.microbatches or PlanOptions.microbatches, schedule=getattr(args, "schedule", None),
                        optimizer=args.optimizer, settings=planner_settings(list(planners), pairs) if planners else (),
                        global_batch=_global_batch(args))
 
@@ -290,10 +287,10 @@ def cmd_compare(args) -> int:
         outs.write_all()
     dicts = [r.to_dict() for r in rows]
     if args.json:
-        print(json.dumps({"model": graph.name, "cluster": cluster.name, "microbatches": args.microbatches or 32,
+        print(json.dumps({"model": graph.name, "cluster": cluster.name, "microbatches": options.microbatches,
                           "results": dicts}))
     else:
-        what = f"global batch {args.global_batch}" if args.global_batch else f"{args.microbatches or 32} microbatches"
+        what = f"global batch {args.global_batch}" if args.global_batch else f"{options.microbatches} microbatches"
         print_compare(dicts, f"{graph.name} on {cluster.name}, {what}")
         if top is not None and top.fits:
             print(f"to use the best plan: {_reproduce(args, top.planner, options)}")
@@ -471,9 +468,10 @@ def _write_measured(outs: Outputs, args, plan, timeline, out: dict) -> None:
     title = f"measured (step {out['timeline_step']})"
     drawn, gantt_title = timeline, title
     if args.vs_prediction:
-        from .runtime.timing import vs_prediction
+        from .runtime.timing import side_by_side
+        from .sim import simulate
 
-        drawn, out["action_error"] = vs_prediction(plan, timeline)
+        drawn, out["action_error"] = side_by_side(simulate(plan).timeline, timeline)
         gantt_title = f"predicted and measured (step {out['timeline_step']})"
     _render(outs, timeline, title, drawn, gantt_title)
 

@@ -133,3 +133,11 @@ def with_microbatch(graph: Graph, samples: int) -> Graph:
         fields[f.name] = value
     fields["meta"] = dict(graph.meta) if r == 1.0 else _scaled_meta(graph.meta, b0, samples)
     return Graph(**fields)
+
+
+def with_global_batch(graph: Graph, global_batch: int, microbatches: int) -> Graph:
+    """``graph`` with microbatches of ``global_batch / microbatches`` samples (a PipeplanError
+    unless ``microbatches`` divides ``global_batch``)."""
+    if global_batch % microbatches:
+        raise PipeplanError(f"--global-batch {global_batch} is not a multiple of --microbatches {microbatches}")
+    return with_microbatch(graph, global_batch // microbatches)

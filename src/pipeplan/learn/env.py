@@ -31,8 +31,9 @@ Reward (§3.4, Eq. 2): 0 until the last step, then the scorer's reward for the f
 holds ``iteration_s``, ``fits``, ``part`` (node -> partition), ``device_part`` (device ->
 partition) and ``num_partitions``. DRL-PP scores plans in "a real-world environment" (§3.4)
 because profiles and cost models err (§2.2): :class:`MeasuredPartitionEnv` scores each
-finished plan by running it for real on the runtime's worker processes
-(:class:`RuntimeScorer`, each distinct plan measured once); :class:`PartitionEnv` scores it
+finished plan with a runner handed in (``runtime.measure.plan_runner``: the plan trained for
+real on the runtime's worker processes; :class:`RuntimeScorer`, each distinct plan measured
+once); :class:`PartitionEnv` scores it
 with the simulator (fast, for training on large models).
 
 Invalid actions: by default (``invalid_action="end"``) an action outside ``action_mask``
@@ -45,7 +46,7 @@ The environments draw no random numbers: given the actions, an episode is determ
 
 Registered on import as ``pipeplan/Partition-v0`` and ``pipeplan/MeasuredPartition-v0``
 (``gymnasium.make("pipeplan.learn.env:pipeplan/Partition-v0", graph=..., cluster=...,
-microbatches=...)`` imports this module first). The measured variant spawns processes:
+microbatches=...)`` imports this module first). The runtime's runner spawns processes:
 scripts that use it need the ``if __name__ == "__main__":`` guard.
 """
 
@@ -246,23 +247,19 @@ def plan_key(plan: Plan) -> tuple[tuple[frozenset[str], frozenset[str]], ...]:
 
 
 class RuntimeScorer:
-    """Scores candidates by training them for real: ``pipeplan run``'s ``run_plan`` on one
-    worker process per device, ``steps`` timed iterations after ``warmup``; reward
-    ``-ln(measured seconds per iteration)`` (DRL-PP Eq. 2). Each distinct plan (``plan_key``)
-    is measured once and cached. ``graph`` must be ``model_spec``'s profile (node ids = the
-    model's layers). A candidate the cost model calls unrunnable or over memory is not run: it
-    gets ``infeasible_reward``, iteration time inf and ``fits`` False. Runtime failures
-    (PipeplanError) propagate. ``evaluations``: candidates scored; ``measured``: runs made.
-    ``runner`` (a Plan -> seconds callable) replaces the runtime (tests, other back ends)."""
+    """Scores candidates by running them: ``runner(plan)`` -> measured seconds per iteration
+    (``runtime.measure.plan_runner`` trains the plan for real on one worker process per
+    device; handed in, so that learn/ never imports the runtime); reward ``-ln(measured
+    seconds per iteration)`` (DRL-PP Eq. 2). Each distinct plan (``plan_key``) is measured
+    once and cached. A candidate the cost model calls unrunnable or over memory is not run: it
+    gets ``infeasible_reward``, iteration time inf and ``fits`` False. Runner failures
+    propagate. ``evaluations``: candidates scored; ``measured``: runs made."""
 
-    def __init__(self, model_spec: str, graph: Graph, cluster: Cluster, microbatches: int,
-                 schedule: str = "1f1b", steps: int = 3, warmup: int = 1, threads: int = 1,
-                 timeout_s: float | None = 300.0, replicas: str = "round-robin", optimizer: str = "adam",
-                 runner: Callable[[Plan], float] | None = None) -> None:
-        self.model_spec, self.graph, self.cluster = model_spec, graph, cluster
-        self.steps, self.warmup, self.threads, self.timeout_s = steps, warmup, threads, timeout_s
+    def __init__(self, graph: Graph, cluster: Cluster, microbatches: int, runner: Callable[[Plan], float],
+                 schedule: str = "1f1b", replicas: str = "round-robin", optimizer: str = "adam") -> None:
+        self.graph, self.cluster = graph, cluster
         self.model = Scorer(graph, cluster, microbatches, schedule, replicas, optimizer)  # plans, feasibility, memory
-        self.runner: Callable[[Plan], float] = runner if runner is not None else self._run
+        self.runner = runner
         self.cache: dict[tuple, float] = {}
         self.evaluations = 0
         self.measured = 0
@@ -298,33 +295,22 @@ class RuntimeScorer:
         self.evaluations += len(part)
         return Scores(iteration, predicted.fits.copy(), reward)
 
-    def _run(self, plan: Plan) -> float:
-        from ..runtime.executor import RunConfig, run_plan  # lazy: torch.distributed, processes
-
-        cfg = RunConfig(spec=self.model_spec, steps=self.steps, warmup=self.warmup, threads=self.threads,
-                        timeout_s=self.timeout_s)
-        return float(run_plan(plan, cfg)["measured_s"])
-
 
 class MeasuredPartitionEnv(PartitionEnv):
-    """:class:`PartitionEnv` whose finished plans are measured on the runtime
-    (:class:`RuntimeScorer`, built from the arguments unless ``scorer`` is given). ``graph``
-    None: profile ``model_spec`` (``pipeplan profile``'s defaults)."""
+    """:class:`PartitionEnv` whose finished plans are measured (:class:`RuntimeScorer` over
+    ``runner``, or ``scorer`` as given). ``graph``: the profile of the model the runner runs
+    (node ids = its layers)."""
 
-    def __init__(self, model_spec: str, graph: Graph | None, cluster: Cluster, microbatches: int,
-                 schedule: str = "1f1b", steps: int = 3, warmup: int = 1, threads: int = 1,
-                 timeout_s: float | None = 300.0, replicas: str = "round-robin", optimizer: str = "adam",
-                 max_nodes: int | None = None, max_devices: int | None = None,
-                 scorer: RuntimeScorer | None = None, invalid_action: str = "end") -> None:
-        if graph is None and scorer is not None:
-            graph = scorer.graph
-        elif graph is None:
-            from ..runtime.profiler import profile_model
-
-            graph = profile_model(model_spec)
-        scorer = scorer if scorer is not None else RuntimeScorer(
-            model_spec, graph, cluster, microbatches, schedule, steps, warmup, threads, timeout_s, replicas, optimizer)
-        super().__init__(graph, cluster, microbatches, schedule, replicas, optimizer, max_nodes, max_devices,
+    def __init__(self, graph: Graph | None, cluster: Cluster, microbatches: int,
+                 runner: Callable[[Plan], float] | None = None, schedule: str = "1f1b",
+                 replicas: str = "round-robin", optimizer: str = "adam", max_nodes: int | None = None,
+                 max_devices: int | None = None, scorer: RuntimeScorer | None = None,
+                 invalid_action: str = "end") -> None:
+        if scorer is None:
+            if graph is None or runner is None:
+                raise ValueError("MeasuredPartitionEnv needs graph and runner, or a scorer")
+            scorer = RuntimeScorer(graph, cluster, microbatches, runner, schedule, replicas, optimizer)
+        super().__init__(scorer.graph, cluster, microbatches, schedule, replicas, optimizer, max_nodes, max_devices,
                          scorer, invalid_action)
 
 

@@ -71,6 +71,7 @@ import numpy as np
 
 from ..budget import Budget
 from ..cluster import Cluster
+from ..cluster.symmetry import device_classes
 from ..costmodel import state_bytes
 from ..errors import Infeasible, PipeplanError
 from ..graph import Graph, linearize
@@ -88,30 +89,6 @@ SLACK = 1e-9  # relative: prune only what the bound beats by more than float noi
 #: (about 0.1 ms and a few ms each here). Every instance of ``benchmarks/joint/gap.py`` (up to
 #: 8 layers, 5 devices) completes well within them.
 DEFAULT_EVALUATIONS = 1_000_000
-
-
-def device_classes(cluster: Cluster) -> list[list[int]]:
-    """Partition devices into classes of pairwise interchangeable devices (swapping two is
-    an automorphism of the cluster, so the relation is an equivalence)."""
-    bw, lat = cluster.bandwidth, cluster.latency
-    v = len(cluster)
-
-    def same(a: int, b: int) -> bool:
-        if replace(cluster.devices[a], name="") != replace(cluster.devices[b], name=""):
-            return False  # everything the simulator may read of a device
-        others = [x for x in range(v) if x not in (a, b)]
-        return all(np.array_equal(m[a, others], m[b, others]) and np.array_equal(m[others, a], m[others, b])
-                   and m[a, b] == m[b, a] for m in (bw, lat))
-
-    classes: list[list[int]] = []
-    for d in range(v):
-        for cls in classes:
-            if same(cls[0], d):
-                cls.append(d)
-                break
-        else:
-            classes.append([d])
-    return classes
 
 
 def crossed_cuts(graph: Graph, order: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from ..plan import Plan, Stage
 from ..errors import Infeasible
 from .base import PlanOptions, fits, register
 from .pipedream import run_pipedream
-from .pipedream_dp import DPOptions, Level
+from .pipedream.dp import DPOptions, Level
 
 
 def virtual_workers(cluster: Cluster) -> list[list[int]]:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..schedule import Kind
-from ..sim.timeline import Timeline
+from ..schedule.timeline import Timeline
 
 
 class _Mark(torch.autograd.Function):
@@ -140,13 +140,6 @@ def measured_timeline(devices: list[str], stage_of_rank: list[int], events: dict
                     kind=arr[:, 0].astype(np.int8), stage=arr[:, 1].astype(np.int64), micro=arr[:, 2].astype(np.int64),
                     resource=arr[:, 3].astype(np.int64), start=arr[:, 4], end=arr[:, 5],
                     iteration_s=float(iteration_s))
-
-
-def vs_prediction(plan, measured: Timeline) -> tuple[Timeline, dict]:
-    """``side_by_side`` with the plan's simulated timeline."""
-    from ..sim import simulate
-
-    return side_by_side(simulate(plan).timeline, measured)
 
 
 def side_by_side(predicted: Timeline, measured: Timeline) -> tuple[Timeline, dict]:

@@ -51,8 +51,9 @@ def _check_program(name: str, s: int, p: Program, m_count: int) -> np.ndarray:
 
 
 def check_schedule(sched: Schedule, num_stages: int) -> None:
-    """Every stage runs each microbatch's forward and backward exactly once, on one device
-    or split over replicas that run the same program."""
+    """Raise PipeplanError unless every stage runs each microbatch's forward and backward
+    exactly once (on one device, or split over replicas that run the same program), each
+    backward after its forward on the same device, I before W."""
     for p in sched.programs:
         if p.stages.size and (p.stages.min() < 0 or p.stages.max() >= num_stages):
             raise PipeplanError(f"schedule {sched.name}: names a stage outside 0..{num_stages - 1}")

@@ -32,6 +32,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import PipeplanError
+from .check import check_schedule
 from .interleaved import DeviceOrder, interleaved_order
 from .ir import Kind, Program, Schedule
 from .layout import Layout, layout
@@ -134,7 +135,7 @@ def _make_schedule(name: str, stage_devices: tuple[tuple[int, ...], ...], microb
         devs, progs = _stage_programs(kind, stage_devices, m_count, replicas, synchronous)
     sched = Schedule(name, m_count, devs, progs, steady_state=None if synchronous else microbatches,
                      lanes=kind.lanes)
-    sched.check(len(stage_devices))
+    check_schedule(sched, len(stage_devices))
     return sched
 
 

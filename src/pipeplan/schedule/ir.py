@@ -118,11 +118,3 @@ class Schedule:
     def splits_backward(self) -> bool:
         """Some backward runs as I then W (zero-bubble schedules)."""
         return any(bool(np.any(p.kinds == Kind.I)) for p in self.programs)
-
-    def check(self, num_stages: int) -> None:
-        """Raise PipeplanError unless every stage runs every microbatch's forward and
-        backward exactly once (whole, or split over replicas running the same program), each
-        backward after its forward on the same device, I before W."""
-        from .check import check_schedule
-
-        check_schedule(self, num_stages)

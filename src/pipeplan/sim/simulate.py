@@ -14,7 +14,7 @@ import numpy as np
 from ..costmodel import allreduce_time, transfer_time
 from ..errors import PipeplanError
 from ..plan import Plan
-from ..schedule import Kind, Schedule, make_schedule
+from ..schedule import Kind, Schedule, check_schedule, make_schedule
 from .bounds import work_bound
 from .compile import TaskGraph, compile_tasks
 from .costs import StageCosts, plan_costs
@@ -87,7 +87,7 @@ def schedule_of(plan: Plan, schedule: Schedule | None = None) -> Schedule:
     stage_devs = plan.stage_devices()
     if schedule is None:
         return make_schedule(plan.schedule, stage_devs, plan.microbatches, plan.replicas)
-    schedule.check(len(stage_devs))
+    check_schedule(schedule, len(stage_devs))
     for s, devs in enumerate(stage_devs):
         holders = sorted(d for d, p in zip(schedule.devices, schedule.programs) if np.any(p.stages == s))
         if holders != sorted(devs):

@@ -28,7 +28,7 @@ from matplotlib.patches import Patch
 from ..errors import PipeplanError
 from ..outputs import FORMATS
 from ..schedule import Kind
-from ..sim.timeline import Timeline
+from ..schedule.timeline import Timeline
 
 # kind: (legend label, face colour, edge colour, hatch, hatch colour, label text colour).
 # Edges are a darker shade of the face so that narrow bars keep their colour.

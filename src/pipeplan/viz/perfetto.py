@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..schedule import Kind
-from ..sim.timeline import KIND_NAMES, Timeline
+from ..schedule.timeline import KIND_NAMES, Timeline
 
 _PID = 1
 _TID0 = 10  # tids start here so that no track is taken for the process's main thread (tid == pid)

@@ -32,7 +32,8 @@ from ...sim import SimResult, simulate
 from ..base import PlanOptions, register
 from ..options import SEED_RANGE
 from ..ranking import rank_key
-from ..exact import MAX_DEVICES, MAX_LAYERS, device_classes, search_exhaustively, within_limits
+from ...cluster.symmetry import device_classes
+from ..exact import MAX_DEVICES, MAX_LAYERS, search_exhaustively, within_limits
 from ..variants import batch_choices
 from . import chunked
 from .candidate import from_plan, order_of_plan, to_plan

@@ -51,7 +51,7 @@ class Candidate:
 
 
 def canonical(c: Candidate, classes: list[list[int]]) -> Candidate:
-    """``c`` with each class of interchangeable devices (``exact.device_classes``: swapping
+    """``c`` with each class of interchangeable devices (``cluster.symmetry.device_classes``: swapping
     two is an automorphism of the cluster) relabelled in stage order, so plans equal up to
     such swaps become one candidate. Split replicas only: a round-robin stage's replica order
     is its devices' index order, which relabelling could change."""

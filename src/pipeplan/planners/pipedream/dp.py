@@ -2,7 +2,7 @@
 
 Semantics follow PipeDream's published optimizer (``optimizer_graph_hierarchical.py``):
 
-- states are the antichain DAG's states (``graph.antichain``); a stage is the difference of
+- states are the antichain DAG's states (``antichain``); a stage is the difference of
   an ancestor state k and a state j;
 - a stage on r workers takes ``(compute + 4 (r-1) params / (bandwidth r)) / r`` — its
   compute (forward + backward) shared by r replicas plus their weight synchronisation; the
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..graph.antichain import AntichainDag
+from .antichain import AntichainDag
 
 INF = float("inf")
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import PipeplanError
-from .model import Graph
+from ...errors import PipeplanError
+from ...graph.model import Graph
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def compress_branches(g: Graph) -> tuple[Graph, list[list[int]]]:
     that starts right after a fork (single-in, single-out nodes) becomes one node with the
     summed times and parameters and the last node's output. Returns the compressed graph and,
     for each of its nodes, the original nodes it stands for."""
-    from .linearize import chains
+    from ...graph.linearize import chains
 
     groups: list[list[int]] = []
     for run in chains(g):

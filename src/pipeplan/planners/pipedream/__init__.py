@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..errors import Infeasible
-from ..graph import Graph
-from ..graph.antichain import AntichainDag, TooManyStates, antichain_dag, compress_branches
-from ..graph.linearize import as_chain
-from ..plan import Plan, Stage
-from ..units import parse_bytes
-from .base import PlanOptions, register
-from .pipedream_dp import DPOptions, DPResult, Level, solve
+from ...cluster import Cluster
+from ...errors import Infeasible
+from ...graph import Graph
+from ...graph.linearize import as_chain
+from ...plan import Plan, Stage
+from ...units import parse_bytes
+from ..base import PlanOptions, register
+from .antichain import AntichainDag, TooManyStates, antichain_dag, compress_branches
+from .dp import DPOptions, DPResult, Level, solve
 
 MAX_STATES = 5000
 #: The hierarchical DP solves the inner level for every pair of nested states (cubic in the
