@@ -21,6 +21,9 @@ MAX_FILE_BYTES = 2**30
 MAX_CALIBRATION_S = 3600.0
 #: Seeds: numpy's legacy generators and torch take at most 32 bits.
 MAX_SEED = 2**32 - 1
+#: the fastest device, relative to the reference device (a speed of 1): beyond it the
+#: simulator's products of speeds and bytes leave floating point
+MAX_SPEED = 1e6
 #: the longest wall-clock budget (``--budget``, ``-O budget``): 30 days
 MAX_BUDGET_S = 30 * 86400.0
 #: Microbatches per iteration: the simulator's task graph is microbatches x stages x 4.

@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import PipeplanError
+from ..limits import MAX_SPEED
 
 #: The longest link latency a cluster may have (an hour): more is a typo, and would overflow
 #: the simulator's sums.
@@ -72,14 +73,16 @@ class Cluster:
         for i, d in enumerate(self.devices):
             if d.name in self.index:
                 raise PipeplanError(f"{where}: device name {d.name!r} appears twice")
-            if not (d.speed > 0 and np.isfinite(d.speed)):
-                raise PipeplanError(f"{where}: device {d.name!r} has speed {d.speed!r} (must be > 0)")
+            if not (0 < d.speed <= MAX_SPEED):
+                raise PipeplanError(f"{where}: device {d.name!r} has speed {d.speed!r} (must be > 0 and "
+                                    f"<= {MAX_SPEED:g}, relative to the reference device)")
             if d.resources and not (d.fwd_speed > 0 and d.bwd_speed > 0):
                 raise PipeplanError(f"{where}: device {d.name!r} has no resource for forward or backward")
-            if any(r.fwd_speed < 0 or r.bwd_speed < 0 for r in d.resources):
-                raise PipeplanError(f"{where}: device {d.name!r} has a negative resource speed")
-            if d.solo_speed is not None and not d.solo_speed > 0:
-                raise PipeplanError(f"{where}: device {d.name!r} has solo_speed {d.solo_speed!r} (must be > 0)")
+            if any(not (0 <= r.fwd_speed <= MAX_SPEED and 0 <= r.bwd_speed <= MAX_SPEED) for r in d.resources):
+                raise PipeplanError(f"{where}: device {d.name!r} has a resource speed < 0 or > {MAX_SPEED:g}")
+            if d.solo_speed is not None and not 0 < d.solo_speed <= MAX_SPEED:
+                raise PipeplanError(f"{where}: device {d.name!r} has solo_speed {d.solo_speed!r} (must be > 0 and "
+                                    f"<= {MAX_SPEED:g})")
             if not (d.memory > 0):
                 raise PipeplanError(f"{where}: device {d.name!r} has memory {d.memory!r} (must be > 0)")
             self.index[d.name] = i
