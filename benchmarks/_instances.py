@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeplan.cluster import Cluster, Device
-from pipeplan.costmodel import state_bytes
+from pipeplan.sim.formulas import state_bytes
 from pipeplan.graph import Graph
 
 Gbps = 1e9 / 8

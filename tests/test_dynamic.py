@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeplan.dynamic.costmodel import DeviceSpec, machine, node_kinds, part_seconds, profile, simulate, simulate_jobs
+from pipeplan.dynamic.simulator import DeviceSpec, machine, node_kinds, part_seconds, profile, simulate, simulate_jobs
 from pipeplan.dynamic.executor import Executor, parse_devices
 from pipeplan.dynamic.nets import build_net, reference
 from pipeplan.dynamic.trees import (FUNCTION_NAMES, MATH_INPUTS, SST_MEAN_WORDS, Tree, binary_parse_tree,

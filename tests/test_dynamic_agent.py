@@ -13,9 +13,9 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from pipeplan.dynamic import costmodel
+from pipeplan.dynamic import simulator
 from pipeplan.dynamic.agent import Agent, Config, evaluate, train, trained_on
-from pipeplan.dynamic.costmodel import GPU_A100, DeviceSpec, Machine
+from pipeplan.dynamic.simulator import GPU_A100, DeviceSpec, Machine
 from pipeplan.dynamic.env import (EMBED_DIM, MAX_NODES, SchedulerEnv, action_of, encode, features, node_mask,
                                   placement_of)
 from pipeplan.dynamic.executor import Executor
@@ -104,8 +104,8 @@ def test_action_is_in_order_by_hand():
     assert info["placement"] == [1, 1, 0] == placement_of(THREE, action)
     assert action_of(THREE, [1, 1, 0])[:3].tolist() == [1, 0, 1]
     assert terminated and not truncated and info["tree"] == 0
-    prof = costmodel.profile(THREE, "treelstm", WIDTH)
-    assert reward == -1e3 * costmodel.simulate(prof, [1, 1, 0], fast_machine()) == -info["ms"]
+    prof = simulator.profile(THREE, "treelstm", WIDTH)
+    assert reward == -1e3 * simulator.simulate(prof, [1, 1, 0], fast_machine()) == -info["ms"]
     with pytest.raises(RuntimeError):  # one step per episode
         env.step(action)
     env.reset()
@@ -164,7 +164,7 @@ def test_dqn_learns_the_fast_device(trained):
     # the oracle by hand: everything on the fast device, one part after another
     fast = fast_machine().devices[1]
     oracle = np.mean([1e3 * sum(fast.seconds(*row) for row in np.vstack([p.state, p.output]))
-                      for p in (costmodel.profile(t, "treelstm", WIDTH) for t in res.held_out)])
+                      for p in (simulator.profile(t, "treelstm", WIDTH) for t in res.held_out)])
     assert oracle == pytest.approx(np.mean([env.forward_ms(t, [1] * t.n) for t in res.held_out]))
     assert greedy < 0.5 * random and greedy < 2.5 * oracle
     assert res.evals[-1][1] == pytest.approx(-greedy) and res.evals[-1][1] > res.evals[0][1]

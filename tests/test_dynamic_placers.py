@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeplan.dynamic import placers
-from pipeplan.dynamic.costmodel import DeviceSpec, Machine, TreeProfile, machine, part_seconds, profile, simulate
+from pipeplan.dynamic.simulator import DeviceSpec, Machine, TreeProfile, machine, part_seconds, profile, simulate
 from pipeplan.dynamic.trees import FUNCTION_NAMES, Tree, binary_parse_tree, sample_trees
 from pipeplan.errors import PipeplanError
 

@@ -84,7 +84,7 @@ def test_figures_executor_modes_and_devices_used():
     """Fig. 8: a thread per node is slower than one thread (measured; tens of times on this
     kind of machine, asked here only to be slower). Fig. 9 (simulated): random placements over
     more devices are slower for small nodes and faster for wide ones."""
-    from pipeplan.dynamic.costmodel import machine
+    from pipeplan.dynamic.simulator import machine
     from pipeplan.dynamic.machines import model_cpu
     from pipeplan.dynamic.trees import sample_trees
 

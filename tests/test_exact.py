@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeplan.cluster import Cluster, hierarchical
-from pipeplan.costmodel import state_bytes
+from pipeplan.sim.formulas import state_bytes
 from pipeplan.errors import Infeasible, PipeplanError
 from pipeplan.graph import Graph
 from pipeplan.plan import Plan, Stage

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from pipeplan.cluster import load_cluster
-from pipeplan.costmodel import allreduce_time
+from pipeplan.sim.formulas import allreduce_time
 from pipeplan.ir.cost import CostModel, op_seconds
 from pipeplan.ir.decisions import (Position, decide, decision_order, linkage_groups, placement_rewards, positions,
                                    score, vector)

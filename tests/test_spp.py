@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from pipeplan.cli import main
 from pipeplan.cluster import Cluster, Device, hierarchical
-from pipeplan.costmodel import allreduce_time, state_bytes, transfer_time
+from pipeplan.sim.formulas import allreduce_time, state_bytes, transfer_time
 from pipeplan.graph import Graph, linearize
 from pipeplan.plan import Plan, Stage
 from pipeplan.planners.spp.bounds import lemma1

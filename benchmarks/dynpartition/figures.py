@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeplan.dynamic.costmodel import calibrate, machine, profile, simulate
+from pipeplan.dynamic.simulator import calibrate, machine, profile, simulate
 from pipeplan.dynamic.executor import Executor
 from pipeplan.dynamic.machines import executor_overhead
 from pipeplan.dynamic.manual import left_right, state_output

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from pipeplan.dynamic import agent as dqn
-from pipeplan.dynamic.costmodel import simulate
+from pipeplan.dynamic.simulator import simulate
 from pipeplan.dynamic.env import SchedulerEnv
 from pipeplan.dynamic.experiment import Setup, build
 from pipeplan.dynamic.machines import shared_model

@@ -109,7 +109,7 @@ def _note_assumed_split(plans: list) -> None:
     """One line on stderr when a plan splits its backward (I, W) on a graph that does not
     say how (a PipeDream profile): the simulator's assumption, stated."""
     from .schedule import make_schedule
-    from .sim.costs import assumed_input_fraction
+    from .sim.stage_costs import assumed_input_fraction
 
     for plan in plans:
         frac = assumed_input_fraction(plan.graph.meta)

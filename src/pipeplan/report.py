@@ -10,7 +10,7 @@ from rich.table import Table
 
 from .plan import Plan
 from .sim import SimResult
-from .sim.costs import stage_costs
+from .sim.stage_costs import stage_costs
 from .units import fmt_bytes, fmt_time, fmt_time_in, time_unit
 
 

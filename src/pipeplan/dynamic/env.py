@@ -23,7 +23,7 @@ Reward, from one of two sources:
 
 * ``measure=Executor(...)``: the forward pass is run for real, ``Executor.time(tree,
   placement, repeats)`` (§6.1: "averaged over 10 runs");
-* ``simulate=Machine(...)``: ``costmodel.simulate`` on the tree's profile (profiles cached
+* ``simulate=Machine(...)``: ``sim.formulas.simulate`` on the tree's profile (profiles cached
   per tree): deterministic, ~0.1 ms a step.
 
 ``-ms`` by default; with ``normalized=True`` the §9.3 suggestion, ``-(time / time of the
@@ -45,8 +45,8 @@ import numpy as np
 from gymnasium import spaces
 
 from ..errors import PipeplanError
-from . import costmodel
-from .costmodel import Machine
+from . import simulator
+from .simulator import Machine
 from .executor import Executor
 from .nets import build_net
 from .trees import Tree, sample_trees
@@ -164,7 +164,7 @@ class SchedulerEnv(gymnasium.Env):
         self.observation_space = spaces.Box(-1.0, 1.0, (MAX_NODES, EMBED_DIM), np.float32)
         self.action_space = spaces.MultiDiscrete(np.full(MAX_NODES, self.devices, dtype=np.int64))
         self._obs: dict[int, np.ndarray] = {}
-        self._profiles: dict[Tree, costmodel.TreeProfile] = {}
+        self._profiles: dict[Tree, simulator.TreeProfile] = {}
         self._cpu_ms: dict[Tree, float] = {}
         self._tree: int | None = None
 
@@ -173,13 +173,13 @@ class SchedulerEnv(gymnasium.Env):
         """Milliseconds of ``tree``'s forward pass with node i on device ``placement[i]``."""
         if self.executor is not None:
             return 1e3 * self.executor.time(tree, placement, self.repeats)
-        return 1e3 * costmodel.simulate(self.profile(tree), placement, self.machine)
+        return 1e3 * simulator.simulate(self.profile(tree), placement, self.machine)
 
-    def profile(self, tree: Tree) -> costmodel.TreeProfile:
+    def profile(self, tree: Tree) -> simulator.TreeProfile:
         """The cost model's profile of ``tree`` (cached per tree)."""
         prof = self._profiles.get(tree)
         if prof is None:
-            prof = self._profiles[tree] = costmodel.profile(tree, self.net, self.width)
+            prof = self._profiles[tree] = simulator.profile(tree, self.net, self.width)
         return prof
 
     def cpu_ms(self, tree: Tree) -> float:

@@ -10,7 +10,7 @@ one node at a time (a lock per device), as a GPU's stream does.
 Modes:
 - ``threads`` (the paper's text): one thread per node, waiting on its children's events;
 - ``devices`` (ours): one long-lived worker thread per device taking the parts placed on it
-  in the order they became ready, the model ``costmodel.simulate`` predicts;
+  in the order they became ready, the model ``sim.formulas.simulate`` predicts;
 - ``sequential`` (the original program's executors): one thread computing the nodes in
   post-order (a topological order); devices overlap only through CUDA's asynchronous kernels.
 ``sync`` (the paper's synchronized pipeline, Fig. 8) waits after every node until its device

@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import PipeplanError
 from ..learn.harness import Budget, Progress
 from . import agent as dqn
-from .costmodel import Machine
+from .simulator import Machine
 from .env import MAX_NODES, SchedulerEnv
 from .executor import MODES, Executor, parse_devices
 from .machines import executor_overhead, measured, simulated

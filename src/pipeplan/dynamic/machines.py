@@ -23,7 +23,7 @@ import torch
 
 from ..errors import PipeplanError
 from ..readers import load_json, regular_file
-from .costmodel import DeviceSpec, Machine, calibrate, machine, profile, simulate
+from .simulator import DeviceSpec, Machine, calibrate, machine, profile, simulate
 from .executor import Executor, torch_device
 from .trees import Tree
 
@@ -51,7 +51,7 @@ def parse_simulated(spec: str) -> tuple[int, int]:
 
 @lru_cache(maxsize=1)
 def this_cpu() -> DeviceSpec:
-    """This machine's CPU, calibrated once a process (``costmodel.calibrate``), for the cost
+    """This machine's CPU, calibrated once a process (``sim.formulas.calibrate``), for the cost
     model of real devices measured now."""
     return calibrate()[0]
 
@@ -66,7 +66,7 @@ _RATES = ("op_s", "flop_rate", "element_rate")
 
 def calibrated_model() -> dict:
     """This machine's CPU calibrated now, as a machine model: what the simulator charges,
-    when and where it was measured, and each part's fit (``costmodel.calibrate``)."""
+    when and where it was measured, and each part's fit (``sim.formulas.calibrate``)."""
     spec, fit = calibrate()
     return {"format": MACHINE_FORMAT,
             "about": "this CPU as pipeplan's DynPartition simulator charges it (docs/dynpartition.md); "

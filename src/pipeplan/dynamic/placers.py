@@ -1,5 +1,5 @@
 """Placements of a dynamic tree network's nodes onto devices (dynpartition.txt §6.1's action:
-"an allocation of nodes to devices"), scored by ``costmodel.simulate``:
+"an allocation of nodes to devices"), scored by ``sim.formulas.simulate``:
 
 * the paper's baselines: ``static`` (§8.2.1-8.2.2: every node on one device) and
   ``random_placement`` (§8.2.3: each node on a uniformly drawn device);
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PipeplanError
-from .costmodel import Machine, TreeProfile, part_seconds, simulate
+from .simulator import Machine, TreeProfile, part_seconds, simulate
 
 #: placements evaluated per numpy batch in ``optimal``
 BATCH = 1 << 15

@@ -1,6 +1,6 @@
 """Serving a stream of trees (ours, beyond DynPartition's one tree at a time): trees arrive
 as a Poisson process, each is placed by a policy, and independent trees share (pipeline
-across) the devices. Simulated on a cost model (``costmodel.simulate_jobs``) or run for real
+across) the devices. Simulated on a cost model (``sim.formulas.simulate_jobs``) or run for real
 on the executor's device workers; reported as throughput and p50/p99 latency."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from .costmodel import Machine, TreeProfile, simulate_jobs
+from .simulator import Machine, TreeProfile, simulate_jobs
 from .executor import Executor
 from .trees import Tree
 

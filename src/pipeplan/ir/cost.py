@@ -20,7 +20,7 @@ way the runtime runs it, on the first N devices of the cluster (one line, as Aut
   partitioned, plus the activations kept for backward (the computed floating-point tensors
   that need a gradient, views excluded), cut by N where partitioned.
 
-All-reduces are SPP's ring (``costmodel.allreduce_time``: bandwidth and the links' own
+All-reduces are SPP's ring (``sim.formulas.allreduce_time``: bandwidth and the links' own
 latency) over the N devices plus NCCL's latency of a ring collective (``ring_latency``: a base
 and a latency per ring step, from NCCL's tuning model; docs/opp.md), so that a collective of
 a few bytes is never free; nothing overlaps. The time of an op's tuple is fixed by the tuple alone, so the whole cost is linear
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cluster import Cluster
-from ..costmodel import allreduce_time, state_bytes
+from ..sim.formulas import allreduce_time, state_bytes
 from ..graph.zoo import EFFICIENCY, REFERENCE_MEM_GBPS, REFERENCE_TFLOPS
 from .program import PARAM, OpInfo, TensorProgram
 from .propagate import Domains, OpTable, Propagator, bit, codes

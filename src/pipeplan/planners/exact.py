@@ -37,7 +37,7 @@ full- and half-duplex clusters:
   cheapest transfer each way per cut. A cut no edge crosses still orders the stages but
   sends nothing (no transfer, no channel).
 - channel: split stages send all M microbatches over one channel per direction (both
-  directions on one channel when half-duplex), each transfer of ``costmodel.transfer_time``.
+  directions on one channel when half-duplex), each transfer of ``sim.formulas.transfer_time``.
   Round-robin replicas each use their own channel per pair of replicas and direction: the
   busiest pair carries ``max_x,y #{m < M: m mod k_a = x, m mod k_b = y}`` transfers each way,
   each at least the cheapest single link's bytes / bandwidth + latency. A direction is
@@ -72,7 +72,7 @@ import numpy as np
 from ..budget import Budget
 from ..cluster import Cluster
 from ..cluster.symmetry import device_classes
-from ..costmodel import state_bytes
+from ..sim.formulas import state_bytes
 from ..errors import Infeasible, PipeplanError
 from ..graph import Graph, linearize
 from ..plan import Plan, Stage
@@ -107,7 +107,7 @@ def crossed_cuts(graph: Graph, order: np.ndarray) -> np.ndarray:
 
 def link_floors(cluster: Cluster, a: list[int], b: list[int], nbytes: float) -> np.ndarray:
     """Least transfer time of one microbatch a -> b and b -> a, per mode: rows (split,
-    round-robin), columns (forward, backward). Split: ``costmodel.transfer_time``;
+    round-robin), columns (forward, backward). Split: ``sim.formulas.transfer_time``;
     round-robin: the cheapest single link. inf where no link can carry it."""
     out = np.full((2, 2), np.inf)
     for col, (src, dst) in enumerate(((a, b), (b, a))):

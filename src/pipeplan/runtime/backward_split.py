@@ -115,6 +115,6 @@ def input_fraction(split: dict[str, list[float]], bwd: dict[str, float], extra_i
 def split_cost(split: dict[str, list[float]]) -> float:
     """Summed over the layers, I + W over the same layers' backward in one pass: what
     splitting costs beyond it (torch's input pass walks the autograd graph); the simulator
-    charges it to every I and W (``sim.costs.split_cost``)."""
+    charges it to every I and W (``sim.stage_costs.split_cost``)."""
     whole = sum(v[2] for v in split.values())
     return sum(v[0] + v[1] for v in split.values()) / whole if whole > 0 else 1.0

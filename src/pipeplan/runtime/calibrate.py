@@ -374,7 +374,7 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     if workers > 1:
         # ring all-reduce: 2(k-1)/k x bytes cross the slowest link; its measured time against
         # what the point-to-point bandwidth predicts is the collective's efficiency
-        # (less its latency term, so that costmodel.allreduce_time gives back the measured time)
+        # (less its latency term, so that sim.formulas.allreduce_time gives back the measured time)
         off = np.eye(workers) > 0
         t_ar = med(got[0]["allreduce_s"]) - 2 * (workers - 1) * float(np.max(np.where(off, 0.0, lat)))
         ideal = 2 * (workers - 1) / workers * got[0]["allreduce_bytes"] / float(np.nanmin(np.where(off, np.nan, bw)))

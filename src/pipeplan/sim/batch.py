@@ -25,7 +25,7 @@ from ..plan import Plan, Stage
 from ..schedule import SCHEDULES
 from .bounds import work_bound
 from .compile import compile_tasks
-from .costs import StageCosts, batch_costs, plan_costs
+from .stage_costs import StageCosts, batch_costs, plan_costs
 from .durations import Layout, pass_speeds
 from .iteration import Shape, run_layouts
 from .memory import walks

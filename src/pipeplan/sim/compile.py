@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cluster import Cluster
-from ..costmodel import update_time
+from .formulas import update_time
 from ..plan import Plan
 from ..schedule import Kind, Program, Schedule
 
@@ -218,7 +218,7 @@ def _add_groups(b: _Builder, sched: Schedule, groups: list[Group]) -> None:
 
 def _add_updates(b: _Builder, plan: Plan, groups: list[Group]) -> None:
     """The optimizer step closes each device's iteration, after its last action
-    (``costmodel.update_time``), unless no rate is known, measured or profiled."""
+    (``sim.formulas.update_time``), unless no rate is known, measured or profiled."""
     if update_time(plan.graph.meta, plan.cluster, 1.0, 1.0) <= 0:
         return
     for gi, g in enumerate(groups):

@@ -10,9 +10,9 @@ hold each stage; durations follow from it, the stage costs and the devices' spee
   per-action overhead; a re-materializing stage runs its forward again inside its backward
   (or the input half I of a split backward, W being the rest);
 - transfer between groups: bytes / (|senders| |receivers| slowest link) + largest latency
-  (SPP §III-B2, ``costmodel.transfer_time``);
-- ring all-reduce of a replicated stage (SPP Eq. 1, ``costmodel.allreduce_time``);
-- the optimizer step (``costmodel.update_time``).
+  (SPP §III-B2, ``sim.formulas.transfer_time``);
+- ring all-reduce of a replicated stage (SPP Eq. 1, ``sim.formulas.allreduce_time``);
+- the optimizer step (``sim.formulas.update_time``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..cluster.model import Resource
-from ..costmodel import update_time
+from .formulas import update_time
 from ..schedule import Kind
 from .compile import TaskGraph, mat
-from .costs import StageCosts
+from .stage_costs import StageCosts
 
 _F, _B, _I, _W = int(Kind.F), int(Kind.B), int(Kind.I), int(Kind.W)
 _AR, _UP, _SF, _SB = int(Kind.AR), int(Kind.UPDATE), int(Kind.SEND_F), int(Kind.SEND_B)

@@ -18,7 +18,7 @@ from ..cluster import Cluster
 from ..schedule import Kind
 from .bounds import path_bound
 from .compile import TaskGraph
-from .costs import StageCosts
+from .stage_costs import StageCosts
 from .durations import Layout, durations
 from .engine import run_batch, run_tasks
 from .memory import GroupWalk, device_memory

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..costmodel import state_bytes
+from .formulas import state_bytes
 from ..schedule import Kind
 from .compile import TaskGraph, mat
-from .costs import StageCosts
+from .stage_costs import StageCosts
 from .durations import Layout, class_shares
 
 

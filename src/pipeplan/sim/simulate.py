@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..costmodel import allreduce_time, transfer_time
+from .formulas import allreduce_time, transfer_time
 from ..errors import PipeplanError
 from ..plan import Plan
 from ..schedule import Kind, Schedule, check_schedule, make_schedule
 from .bounds import work_bound
 from .compile import TaskGraph, compile_tasks
-from .costs import StageCosts, plan_costs
+from .stage_costs import StageCosts, plan_costs
 from .durations import Layout, pass_speeds
 from .iteration import Outcome, Shape, run_layouts
 from .memory import walks
@@ -120,7 +120,7 @@ def plan_speeds(plan: Plan, lanes: bool) -> tuple[np.ndarray, np.ndarray]:
 
 def _refuse(plan: Plan, tg: TaskGraph, costs: StageCosts, out: Outcome, name: str) -> None:
     """Raise the first reason the plan cannot run: a missing link (the message of
-    ``costmodel``'s formula for it), else a deadlock."""
+    ``sim.formulas``' formula for it), else a deadlock."""
     bad = np.flatnonzero(out.bad[0])
     if bad.size:
         t = int(tg.rep[bad[np.argmin(tg.rep[bad])]])

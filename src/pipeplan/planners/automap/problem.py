@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...cluster import Cluster
-from ...costmodel import allreduce_time, transfer_time
+from ...sim.formulas import allreduce_time, transfer_time
 from ...errors import Infeasible, PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan
@@ -177,12 +177,12 @@ class CutProblem:
         return self._xfer[key]
 
     def allreduce_s(self, d0: int, d1: int, param_bytes: np.ndarray | float) -> np.ndarray:
-        """Ring all-reduce of ``param_bytes`` over devices [d0, d1) (SPP Eq. 1, costmodel)."""
+        """Ring all-reduce of ``param_bytes`` over devices [d0, d1) (SPP Eq. 1, sim.formulas)."""
         unit, fixed = self._ar_coef(d0, d1)
         return np.where(np.asarray(param_bytes) > 0, unit * np.asarray(param_bytes) + fixed, 0.0)
 
     def transfer_s(self, d0: int, d1: int, d2: int, nbytes: np.ndarray | float) -> np.ndarray:
-        """One microbatch's activations from devices [d0, d1) to [d1, d2) (costmodel)."""
+        """One microbatch's activations from devices [d0, d1) to [d1, d2) (sim.formulas)."""
         unit, base = self._xfer_coef(d0, d1, d2)
         return np.where(np.asarray(nbytes) > 0, unit * np.asarray(nbytes) + base, 0.0)
 

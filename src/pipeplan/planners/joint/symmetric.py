@@ -21,7 +21,7 @@ import numpy as np
 
 from ...budget import Budget
 from ...cluster import Cluster
-from ...costmodel import allreduce_time, transfer_time
+from ...sim.formulas import allreduce_time, transfer_time
 from ...errors import Infeasible
 from ...graph import Graph, Linearization, linearize
 from ...plan import Plan, Stage

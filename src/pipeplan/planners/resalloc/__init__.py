@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...cluster import Cluster
-from ...costmodel import transfer_time
+from ...sim.formulas import transfer_time
 from ...errors import Infeasible, PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan, Stage

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from ...cluster import Cluster
-from ...costmodel import allreduce_time, transfer_time
+from ...sim.formulas import allreduce_time, transfer_time
 from ...graph import Graph
 from ...plan import Plan
-from ...sim.costs import stage_costs
+from ...sim.stage_costs import stage_costs
 
 
 def lemma1(plan: Plan) -> float | None:

@@ -8,7 +8,7 @@ ordered devices v_1..v_i:
                       M (d^f_{l'} / (r' r b_{r'r}) + d^b_{l'} / (r' r b_{rr'})) ,
                       M sum_{l'+1..l}(p^f+p^b) / r + A_{l'+1..l}(v_{i-r+1}..v_i) }
 
-and 𝒲(xi) = min_r W(L, xi, r, V). Costs come from ``costmodel`` so that the DP and the
+and 𝒲(xi) = min_r W(L, xi, r, V). Costs come from ``sim.formulas`` so that the DP and the
 simulator agree: transfers add link latency, compute divides by the slowest replica's
 speed, the all-reduce is the ring of Eq. 1. A stage whose weights, gradients and optimizer
 state do not fit on its devices is infeasible.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...cluster import Cluster
-from ...costmodel import state_bytes
+from ...sim.formulas import state_bytes
 from ...graph import Linearization
 
 INF = np.inf
@@ -94,7 +94,7 @@ def prm(lin: Linearization, cluster: Cluster, order: list[int], microbatches: in
         e = p + r
         sp = smin[p, e][:, None, None]
         t = m_count * dcomp[None] / (r * sp)
-        if r > 1:  # the ring all-reduce (costmodel.allreduce_time): free without parameters
+        if r > 1:  # the ring all-reduce (sim.formulas.allreduce_time): free without parameters
             bw_g = bin_[p, e][:, None, None]
             with np.errstate(divide="ignore", invalid="ignore"):
                 ring = 2.0 * (r - 1) / r * dpar[None] / bw_g + 2 * (r - 1) * lin_in[p, e][:, None, None]

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .cluster import Cluster
-from .errors import Infeasible, PipeplanError
+from ..cluster import Cluster
+from ..errors import Infeasible, PipeplanError
 
 #: Optimizer state as a multiple of the parameter bytes (Adam keeps two moments).
 OPTIMIZER_STATE = {"sgd": 0.0, "momentum": 1.0, "adam": 2.0}
