@@ -303,7 +303,7 @@ class RuntimeScorer:
 
         cfg = RunConfig(spec=self.model_spec, steps=self.steps, warmup=self.warmup, threads=self.threads,
                         timeout_s=self.timeout_s)
-        return float(run_plan(plan, cfg)["measured_s"])
+        return float(run_plan(plan, cfg).measured_s)
 
 
 class MeasuredPartitionEnv(PartitionEnv):
