@@ -79,7 +79,7 @@ def test_yaml_round_trip_asymmetric(tmp_path):
 def test_worker_failure_names_rank_and_leaves_no_orphans(factory, message):
     before = _workers()
     with pytest.raises(PipeplanError, match=message):
-        calibrate(workers=2, seconds=0.1, model_spec=f"failing_models:{factory}", overhead=False)
+        calibrate(workers=2, seconds=0.1, model_spec=f"failing_models:{factory}")
     assert _workers() <= before
 
 
@@ -90,16 +90,19 @@ class _FakeProcess:
 
 def test_the_root_failure_is_named_when_a_peers_error_arrives_first():
     """Rank 1 fails; rank 0's report that the connection to it dropped arrives first: the
-    failure named is rank 1's own."""
+    failure named is rank 1's own (the launcher's watch, in calibration's words)."""
     import queue
 
-    from pipeplan.runtime.calibrate import _collect
+    from pipeplan.runtime.calibrate import _diagnose
+    from pipeplan.runtime.launch import Failed, LaunchFailed, watch
 
     results = queue.Queue()
-    results.put(("error", 0, "RuntimeError: Connection closed by peer [127.0.0.1]:4242"))
-    results.put(("error", 1, "RuntimeError: injected failure at failing_models.py:50"))
-    with pytest.raises(PipeplanError, match="rank 1 failed: RuntimeError: injected failure"):
-        _collect([_FakeProcess(0), _FakeProcess(0)], results, deadline=float("inf"))
+    results.put(Failed(0, "RuntimeError: Connection closed by peer [127.0.0.1]:4242"))
+    results.put(Failed(1, "RuntimeError: injected failure at failing_models.py:50"))
+    with pytest.raises(LaunchFailed) as e:
+        watch([_FakeProcess(0), _FakeProcess(0)], results)
+    assert _diagnose(e.value.failure) == ("calibration worker rank 1 failed: RuntimeError: injected failure "
+                                          "at failing_models.py:50")
 
 
 def test_bad_arguments():

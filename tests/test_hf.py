@@ -44,10 +44,10 @@ def test_gpt2_pipeline_runs_and_checks():
     plan = Plan(g, c, [Stage(g.ids[:2], ["s0g0"]), Stage(g.ids[2:], ["s0g1"])], 4, schedule="1f1b")
     cfg = RunConfig(SPEC, steps=1, timeout_s=180)
     out = run_plan(plan, cfg)
-    got = check_run(plan, SPEC, out.pop("_params"), steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
-                    threads=cfg.threads, microbatch=out["microbatch"])
+    got = check_run(plan, SPEC, out.params, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
+                    threads=cfg.threads, microbatch=out.microbatch)
     assert got.verdict == "pass", got
-    assert not [w for w in out["warnings"] if "input" in w]  # the model runs on the profile's input
+    assert not [w for w in out.warnings if "input" in w]  # the model runs on the profile's input
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from pipeplan.errors import PipeplanError
 from pipeplan.graph import Graph
 from pipeplan.plan import Plan, Stage
 from pipeplan.runtime.check import check_run, compare_states, reference_state
-from pipeplan.runtime.executor import RunConfig, run_plan
+from pipeplan.runtime.executor import RunConfig, RunResult, run_plan
 from pipeplan.runtime.models import load_model
 from pipeplan.runtime.translate import pipeline_orders
 from pipeplan.schedule import Kind, make_schedule
@@ -85,11 +85,11 @@ def plan_for(schedule: str, replicas: str, split_at: int | None, devices: int, m
     return Plan(g, c, stages, m, schedule=schedule, replicas=replicas)
 
 
-def assert_causal(out: dict, plan: Plan) -> None:
+def assert_causal(out: RunResult, plan: Plan) -> None:
     """The measured timeline holds every F and B once per device and microbatch, each B after
     its F, and a stage's F(m) after the previous stage's F(m) ended (its input comes from
     there), a backward before the previous stage's B(m) starts."""
-    tl = out["_timeline"]
+    tl = out.timeline
     seen = {}
     for k, s, m, r, a, b in zip(tl.kind, tl.stage, tl.micro, tl.resource, tl.start, tl.end):
         seen.setdefault((int(s), int(m), int(k)), []).append((float(a), float(b)))
@@ -115,9 +115,9 @@ def test_check_matches_one_process_training(schedule, replicas, split_at, device
     plan = plan_for(schedule, replicas, split_at, devices)
     plan.recompute = [True, False] if schedule == "gpipe" else None
     cfg = RunConfig("example:mlp", steps=2, timeout_s=600)
-    out = run_plan(plan, cfg)
-    assert out["measured_s"] > 0 and out["predicted_s"] > 0
-    staged = out.pop("_params")
+    out = run_plan(plan, cfg, 0.5)
+    assert out.measured_s > 0 and out.predicted_s == 0.5 and out.error == abs(0.5 - out.measured_s) / out.measured_s
+    staged = out.params
     assert_causal(out, plan)
     assert compare_states(staged, reference(plan, cfg, 64))[0] <= 1e-5
     # the check can fail: a reference trained one step more is far away
@@ -146,27 +146,25 @@ class _FakeProcess:
 def test_a_worker_setting_up_is_not_taken_for_a_hang():
     """Hang detection counts from progress: a rank still building its stage (its last report
     a set-up step) has STARTUP_GRACE_S more, however slowly a loaded machine gets there; the
-    run ends normally once every report is in."""
+    run ends normally once every report is in. (The launcher's watch, as the executor runs it.)"""
     import queue
     import threading
 
-    from pipeplan.runtime.executor import _watch
+    from pipeplan.runtime.launch import Done, Progress, watch
 
-    plan = plan_for("1f1b", "split", 7, 2)
     procs, results = [_FakeProcess(), _FakeProcess()], queue.Queue()
     long_ago = time.time() - 5
-    results.put(("progress", 0, "joined the process group", long_ago))
-    results.put(("progress", 1, "joined the process group", long_ago))
+    results.put(Progress(0, "joined the process group", long_ago))
+    results.put(Progress(1, "joined the process group", long_ago))
 
     def finish():
         for r in (0, 1):
-            results.put(("steps", r, [{"seconds": 1.0}]))
-            results.put(("params", r, {}))
+            results.put(Done(r, {"steps": [{"seconds": 1.0}], "params": {r: {}}}))
             procs[r].exitcode = 0
 
     threading.Timer(1.0, finish).start()
-    params, steps = _watch(plan, procs, results, RunConfig("example:mlp", hang_s=0.5))
-    assert sorted(params) == sorted(steps) == [0, 1]
+    done = watch(procs, results, hang_s=0.5)
+    assert sorted(done) == [0, 1]
 
 
 def test_plan_not_matching_the_model_is_refused_before_start():
@@ -201,6 +199,9 @@ def test_cli_run_check(tmp_path, capsys):
     assert code == 0, captured.err
     out = json.loads(captured.out)
     assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG" and json.loads((tmp_path / "m.json").read_text())
+    assert list(out) == ["measured_s", "predicted_s", "error", "steps", "warmup", "processes", "per_step_s", "spread",
+                         "schedule", "replicas", "microbatch", "warnings", "timeline_step", "action_error",
+                         "max_rel_diff", "check"]  # RunResult.to_dict: the keys and order run_plan's dict had
     errors = out["action_error"]
     assert set(errors["summary"]) == {"forward", "backward"} and len(errors["actions"]) == 2 * 2 * 4
     assert out["max_rel_diff"] <= 1e-5 and out["measured_s"] > 0 and out["predicted_s"] > 0
@@ -227,12 +228,12 @@ def test_batchnorm_buffers_and_a_stage_starting_in_place(schedule, replicas, spl
     plan = plan_for(schedule, replicas, split_at, devices, spec="runtime_models:bn_cnn")
     cfg = RunConfig("runtime_models:bn_cnn", steps=2, timeout_s=600)
     out = run_plan(plan, cfg)
-    staged = out.pop("_params")
+    staged = out.params
     names = {n for st in staged.values() for n in st}
     assert {"1.running_mean", "1.running_var", "4.running_mean"} <= names
     assert all(torch.isfinite(torch.as_tensor(t)).all() for st in staged.values() for t in st.values())
     got = check_run(plan, cfg.spec, staged, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
-                    threads=cfg.threads, microbatch=out["microbatch"])
+                    threads=cfg.threads, microbatch=out.microbatch)
     assert got.verdict == "pass", got
     initial = dict(load_model(cfg.spec)[0].state_dict())
     assert float((torch.as_tensor(staged[0]["1.running_mean"]) - initial["1.running_mean"]).abs().max()) > 1e-3
@@ -261,8 +262,8 @@ def test_check_passes_a_batchnorm_resnet_trained_data_parallel():
     plan = plan_for("1f1b", "round-robin", None, 2, spec="example:resnet")
     cfg = RunConfig("example:resnet", steps=3, timeout_s=600)
     out = run_plan(plan, cfg)
-    got = check_run(plan, cfg.spec, out.pop("_params"), steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
-                    threads=cfg.threads, microbatch=out["microbatch"])
+    got = check_run(plan, cfg.spec, out.params, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
+                    threads=cfg.threads, microbatch=out.microbatch)
     assert got.verdict == "pass", got
     assert got.max_rel_diff <= got.tolerance <= 1e-2
 
@@ -323,8 +324,8 @@ def test_any_module_with_a_skip_edge_across_stages(spec, cuts, edge):
     plan = Plan(g, c, [Stage(ns, [d]) for ns, d in zip(cuts, c.names)], 4, schedule="1f1b")
     cfg = RunConfig(spec, steps=2, timeout_s=600)
     out = run_plan(plan, cfg)
-    got = check_run(plan, spec, out.pop("_params"), steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
-                    threads=cfg.threads, microbatch=out["microbatch"])
+    got = check_run(plan, spec, out.params, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
+                    threads=cfg.threads, microbatch=out.microbatch)
     assert got.verdict == "pass", got
 
 
@@ -352,9 +353,9 @@ def test_uneven_replication_redistributes_and_trains_as_one_process(replicas, de
                 schedule="1f1b", replicas=replicas)
     cfg = RunConfig("example:mlp", steps=2, timeout_s=600)
     out = run_plan(plan, cfg)
-    staged = out.pop("_params")
+    staged = out.params
     assert_causal(out, plan)
-    tl = out["_timeline"]
+    tl = out.timeline
     channels = [n for n, dev in zip(tl.resources, tl.resource_is_device) if not dev]
     assert channels == ["ch:0-1", "ch:1-0"]  # every receive drawn on its channel
     assert int((tl.resource == tl.resources.index("ch:0-1")).sum()) == 4  # one receive per microbatch

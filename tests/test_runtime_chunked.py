@@ -12,7 +12,7 @@ from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 from pipeplan.cluster import hierarchical
 from pipeplan.plan import Plan, Stage
 from pipeplan.runtime.check import compare_states, reference_state
-from pipeplan.runtime.executor import RunConfig, run_plan
+from pipeplan.runtime.executor import RunConfig, RunResult, run_plan
 from pipeplan.runtime.pipelined import pipelined_ranks
 from pipeplan.runtime.translate import pipeline_orders
 from pipeplan.schedule import Kind, make_schedule
@@ -69,10 +69,10 @@ def test_rank_layout_is_one_process_per_device():
     assert pipelined_ranks(plan) == [(0, "s0g0"), (1, "s0g2"), (0, "s0g1"), (1, "s0g3")]
 
 
-def _ordered(out: dict, plan: Plan) -> None:
+def _ordered(out: RunResult, plan: Plan) -> None:
     """Every stage runs each microbatch's F, then B or I then W, on the measured timeline;
     an input gradient leaves stage s+1 before stage s uses it."""
-    tl = out["_timeline"]
+    tl = out.timeline
     seen: dict[tuple[int, int, int], float] = {}
     for k, s, m, a, b in zip(tl.kind.tolist(), tl.stage.tolist(), tl.micro.tolist(), tl.start, tl.end):
         if k in (Kind.F, Kind.B, Kind.I, Kind.W):
@@ -96,10 +96,10 @@ def test_runs_train_exactly_as_one_process(name, k, replicas, spec):
     plan, z = chunked_plan(name, k, replicas, spec)
     cfg = RunConfig(spec, steps=2, timeout_s=600)
     out = run_plan(plan, cfg)
-    staged = out.pop("_params")
-    assert sorted(staged) == list(range(plan.num_stages)) and out["processes"] == 2 * k
+    staged = out.params
+    assert sorted(staged) == list(range(plan.num_stages)) and out.processes == 2 * k
     ref = reference_state(plan, spec, cfg.warmup + cfg.steps, cfg.lr, cfg.seed, cfg.threads, z)
     assert compare_states(staged, ref)[0] <= 1e-5
     _ordered(out, plan)
-    kinds = set(np.unique(out["_timeline"].kind).tolist())
+    kinds = set(np.unique(out.timeline.kind).tolist())
     assert ({Kind.I, Kind.W} <= kinds) == name.startswith("zb") and (Kind.B in kinds) != name.startswith("zb")

@@ -248,11 +248,15 @@ class _Ended:
 
 def test_the_root_failure_is_named_when_a_peers_error_arrives_first():
     """Rank 1 raises; rank 0's report that its connection dropped arrives first: rank 1's own
-    error is the one named."""
+    error is the one named (the launcher's watch, in run_sharded's words)."""
     import queue
 
+    from pipeplan.runtime.launch import Failed, LaunchFailed, watch
+
     results = queue.Queue()
-    results.put(("error", 0, "RuntimeError: Connection closed by peer [127.0.0.1]:4242"))
-    results.put(("error", 1, "RuntimeError: shape mismatch (at model.py:7)"))
-    with pytest.raises(PipeplanError, match="rank 1 raised RuntimeError: shape mismatch"):
-        tensor_parallel._collect([_Ended(), _Ended()], results, 2, timeout_s=600)
+    results.put(Failed(0, "RuntimeError: Connection closed by peer [127.0.0.1]:4242"))
+    results.put(Failed(1, "RuntimeError: shape mismatch (at model.py:7)"))
+    with pytest.raises(LaunchFailed) as e:
+        watch([_Ended(), _Ended()], results, timeout_s=600)
+    assert tensor_parallel._diagnose(e.value.failure) == ("run_sharded failed: rank 1 raised RuntimeError: "
+                                                          "shape mismatch (at model.py:7)")

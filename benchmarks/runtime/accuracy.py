@@ -36,7 +36,7 @@ from pipeplan.runtime.calibrate import calibrate
 from pipeplan.runtime.executor import RunConfig, run_plan
 from pipeplan.runtime.profiler import profile_model
 from pipeplan.runtime.timing import side_by_side
-from pipeplan.sim import simulate
+from pipeplan.sim import predicted_s, simulate
 from pipeplan.viz import gantt_figure
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
@@ -82,25 +82,25 @@ def _calibration(cluster) -> dict:
 
 def measure_model(spec: str, args) -> tuple[list[dict], dict, dict]:
     graph = profile_model(spec, reps=10, threads=1)
-    two, _ = calibrate(workers=2, threads=1, seconds=2.0, model_spec=spec, overhead=True)
-    three, _ = calibrate(workers=3, threads=1, seconds=2.0, model_spec=spec, overhead=True)
+    two, _ = calibrate(workers=2, threads=1, seconds=2.0, model_spec=spec, predict=predicted_s)
+    three, _ = calibrate(workers=3, threads=1, seconds=2.0, model_spec=spec, predict=predicted_s)
     plans = plans_for(graph, two, three, args.microbatches)
     runs: dict[str, list[dict]] = {label: [] for label in plans}
     for _ in range(args.runs):  # a run = every plan once, so that each run's plans share the machine's state
         for label, plan in plans.items():
-            runs[label].append(run_plan(plan, RunConfig(spec, steps=args.steps, warmup=2, threads=1)))
+            runs[label].append(run_plan(plan, RunConfig(spec, steps=args.steps, warmup=2, threads=1), predicted_s(plan)))
     cases, timelines = [], {}
     for label, plan in plans.items():
-        measured = statistics.median(o["measured_s"] for o in runs[label])
-        pick = min(runs[label], key=lambda o: abs(o["measured_s"] - measured))
-        timelines[label] = pick["_timeline"]
-        times = [o["measured_s"] for o in runs[label]]
+        measured = statistics.median(o.measured_s for o in runs[label])
+        pick = min(runs[label], key=lambda o: abs(o.measured_s - measured))
+        timelines[label] = pick.timeline
+        times = [o.measured_s for o in runs[label]]
         case = {"model": spec, "plan": label, "devices": [len(s.devices) for s in plan.stages],
-                "schedule": plan.schedule, "replicas": plan.replicas, "predicted_s": runs[label][0]["predicted_s"],
-                "measured_s": times, "spread": [o["spread"] for o in runs[label]],
+                "schedule": plan.schedule, "replicas": plan.replicas, "predicted_s": runs[label][0].predicted_s,
+                "measured_s": times, "spread": [o.spread for o in runs[label]],
                 "between_runs": (max(times) - min(times)) / measured,
-                "errors": [o["error"] for o in runs[label]],
-                "action_error": side_by_side(simulate(plan).timeline, pick["_timeline"])[1]["summary"],
+                "errors": [o.error for o in runs[label]],
+                "action_error": side_by_side(simulate(plan).timeline, pick.timeline)[1]["summary"],
                 "skip_edges_cut": crossing_edges(graph, len(plan.stages[0].nodes)) if len(plan.stages) > 1 else 0}
         cases.append(case)
         print(f"{spec[:40]:>40} {label:<26} predicted {case['predicted_s'] * 1e3:7.2f} ms  measured "

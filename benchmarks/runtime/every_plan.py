@@ -62,8 +62,8 @@ def outcome(plan, spec: str) -> dict:
     except PipeplanError as e:
         refused = "run failed" not in str(e)
         return {"outcome": "refused" if refused else "run failed", "reason": str(e)}
-    check = check_run(plan, spec, out["_params"], steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
-                      threads=cfg.threads, microbatch=out["microbatch"])
+    check = check_run(plan, spec, out.params, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
+                      threads=cfg.threads, microbatch=out.microbatch)
     return {"outcome": check.verdict, "max_rel_diff": check.max_rel_diff, "reason": check.note}
 
 

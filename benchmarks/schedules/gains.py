@@ -39,7 +39,7 @@ from pipeplan.graph import Graph, load_graph, linearize
 from pipeplan.planners import PlanOptions
 from pipeplan.planners.megatron import chunk_counts, layer_mask, megatron_plan
 from pipeplan.plan import Plan
-from pipeplan.sim import simulate
+from pipeplan.sim import predicted_s, simulate
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks/_results.py
@@ -103,12 +103,10 @@ def _run(plan: Plan, args, runs: list[dict]) -> None:
     from pipeplan.runtime.check import check_run
     from pipeplan.runtime.executor import RunConfig, run_plan
 
-    out = run_plan(plan, RunConfig(SPEC, steps=args.steps, warmup=2, threads=1, timeout_s=600))
-    staged = out.pop("_params")
-    out.pop("_timeline")
-    check = check_run(plan, SPEC, staged, steps=args.steps + 2, lr=0.05, seed=0, threads=1,
-                      microbatch=out["microbatch"])
-    runs.append({"measured_s": out["measured_s"], "predicted_s": out["predicted_s"],
+    out = run_plan(plan, RunConfig(SPEC, steps=args.steps, warmup=2, threads=1, timeout_s=600), predicted_s(plan))
+    check = check_run(plan, SPEC, out.params, steps=args.steps + 2, lr=0.05, seed=0, threads=1,
+                      microbatch=out.microbatch)
+    runs.append({"measured_s": out.measured_s, "predicted_s": out.predicted_s,
                  "check": check.verdict, "max_rel_diff": check.max_rel_diff})
 
 
@@ -150,7 +148,7 @@ def measured(args) -> dict:
 
     load = os.getloadavg()[0]  # other work on the machine slows runs down: said in the results
     graph = profile_model(SPEC, reps=10, threads=1)
-    cluster, _ = calibrate(workers=args.workers, threads=1, seconds=2.0, model_spec=SPEC, overhead=True)
+    cluster, _ = calibrate(workers=args.workers, threads=1, seconds=2.0, model_spec=SPEC, predict=predicted_s)
     layers = int(np.count_nonzero(layer_mask(graph, linearize(graph))))
     plans = {label(s, v): plan_of(graph, cluster, args.workers, args.microbatches, s, v)
              for s, v in layouts(layers, args.workers)}

@@ -398,12 +398,14 @@ def cmd_export(args) -> int:
 
 def cmd_calibrate(args) -> int:
     from .runtime.calibrate import calibrate, cluster_to_yaml
+    from .sim import predicted_s
     from .units import fmt_bandwidth, fmt_time
 
     outs = Outputs()
     outs.want("--out", args.out, "yaml")
     cluster, data = calibrate(workers=args.workers, device=args.device, threads=args.threads,
-                              seconds=args.seconds, model_spec=args.model, overhead=not args.no_runtime,
+                              seconds=args.seconds, model_spec=args.model,
+                              predict=None if args.no_runtime else predicted_s,
                               force=args.force)
     text = cluster_to_yaml(cluster)
     outs.set("--out", lambda p: Path(p).write_text(text))
@@ -427,34 +429,34 @@ def cmd_run(args) -> int:
     from .plan import load_plan
     from .runtime.check import check_run
     from .runtime.executor import RunConfig, run_plan
+    from .sim import predicted_s
     from .units import fmt_time
 
     outs = _timeline_outputs(args)
     plan = load_plan(args.plan)
     cfg = RunConfig(spec=args.model, steps=args.steps, warmup=args.warmup, threads=args.threads,
                     hang_s=args.hang_timeout, timeout_s=args.timeout)
-    out = run_plan(plan, cfg)
+    result = run_plan(plan, cfg, predicted_s(plan))
     _note_assumed_split([plan])
-    staged, timeline = out.pop("_params"), out.pop("_timeline")
-    _write_measured(outs, args, plan, timeline, out)
+    _write_measured(outs, args, plan, result)
     check = None
     if args.check:
-        check = check_run(plan, args.model, staged, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
-                          threads=cfg.threads, microbatch=out["microbatch"])
-        out["max_rel_diff"], out["check"] = check.max_rel_diff, check.to_dict()
+        check = check_run(plan, args.model, result.params, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
+                          threads=cfg.threads, microbatch=result.microbatch)
+        result.max_rel_diff, result.check = check.max_rel_diff, check.to_dict()
     code = 0 if check is None or check.verdict == "pass" else 1
-    for w in out["warnings"]:
+    for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(result.to_dict()))
         return code
-    print(f"{plan.planner} plan, schedule {plan.schedule}, {out['processes']} processes, "
+    print(f"{plan.planner} plan, schedule {plan.schedule}, {result.processes} processes, "
           f"{args.steps} steps after {args.warmup} warm-up")
-    print(f"measured {fmt_time(out['measured_s'])} per iteration (median), predicted "
-          f"{fmt_time(out['predicted_s'])}: prediction error {out['error']:.1%}")
-    if "action_error" in out:
+    print(f"measured {fmt_time(result.measured_s)} per iteration (median), predicted "
+          f"{fmt_time(result.predicted_s)}: prediction error {result.error:.1%}")
+    if result.action_error is not None:
         print("per-action error against the prediction (median |error|): " + ", ".join(
-            f"{kind} {v['median_abs_error']:.1%}" for kind, v in out["action_error"]["summary"].items()))
+            f"{kind} {v['median_abs_error']:.1%}" for kind, v in result.action_error["summary"].items()))
     if check is not None:
         print(f"check against one-process training: largest relative difference {check.max_rel_diff:.2e} "
               f"({check.worst}; tolerance {check.tolerance:g}): {check.verdict.upper()}"
@@ -462,18 +464,18 @@ def cmd_run(args) -> int:
     return code
 
 
-def _write_measured(outs: Outputs, args, plan, timeline, out: dict) -> None:
+def _write_measured(outs: Outputs, args, plan, result) -> None:
     """--trace / --gantt of the measured step; with --vs-prediction the Gantt chart shows each
-    device's predicted row above its measured one, and ``out`` gets the per-action error."""
-    title = f"measured (step {out['timeline_step']})"
-    drawn, gantt_title = timeline, title
+    device's predicted row above its measured one, and ``result`` gets the per-action error."""
+    title = f"measured (step {result.timeline_step})"
+    drawn, gantt_title = result.timeline, title
     if args.vs_prediction:
         from .runtime.timing import side_by_side
         from .sim import simulate
 
-        drawn, out["action_error"] = side_by_side(simulate(plan).timeline, timeline)
-        gantt_title = f"predicted and measured (step {out['timeline_step']})"
-    _render(outs, timeline, title, drawn, gantt_title)
+        drawn, result.action_error = side_by_side(simulate(plan).timeline, result.timeline)
+        gantt_title = f"predicted and measured (step {result.timeline_step})"
+    _render(outs, result.timeline, title, drawn, gantt_title)
 
 
 def cmd_planners(args) -> int:

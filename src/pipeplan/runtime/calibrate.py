@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import math
 import os
-import queue as queue_mod
 import statistics
 import time
 import traceback
 from contextlib import nullcontext
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -42,8 +41,9 @@ from ..cluster.build import CALIBRATED
 from ..cluster.model import Cluster, Device
 from ..errors import PipeplanError
 from ..limits import MAX_CALIBRATION_S
+from ..plan import Plan, Stage
 from .models import user_code
-from .rendezvous import join_local_group, local_rendezvous
+from .launch import Failure, Worker, launch
 from .steps import MOMENTUM, allreduce_tensors
 
 _SMALL = 4
@@ -159,50 +159,42 @@ def _ping_pong(rank: int, a: int, b: int, nbytes: int, reps: int, dev: torch.dev
     return out if rank == a else []
 
 
-def _worker(rank: int, world: int, init_method: str, device: str, threads: int, seconds: float, model_spec: str | None,
-            large: int, results: Any) -> None:
+def _worker(ctx: Worker, device: str, seconds: float, model_spec: str | None, large: int) -> dict:
     """One calibration process: compute phase with all workers, then its ping-pongs."""
     import torch.distributed as dist
 
-    try:
-        torch.set_num_threads(threads)
-        if device == "cuda":
-            torch.cuda.set_device(rank)
-            dev = torch.device("cuda", rank)
-        else:
-            dev = torch.device("cpu")
-        join_local_group("nccl" if device == "cuda" else "gloo", init_method, rank, world, timedelta(seconds=120))
-        shared = _bench(dev, seconds, start_barrier=dist.barrier, model_spec=model_spec)
-        solo: list[float] = []
-        for r in range(world):  # each worker alone: no contention from the others
-            dist.barrier()
-            if rank == r:
-                solo = _bench(dev, seconds / 2, model_spec=model_spec).times
+    rank, world = ctx.rank, ctx.world
+    dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
+    shared = _bench(dev, seconds, start_barrier=dist.barrier, model_spec=model_spec)
+    solo: list[float] = []
+    for r in range(world):  # each worker alone: no contention from the others
         dist.barrier()
-        # the collective's size: the model's gradients where it is given (its efficiency
-        # depends on the size), else the large message of the links
-        ar_bytes = shared.param_bytes if model_spec else large
-        allreduce = _allreduce_times(ar_bytes, dev) if world > 1 else []
-        dist.barrier()  # links are measured only once every worker has stopped computing
-        links = {}
-        for a, b in _pairs(world):
-            if rank in (a, b):
-                small = _ping_pong(rank, a, b, _SMALL, _SMALL_REPS, dev)
-                big = _ping_pong(rank, a, b, large, _LARGE_REPS, dev)
-                if rank == a:
-                    links[(a, b)] = (small, big)
-            dist.barrier()
-        results.put(("ok", rank, {"compute_s": shared.times, "solo_s": solo, "links": links, "allreduce_s": allreduce,
-                                  "update_s_per_byte": statistics.median(shared.update_rates),
-                                  "allreduce_bytes": ar_bytes}))
-    except BaseException as e:
-        where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-        line = (str(e).strip().splitlines() or [""])[0]
-        at = f" at {os.path.basename(where.filename)}:{where.lineno}" if where else ""
-        results.put(("error", rank, f"{type(e).__name__}: {line}{at}"))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if rank == r:
+            solo = _bench(dev, seconds / 2, model_spec=model_spec).times
+    dist.barrier()
+    # the collective's size: the model's gradients where it is given (its efficiency
+    # depends on the size), else the large message of the links
+    ar_bytes = shared.param_bytes if model_spec else large
+    allreduce = _allreduce_times(ar_bytes, dev) if world > 1 else []
+    dist.barrier()  # links are measured only once every worker has stopped computing
+    links = {}
+    for a, b in _pairs(world):
+        if rank in (a, b):
+            small = _ping_pong(rank, a, b, _SMALL, _SMALL_REPS, dev)
+            big = _ping_pong(rank, a, b, large, _LARGE_REPS, dev)
+            if rank == a:
+                links[(a, b)] = (small, big)
+        dist.barrier()
+    return {"compute_s": shared.times, "solo_s": solo, "links": links, "allreduce_s": allreduce,
+            "update_s_per_byte": statistics.median(shared.update_rates), "allreduce_bytes": ar_bytes}
+
+
+def _error_text(e: BaseException) -> str:
+    """The error's first line and where it was raised."""
+    where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    line = (str(e).strip().splitlines() or [""])[0]
+    at = f" at {os.path.basename(where.filename)}:{where.lineno}" if where else ""
+    return f"{type(e).__name__}: {line}{at}"
 
 
 def _host_memory() -> float:
@@ -219,64 +211,20 @@ def _host_memory() -> float:
 def _run_workers(workers: int, device: str, threads: int, seconds: float, large: int,
                  model_spec: str | None = None) -> dict[int, dict]:
     """Spawn the workers and collect one result per rank; no process survives this call."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    deadline = time.monotonic() + 120 + 3 * seconds + 10 * len(_pairs(workers))
-    ok = False
-    with local_rendezvous() as init_method:
-        procs = [ctx.Process(target=_worker, daemon=True, name=f"pipeplan-calibrate-{r}",
-                             args=(r, workers, init_method, device, threads, seconds, model_spec, large, results))
-                 for r in range(workers)]
-        try:
-            for p in procs:
-                p.start()
-            got = _collect(procs, results, deadline)
-            ok = True
-        finally:
-            for p in procs:
-                if p.pid is not None:
-                    p.join(timeout=10 if ok else 0.5)
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-                    p.join(timeout=10)
-            results.close()
-            results.cancel_join_thread()
-    return got
+    return launch(_worker, workers, (device, seconds, model_spec, large), diagnose=_diagnose,
+                  backend="nccl" if device == "cuda" else "gloo", threads=threads,
+                  join_timeout=timedelta(seconds=120), timeout_s=120 + 3 * seconds + 10 * len(_pairs(workers)),
+                  error_text=_error_text, name="pipeplan-calibrate")
 
 
-def _collect(procs: list, results: Any, deadline: float) -> dict[int, dict]:
-    """One result per worker; a worker's failure or death, or the deadline (``time.monotonic``),
-    is a ``PipeplanError`` naming the rank at its root."""
-    workers = len(procs)
-    got: dict[int, dict] = {}
-    while len(got) < workers:
-        try:
-            status, rank, payload = results.get(timeout=0.2)
-        except queue_mod.Empty:
-            for r, p in enumerate(procs):
-                if r not in got and p.exitcode not in (None, 0):
-                    raise PipeplanError(f"calibration worker rank {r} died (exit code {p.exitcode})") from None
-            if time.monotonic() > deadline:
-                missing = ", ".join(str(r) for r in range(workers) if r not in got)
-                raise PipeplanError(f"calibration timed out: worker rank(s) {missing} did not report") from None
-            continue
-        if status != "ok":
-            raise PipeplanError(_root_failure(procs, results, {rank: payload}))
-        got[rank] = payload
-    return got
-
-
-def _root_failure(procs: list, results: Any, errors: dict[int, str]) -> str:
-    """The failure at the root (``executor.root_failure``), in words."""
-    from .executor import root_failure
-
-    rank, error = root_failure(procs, results, errors)
-    if error is None:
-        return f"calibration worker rank {rank} died (exit code {procs[rank].exitcode})"
-    return f"calibration worker rank {rank} failed: {error}"
+def _diagnose(failure: Failure) -> str:
+    """A calibration worker's failure in words."""
+    if failure.kind == "died":
+        return f"calibration worker rank {failure.rank} died (exit code {failure.exitcode})"
+    if failure.kind == "raised":
+        return f"calibration worker rank {failure.rank} failed: {failure.text}"
+    missing = ", ".join(map(str, failure.pending))
+    return f"calibration timed out: worker rank(s) {missing} did not report"
 
 
 def _links(got: dict, workers: int, large: int) -> tuple[np.ndarray, np.ndarray, list[dict]]:
@@ -322,11 +270,14 @@ def _check_request(workers: int, device: str, threads: int, profile_threads: int
 
 def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1, seconds: float = 2.0,
               profile_threads: int | None = None, model_spec: str | None = None,
-              overhead: bool = False, force: bool = False) -> tuple[Cluster, dict]:
+              predict: Callable[[Plan], float] | None = None, force: bool = False) -> tuple[Cluster, dict]:
     """Measure ``workers`` local processes; returns the Cluster and the raw measurements.
     With ``model_spec`` the compute benchmark is that model's own training step, so the
-    measured contention between workers is that of the workload to be planned. ``force``:
-    more than ``WORKERS_PER_CORE`` processes a CPU core."""
+    measured contention between workers is that of the workload to be planned. ``predict``
+    (a plan's predicted seconds per iteration, the simulator's: the caller's, so that the
+    runtime never imports it): the executor's overhead per action is measured against it too
+    (``runtime_overhead``; CPU workers only). ``force``: more than ``WORKERS_PER_CORE``
+    processes a CPU core."""
     if device not in ("cpu", "cuda"):
         raise PipeplanError(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
@@ -382,8 +333,8 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     # the optimizer step on the workers, all at once, after a backward: the slowest worker's
     meta["update_s_per_byte"] = max(got[r]["update_s_per_byte"] for r in range(workers))
     cluster = Cluster("localhost", devices, bw, lat, meta=meta)
-    if overhead and workers >= 2 and device == "cpu":
-        meta["action_overhead_s"] = runtime_overhead(cluster, threads)
+    if predict is not None and workers >= 2 and device == "cpu":
+        meta["action_overhead_s"] = runtime_overhead(cluster, predict, threads)
         cluster = Cluster("localhost", devices, bw, lat, meta=meta)
     measurements = {**meta, "workers": workers, "seconds": seconds, "torch": torch.__version__,
                     "benchmark": benchmark_description(device),
@@ -394,12 +345,12 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     return cluster, measurements
 
 
-def runtime_overhead(cluster: Cluster, threads: int = 1, microbatches: int = 8, steps: int = 6) -> float:
+def runtime_overhead(cluster: Cluster, predict: Callable[[Plan], float], threads: int = 1, microbatches: int = 8,
+                     steps: int = 6) -> float:
     """Seconds of framework work per compute action of the executor (pipelining's bookkeeping,
     P2P set-up, autograd around each stage call), measured by running a 2-stage 1F1B plan of
     a model with negligible compute (``example:tiny``) for real: (measured - simulated) /
     the actions on a device's path ((M + 1) per stage and pass)."""
-    from ..plan import Plan, Stage
     from .executor import RunConfig, run_plan
     from .profiler import profile_model
 
@@ -410,7 +361,7 @@ def runtime_overhead(cluster: Cluster, threads: int = 1, microbatches: int = 8, 
                 microbatches, schedule="1f1b")
     out = run_plan(plan, RunConfig("example:tiny", steps=steps, warmup=2, threads=threads))
     actions = 2 * (microbatches + 1)
-    return max(0.0, (out["measured_s"] - out["predicted_s"]) / actions)
+    return max(0.0, (out.measured_s - predict(plan)) / actions)
 
 
 def cluster_to_yaml(cluster: Cluster) -> str:

@@ -21,18 +21,13 @@ every worker process is ended before returning.
 from __future__ import annotations
 
 import os
-import queue as queue_mod
-import signal
 import statistics
-import threading
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from ..errors import PipeplanError
@@ -40,11 +35,14 @@ from ..plan import Plan
 from ..schedule import Kind, make_schedule
 from .data import equal_replication
 from .direct import stage_major_ranks, train_direct
+from .launch import Failure, Worker, launch, one_line_error
 from .models import input_signature, load_model, user_code
 from .pipelined import pipelined_ranks, train_pipelined
-from .rendezvous import join_local_group, local_rendezvous
 from .split import split_model, stage_examples
 from .timing import measured_timeline
+
+if TYPE_CHECKING:
+    from .timing import Timeline  # the measured step (timing.py builds it)
 
 
 @dataclass
@@ -57,14 +55,6 @@ class RunConfig:
     threads: int = 1
     hang_s: float = 60.0  # no rank progressing this long ends the run, naming the one stuck longest
     timeout_s: float | None = None  # optional wall-clock cap
-
-
-#: seconds a worker may take, beyond the hang timeout, for each step of its set-up (spawn and
-#: import torch, join the process group, build its stage) before it counts as stuck
-STARTUP_GRACE_S = 30.0
-#: the progress labels of those set-up steps (a training action's label ends the grace)
-SETUP_STEPS = ("started", "joined the process group")
-PROGRESS_EVERY_S = 0.2  # a rank reports its last action this often (hang detection is coarser)
 
 
 def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec: str) -> None:
@@ -90,18 +80,6 @@ def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec
         stage_examples(model, parts, len(parts) - 1, x)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Linux: this process gets SIGKILL when its parent ends, however it ends."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:  # the parent ended before the request took effect
-        os._exit(1)
-
-
 def uses_pipelining(plan: Plan) -> bool:
     """torch's pipelining runs the plan (every stage on the same number of devices); else
     pipeplan's own executor (``direct.py``)."""
@@ -112,67 +90,18 @@ def rank_layout(plan: Plan) -> list[tuple[int, str]]:
     return pipelined_ranks(plan) if uses_pipelining(plan) else stage_major_ranks(plan)
 
 
-def _worker(rank: int, world: int, init_method: str, plan_dict: dict, cfg: dict, results) -> None:
+def _worker(ctx: Worker, plan_dict: dict, cfg: dict) -> dict:
+    """One rank of the run: train its stage(s); its step records and its stages' parameters."""
     from ..plan import plan_from_dict
 
-    _die_with_parent(cfg["parent"])
-    stage_index = -1
-    try:
-        torch.set_num_threads(cfg["threads"])
-        plan = plan_from_dict(plan_dict)
-        stage_index = rank_layout(plan)[rank][0]
-
-        progress = _Progress(rank, results)
-        progress("started")
-        join_local_group("gloo", init_method, rank, world)
-        progress("joined the process group")
-        train = train_pipelined if uses_pipelining(plan) else train_direct
-        steps, state = train(rank, plan, cfg, progress)
-        for s, arrays in (state or {}).items():
-            results.put(("params", s, arrays))
-        results.put(("steps", rank, steps))
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException as e:  # report to the parent, which ends the run
-        text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        results.put(("error", rank, stage_index, f"{type(e).__name__}: {text}"))
-        raise SystemExit(1)
+    plan = plan_from_dict(plan_dict)
+    train = train_pipelined if uses_pipelining(plan) else train_direct
+    steps, state = train(ctx.rank, plan, cfg, ctx.progress)
+    return {"steps": steps, "params": state or {}}
 
 
-class _Progress:
-    """A rank's progress: ``progress(label)`` after each action only notes it (a message per
-    action cost the run CPU); a daemon thread sends the latest, with the time it was done,
-    every PROGRESS_EVERY_S when it changed, also while the rank waits in a collective."""
-
-    def __init__(self, rank: int, results) -> None:
-        self.rank, self.results = rank, results
-        self.latest: tuple[float, str] | None = None
-        self.sent: tuple[float, str] | None = None
-        threading.Thread(target=self._send_loop, daemon=True).start()
-
-    def __call__(self, label: str) -> None:
-        self.latest = (time.time(), label)
-
-    def _send_loop(self) -> None:
-        while True:
-            latest = self.latest
-            if latest is not None and latest is not self.sent:
-                self.results.put(("progress", self.rank, latest[1], latest[0]))
-                self.sent = latest
-            time.sleep(PROGRESS_EVERY_S)
-
-
-def _end_all(procs: list) -> None:
-    procs = [p for p in procs if p.pid is not None]  # started
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.time() + 5
-    for p in procs:
-        p.join(max(0.0, deadline - time.time()))
-        if p.is_alive():
-            p.kill()
-            p.join(5)
+def _error_text(e: BaseException) -> str:
+    return one_line_error(e)[:300]
 
 
 def target_warnings(plan: Plan, cores: int | None = None) -> list[str]:
@@ -213,133 +142,73 @@ def _shown(signature: dict) -> str:
     return f"{dims} {signature.get('dtype')}"
 
 
-def _watch(plan: Plan, procs: list, results, cfg: RunConfig) -> tuple[dict[int, dict], dict[int, list[dict]]]:
-    """Collect the workers' reports until every one finished; end the run on a failure, when
-    no rank progressed for ``cfg.hang_s`` (naming the rank that stopped first: the others
-    wait for it), or past the optional wall-clock cap."""
-    start = time.time()
-    params: dict[int, dict] = {}
-    steps: dict[int, list[dict]] = {}
-    errors: dict[int, str] = {}
-    # rank -> (when it last progressed, what it did, the grace it has for its next step)
-    last = {r: (start, "starting", STARTUP_GRACE_S) for r in range(len(procs))}
-    while True:
-        try:
-            msg = results.get(timeout=0.05)
-        except queue_mod.Empty:
-            msg = None
-        if msg is not None:
-            if msg[0] == "progress":  # (tag, rank, label, when it was done)
-                last[msg[1]] = (msg[3], msg[2], STARTUP_GRACE_S if msg[2] in SETUP_STEPS else 0.0)
-            elif msg[0] == "error":
-                errors[msg[1]] = msg[3]
-            elif msg[0] == "params":
-                params[msg[1]] = msg[2]
-            elif msg[0] == "steps":
-                steps[msg[1]] = msg[2]
-            continue
-        if errors or any(p.exitcode not in (None, 0) for p in procs):
-            raise PipeplanError(_diagnose(plan, procs, errors, results))
-        if all(p.exitcode == 0 for p in procs) and len(steps) == len(procs) and len(params) == plan.num_stages:
-            return params, steps
-        now = time.time()
-        quiet = {r: now - t - grace for r, (t, _, grace) in last.items()}
-        if min(quiet.values()) > cfg.hang_s:
-            r = max(quiet, key=quiet.__getitem__)  # the one that stopped first
-            raise PipeplanError(f"run failed: {_who(plan, r)} made no progress for {now - last[r][0]:.0f} s (last: "
-                                f"{last[r][1]}); the other ranks wait for it")
-        if cfg.timeout_s is not None and now - start > cfg.timeout_s:
-            raise PipeplanError(f"run failed: not finished within {cfg.timeout_s:g} s (--timeout)")
+@dataclass
+class RunResult:
+    """What ``run_plan`` measured. ``params``: each stage's trained parameters (stage ->
+    name -> array); ``timeline``: the measured median step (``timing.measured_timeline``).
+    The command line adds the per-action error (``--vs-prediction``) and the check
+    (``--check``); ``to_dict`` is the JSON it prints."""
+
+    measured_s: float
+    predicted_s: float | None
+    error: float | None
+    steps: int
+    warmup: int
+    processes: int
+    per_step_s: list[float]
+    spread: float
+    schedule: str
+    replicas: str
+    microbatch: int
+    warnings: list[str]
+    timeline_step: int
+    params: dict[int, dict] = field(repr=False)
+    timeline: Timeline = field(repr=False)
+    action_error: dict | None = None
+    max_rel_diff: float | None = None
+    check: dict | None = None
+
+    def to_dict(self) -> dict:
+        """Every field but ``params`` and ``timeline``; the last three only once set."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("params", "timeline")}
+        for key in ("action_error", "max_rel_diff", "check"):
+            if out[key] is None:
+                del out[key]
+        return out
 
 
-def run_plan(plan: Plan, cfg: RunConfig) -> dict:
-    """Train ``cfg.steps`` iterations (after ``cfg.warmup``); return measured and predicted times."""
-    from ..sim import simulate
-
+def run_plan(plan: Plan, cfg: RunConfig, predicted_s: float | None = None) -> RunResult:
+    """Train ``cfg.steps`` iterations (after ``cfg.warmup``); the measured times, against
+    ``predicted_s`` (the simulator's, from the caller: the runtime never imports it) when given."""
     model, x = load_model(cfg.spec, plan.graph.meta.get("microbatch"), cfg.seed)
     check_plan_against_model(plan, model, x, cfg.spec)
-    predicted = simulate(plan, timeline=False).iteration_s
     world = len({d for s in plan.stages for d in s.devices})  # a process per device, whatever it holds
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    wcfg = {**asdict(cfg), "microbatch": int(x.shape[0]), "parent": os.getpid()}
-    plan_dict = plan.to_dict()
-    with local_rendezvous() as init_method:
-        procs = [ctx.Process(target=_worker, args=(r, world, init_method, plan_dict, wcfg, results), daemon=True)
-                 for r in range(world)]
-        try:
-            for p in procs:
-                p.start()
-            params, steps = _watch(plan, procs, results, cfg)
-        finally:
-            _end_all(procs)
+    wcfg = {**asdict(cfg), "microbatch": int(x.shape[0])}
+    done = launch(_worker, world, (plan.to_dict(), wcfg), diagnose=partial(_diagnose, plan), threads=cfg.threads,
+                  hang_s=cfg.hang_s, timeout_s=cfg.timeout_s, error_text=_error_text, join=True)
+    steps = {r: d["steps"] for r, d in done.items()}
+    params = {s: arrays for d in done.values() for s, arrays in d["params"].items()}
     times = [s["seconds"] for s in steps[0]]
     steady = times[cfg.warmup:] or times
     measured = statistics.median(steady)
     median_step = cfg.warmup + int(np.argsort(steady)[len(steady) // 2]) if times[cfg.warmup:] else 0
-    out = {"measured_s": measured, "predicted_s": predicted, "error": abs(predicted - measured) / measured,
-           "steps": cfg.steps, "warmup": cfg.warmup, "processes": world, "per_step_s": times,
-           "spread": (max(steady) - min(steady)) / measured,
-           "schedule": plan.schedule, "replicas": plan.replicas, "microbatch": int(x.shape[0]),
-           "warnings": target_warnings(plan) + input_warnings(plan, x)}
-    out["_params"] = params
     layout = rank_layout(plan)
-    out["_timeline"] = measured_timeline([d for _, d in layout], [s for s, _ in layout],
-                                         {r: steps[r][median_step]["actions"] for r in steps},
-                                         steps[0][median_step]["start"], steps[0][median_step]["seconds"])
-    out["timeline_step"] = median_step
-    return out
+    timeline = measured_timeline([d for _, d in layout], [s for s, _ in layout],
+                                 {r: steps[r][median_step]["actions"] for r in steps},
+                                 steps[0][median_step]["start"], steps[0][median_step]["seconds"])
+    error = None if predicted_s is None else abs(predicted_s - measured) / measured
+    return RunResult(measured_s=measured, predicted_s=predicted_s, error=error,
+                     steps=cfg.steps, warmup=cfg.warmup, processes=world, per_step_s=times,
+                     spread=(max(steady) - min(steady)) / measured, schedule=plan.schedule,
+                     replicas=plan.replicas, microbatch=int(x.shape[0]),
+                     warnings=target_warnings(plan) + input_warnings(plan, x), timeline_step=median_step,
+                     params=params, timeline=timeline)
 
 
-_PEER_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "Connection refused")
-
-
-def root_failure(procs: list, results, errors: dict[int, str], settle_s: float = 0.5,
-                 wait_s: float = 10.0) -> tuple[int, str | None]:
-    """The rank at the root of a failure of workers that report ``(status, rank, payload)``
-    (status ``"error"``: the payload is its text), and its error (None: it died without a
-    word, ``procs[rank].exitcode`` says how). A rank that died silently comes first, then one
-    whose error is its own rather than a peer's connection dropping; a peer's report may
-    arrive first, so reports are awaited until one of those is in or every worker ended (at
-    most ``wait_s``)."""
-    start = time.monotonic()
-    while True:
-        try:
-            status, rank, payload = results.get(timeout=0.1)
-            if status == "error":
-                errors.setdefault(rank, payload)
-        except queue_mod.Empty:
-            pass
-        silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
-        own = [r for r, e in errors.items() if not any(x in e for x in _PEER_ERRORS)]
-        waited = time.monotonic() - start
-        ended = all(p.exitcode is not None for p in procs)
-        if waited > wait_s or (waited > settle_s and (silent or own or ended)):
-            break
-    if silent or not errors:
-        return (silent or [0])[0], None
-    r = own[0] if own else next(iter(errors))
-    return r, errors[r]
-
-
-def _diagnose(plan: Plan, procs: list, errors: dict[int, str], results) -> str:
-    """Name the rank at the root of a failure: one that died without a word, else one whose
-    error is its own rather than a peer's connection dropping."""
-    time.sleep(0.5)  # let the other workers notice and report
-    try:
-        while True:
-            msg = results.get_nowait()
-            if msg[0] == "error":
-                errors[msg[1]] = msg[3]
-    except queue_mod.Empty:
-        pass
-    who = partial(_who, plan)
-    silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
-    if silent:
-        return f"run failed: {who(silent[0])} died with exit code {procs[silent[0]].exitcode}"
-    own = [r for r, e in sorted(errors.items()) if not any(x in e for x in _PEER_ERRORS)]
-    r = own[0] if own else min(errors)
-    return f"run failed: {who(r)} raised {errors[r][:300]}"
+def _diagnose(plan: Plan, failure: Failure) -> str:
+    """A failure in words, naming the rank's stage and device."""
+    text = failure.words("run", _who(plan, failure.rank))
+    return text + " (--timeout)" if failure.kind == "timed out" else text
 
 
 def _who(plan: Plan, rank: int) -> str:

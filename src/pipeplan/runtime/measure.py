@@ -17,5 +17,5 @@ def plan_runner(model_spec: str, steps: int = 3, warmup: int = 1, threads: int =
         from .executor import RunConfig, run_plan  # lazy: torch.distributed, processes
 
         cfg = RunConfig(spec=model_spec, steps=steps, warmup=warmup, threads=threads, timeout_s=timeout_s)
-        return float(run_plan(plan, cfg)["measured_s"])
+        return float(run_plan(plan, cfg).measured_s)
     return run

@@ -3,11 +3,11 @@
 devices of a 1-D mesh, Tables 3-4) and auto data parallelism (§3.3, §4.3: the input tensors
 split along their batch dimension, Table 6).
 
-``run_sharded`` spawns ``workers`` processes (gloo on CPU, rendezvous on a free port of
-127.0.0.1, as ``executor.py``); each builds the same seeded model (``shard_models.py``),
-turns every parameter into a DTensor on ``DeviceMesh("cpu", range(N))`` with ``[Shard(d)]``
-or ``[Replicate()]`` (parameters tied to one another stay one parameter) and every input
-into a DTensor ``[Shard(d)]`` or ``[Replicate()]``, then trains ``steps`` plain-SGD steps on
+``run_sharded`` spawns ``workers`` processes (gloo on CPU, ``launch.py``); each builds the
+same seeded model (``shard_models.py``), turns every parameter into a DTensor on
+``DeviceMesh("cpu", range(N))`` with ``[Shard(d)]`` or ``[Replicate()]`` (parameters tied to
+one another stay one parameter) and every input into a DTensor ``[Shard(d)]`` or
+``[Replicate()]``, then trains ``steps`` plain-SGD steps on
 the same batch, timing each. DTensor's sharding propagation inserts the collectives. Plain
 tensors a model makes inside its forward (position ids, masks) are taken as replicated
 (``implicit_replication``). With ``check`` the same model is trained in this process
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue as queue_mod
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -48,8 +47,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import PipeplanError
-from .executor import _die_with_parent, _end_all, root_failure
-from .rendezvous import join_local_group, local_rendezvous
+from .launch import Failure, Worker, launch, one_line_error
 from .shard_models import ShardModel, load_shard_model
 
 #: the largest max|a - b| / max|b| over parameters for which the check says "ok"
@@ -72,7 +70,6 @@ class ShardConfig:
     seq: int = 32
     threads: int = 1
     check: bool = True
-    parent: int | None = None  # the process whose end ends the workers
 
 
 def _check_dim(what: str, d: int | None, ndim: int, shape: tuple[int, ...]) -> None:
@@ -403,33 +400,28 @@ def train(module: nn.Module, inputs: tuple, steps: int, lr: float, distributed: 
     return losses, times
 
 
-def _worker(rank: int, world: int, init_method: str, cfg: dict, results) -> None:
+def _worker(ctx: Worker, cfg: dict) -> dict:
+    """One rank: build the model, distribute it, train; its losses, step times, collectives
+    and, with ``cfg["check"]``, the full parameters (rank 0) and its replicas' spread."""
     from torch.distributed.tensor import DeviceMesh
 
-    if cfg["parent"] is not None:
-        _die_with_parent(cfg["parent"])
-    try:
-        torch.set_num_threads(cfg["threads"])
-        join_local_group("gloo", init_method, rank, world)
-        mesh = DeviceMesh("cpu", list(range(world)))
-        model = load_shard_model(cfg["spec"], batch=cfg["batch"], seq=cfg["seq"], seed=cfg["seed"])
-        distribute_parameters(model.module, mesh, cfg["placements"])
-        inputs = distribute_inputs(model, mesh, cfg["input_dims"])
-        collectives = {"forward": {}, "backward": {}}
-        losses, times = train(model.module, inputs, cfg["steps"], cfg["lr"], True, collectives)
-        params, spread = None, 0.0
-        if cfg["check"]:
-            full = {n: _full(p.detach()) for n, p in model.module.named_parameters()}
-            params = {n: t.numpy().copy() for n, t in full.items()} if rank == 0 else None
-            spread = replica_spread(model.module)
-        results.put(("done", rank, {"losses": losses, "times": times, "params": params, "spread": spread,
-                                    "collectives": collectives}))
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException as e:  # report to the parent, which ends the run
-        text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        results.put(("error", rank, f"{type(e).__name__}: {text[:400]}{_where(e)}"))
-        raise SystemExit(1)
+    mesh = DeviceMesh("cpu", list(range(ctx.world)))
+    model = load_shard_model(cfg["spec"], batch=cfg["batch"], seq=cfg["seq"], seed=cfg["seed"])
+    distribute_parameters(model.module, mesh, cfg["placements"])
+    inputs = distribute_inputs(model, mesh, cfg["input_dims"])
+    collectives = {"forward": {}, "backward": {}}
+    losses, times = train(model.module, inputs, cfg["steps"], cfg["lr"], True, collectives)
+    params, spread = None, 0.0
+    if cfg["check"]:
+        full = {n: _full(p.detach()) for n, p in model.module.named_parameters()}
+        params = {n: t.numpy().copy() for n, t in full.items()} if ctx.rank == 0 else None
+        spread = replica_spread(model.module)
+    return {"losses": losses, "times": times, "params": params, "spread": spread, "collectives": collectives}
+
+
+def _error_text(e: BaseException) -> str:
+    """The error in one line (at most 400 characters of its message) and where in the model it arose."""
+    return one_line_error(e, limit=400) + _where(e)
 
 
 def replica_spread(module: nn.Module) -> float:
@@ -458,50 +450,8 @@ def _where(e: BaseException) -> str:
     return f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
 
 
-def _collect(procs: list, results, world: int, timeout_s: float) -> dict[int, dict]:
-    """The workers' reports; a failure (named at its root, ``_root_failure``) or the timeout
-    is a ``PipeplanError``."""
-    done: dict[int, dict] = {}
-    deadline = time.time() + timeout_s
-    while len(done) < world:
-        try:
-            msg = results.get(timeout=0.05)
-        except queue_mod.Empty:
-            if any(p.exitcode not in (None, 0) for r, p in enumerate(procs) if r not in done):
-                raise PipeplanError(_root_failure(procs, results, {})) from None
-            if time.time() > deadline:
-                raise PipeplanError(f"run_sharded failed: not finished within {timeout_s:g} s") from None
-            continue
-        if msg[0] == "error":
-            raise PipeplanError(_root_failure(procs, results, {msg[1]: msg[2]}))
-        done[msg[1]] = msg[2]
-    for p in procs:
-        p.join(10)
-    return done
-
-
-def _root_failure(procs: list, results, errors: dict[int, str]) -> str:
-    """The failure at the root (``executor.root_failure``), in words."""
-    rank, error = root_failure(procs, results, errors)
-    if error is None:
-        return f"run_sharded failed: rank {rank} died with exit code {procs[rank].exitcode}"
-    return f"run_sharded failed: rank {rank} raised {error}"
-
-
-def _spawn(cfg: ShardConfig, workers: int, timeout_s: float) -> dict[int, dict]:
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with local_rendezvous() as init_method:
-        procs = [ctx.Process(target=_worker, args=(r, workers, init_method, asdict(cfg), results), daemon=True)
-                 for r in range(workers)]
-        try:
-            for p in procs:
-                p.start()
-            return _collect(procs, results, workers, timeout_s)
-        finally:
-            _end_all(procs)
+def _diagnose(failure: Failure) -> str:
+    return failure.words("run_sharded", f"rank {failure.rank}")
 
 
 def reference_run(cfg: ShardConfig, dtype: torch.dtype = torch.float32
@@ -604,10 +554,11 @@ def run_sharded(spec: str, placements: dict[str, int | None], input_dims: dict[s
         raise PipeplanError(f"run_sharded: workers and steps must be >= 1, got {workers} and {steps}")
     shapes = load_shard_model(spec, batch=batch, seq=seq, meta=":" not in spec, seed=seed)
     full_p, full_in = validate_placements(shapes, placements, input_dims)
-    cfg = ShardConfig(spec, full_p, full_in, steps, lr, seed, batch, seq, threads, check, os.getpid())
+    cfg = ShardConfig(spec, full_p, full_in, steps, lr, seed, batch, seq, threads, check)
     uneven = uneven_splits(shapes, full_p, full_in, workers)
     try:
-        done = _spawn(cfg, workers, timeout_s)
+        done = launch(_worker, workers, (asdict(cfg),), diagnose=_diagnose, threads=threads, timeout_s=timeout_s,
+                      error_text=_error_text)
     except PipeplanError as e:
         if not uneven:
             raise

@@ -171,3 +171,9 @@ def _result(plan: Plan, sched: Schedule, tg: TaskGraph, out: Outcome, timeline: 
                      busy_s=out.busy[0, plan_devs], memory_bytes=out.memory[0, plan_devs],
                      memory_limit=cl.memory[plan_devs], num_tasks=tg.n, timeline=tl, extra=extra,
                      device_stages=[held[d] for d in plan_devs] if any(len(h) > 1 for h in held.values()) else [])
+
+
+def predicted_s(plan: Plan) -> float:
+    """The plan's predicted seconds per iteration (what the runtime's measurements are held
+    against)."""
+    return simulate(plan, timeline=False).iteration_s

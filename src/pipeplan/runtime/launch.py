@@ -1,0 +1,357 @@
+"""The one launcher of worker processes (``run``, ``shard --run``, ``calibrate``): spawn or
+join, watch, end, diagnose.
+
+``launch(worker, world, args)`` spawns ``world`` processes (multiprocessing's spawn context),
+each ended with this process (``PR_SET_PDEATHSIG``) and joined to a process group through a
+private rendezvous file (``rendezvous.py``: sockets on loopback only); each calls
+``worker(ctx, *args)`` (``ctx``: a ``Worker``, its rank, world size and ``progress``) and
+reports its result, or its error in one line. The launcher watches the reports, typed
+messages (``Progress``, ``Done``, ``Failed``), until every worker reported and ended; a
+worker that raised or died, no rank progressing for ``hang_s`` or the wall-clock
+``timeout_s`` ends the run: every worker process is ended (also on Ctrl-C or SIGTERM, which
+reach the launcher as exceptions) and the failure at the root (``Failure``) is put in words
+by the caller's ``diagnose``.
+
+Join: under torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set),
+``launch(..., join=True)`` spawns nothing: this process joins torchrun's group
+(``joined_from_env``), runs the worker as its rank and gathers every rank's result; torchrun,
+not this launcher, then watches and ends the processes.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import PipeplanError
+from .rendezvous import join_local_group, local_rendezvous, loopback_interface
+
+#: seconds a worker may take, beyond the hang timeout, for each step of its set-up (spawn and
+#: import torch, join the process group, build its part) before it counts as stuck
+STARTUP_GRACE_S = 30.0
+#: the progress labels of those set-up steps (any other label ends the grace)
+SETUP_STEPS = ("started", "joined the process group")
+PROGRESS_EVERY_S = 0.2  # a rank reports its last progress this often (hang detection is coarser)
+#: what a rank reports when its connection to a failed peer drops: a knock-on, not a root
+PEER_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "Connection refused")
+#: the environment torchrun (or any launcher of the same protocol) sets for each process
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A rank did ``label`` at ``when`` (``time.time()``)."""
+
+    rank: int
+    label: str
+    when: float
+
+
+@dataclass(frozen=True)
+class Done:
+    """A rank's result (whatever its worker function returned)."""
+
+    rank: int
+    payload: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A rank raised; ``text`` is its error in one line."""
+
+    rank: int
+    text: str
+
+
+Message = Progress | Done | Failed
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What ended a launch, for the caller to put in words: a rank that ``"raised"`` (``text``:
+    its error), ``"died"`` (``exitcode``), ``"hung"`` (``seconds`` without progress, ``text``:
+    its last progress) or the launch ``"timed out"`` (``seconds``: the limit, ``pending``: the
+    ranks without a result)."""
+
+    kind: str
+    rank: int = 0
+    text: str = ""
+    exitcode: int | None = None
+    seconds: float = 0.0
+    pending: tuple[int, ...] = ()
+
+    def words(self, what: str, who: str) -> str:
+        """The usual line: ``{what} failed: {who} raised ...`` (``who`` names ``self.rank``)."""
+        if self.kind == "died":
+            return f"{what} failed: {who} died with exit code {self.exitcode}"
+        if self.kind == "raised":
+            return f"{what} failed: {who} raised {self.text}"
+        if self.kind == "hung":
+            return (f"{what} failed: {who} made no progress for {self.seconds:.0f} s (last: {self.text}); "
+                    "the other ranks wait for it")
+        return f"{what} failed: not finished within {self.seconds:g} s"
+
+
+def one_line_error(e: BaseException, limit: int | None = None) -> str:
+    """``Type: message`` with the message's lines joined into one (its first ``limit`` characters)."""
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    return f"{type(e).__name__}: {text[:limit]}"
+
+
+class Worker:
+    """What a worker function gets: its ``rank``, the ``world`` size and ``progress(label)``,
+    which only notes the label (a message per call would cost the run CPU); a daemon thread
+    sends the latest, with the time it was noted, every ``PROGRESS_EVERY_S`` when it changed,
+    also while the rank waits in a collective."""
+
+    def __init__(self, rank: int, world: int, results: Any = None) -> None:
+        self.rank, self.world, self.results = rank, world, results
+        self.latest: tuple[float, str] | None = None
+        self.sent: tuple[float, str] | None = None
+        if results is not None:
+            threading.Thread(target=self._send_loop, daemon=True).start()
+
+    def progress(self, label: str) -> None:
+        self.latest = (time.time(), label)
+
+    def _send_loop(self) -> None:
+        while True:
+            latest = self.latest
+            if latest is not None and latest is not self.sent:
+                self.results.put(Progress(self.rank, latest[1], latest[0]))
+                self.sent = latest
+            time.sleep(PROGRESS_EVERY_S)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What every spawned process needs besides its rank (picklable: functions by name)."""
+
+    worker: Callable[..., Any]
+    args: tuple
+    backend: str
+    threads: int | None
+    join_timeout: timedelta | None
+    error_text: Callable[[BaseException], str]
+    parent: int
+
+
+def die_with_parent(parent: int) -> None:
+    """Linux: this process gets SIGKILL when its parent ends, however it ends."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent ended before the request took effect
+        os._exit(1)
+
+
+def _entry(rank: int, world: int, init_method: str, spec: _Spec, results: Any) -> None:
+    """A spawned process: join the group, run the worker, report; on any error, report it in
+    one line and exit 1."""
+    die_with_parent(spec.parent)
+    ctx = Worker(rank, world, results)
+    try:
+        if spec.threads is not None:
+            torch.set_num_threads(spec.threads)
+        ctx.progress("started")
+        if spec.backend == "nccl":
+            torch.cuda.set_device(rank)
+        join_local_group(spec.backend, init_method, rank, world, spec.join_timeout)
+        ctx.progress("joined the process group")
+        results.put(Done(rank, spec.worker(ctx, *spec.args)))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as e:  # report to the launcher, which ends the run
+        results.put(Failed(rank, spec.error_text(e)))
+        raise SystemExit(1)
+
+
+def end_all(procs: list) -> None:
+    """Terminate every started process still running; kill one that outlives 5 s."""
+    procs = [p for p in procs if p.pid is not None]  # started
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.time() + 5
+    for p in procs:
+        p.join(max(0.0, deadline - time.time()))
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
+class LaunchFailed(Exception):
+    """A launch's workers failed (``failure``); ``launch`` turns it into a ``PipeplanError``."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.kind)
+        self.failure = failure
+
+
+def root_failure(procs: list, results: Any, errors: dict[int, str], settle_s: float = 0.5,
+                 wait_s: float = 10.0) -> Failure:
+    """The failure at the root: a rank that died without a word first, then the first whose
+    error is its own rather than a peer's connection dropping. A peer's report may arrive
+    first, so reports are awaited until one of those is in or every worker ended (at least
+    ``settle_s``, at most ``wait_s``)."""
+    start = time.monotonic()
+    while True:
+        try:
+            msg = results.get(timeout=0.1)
+            if isinstance(msg, Failed):
+                errors.setdefault(msg.rank, msg.text)
+        except queue_mod.Empty:
+            pass
+        silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
+        own = [r for r, e in errors.items() if not any(x in e for x in PEER_ERRORS)]
+        waited = time.monotonic() - start
+        ended = all(p.exitcode is not None for p in procs)
+        if waited > wait_s or (waited > settle_s and (silent or own or ended)):
+            break
+    if silent or not errors:
+        r = (silent or [0])[0]
+        return Failure("died", r, exitcode=procs[r].exitcode)
+    r = own[0] if own else next(iter(errors))
+    return Failure("raised", r, errors[r])
+
+
+def _stuck(last: dict[int, tuple[float, str, float]], hang_s: float, now: float) -> Failure | None:
+    """The rank that stopped first, once no rank progressed for ``hang_s`` (the others wait for it)."""
+    quiet = {r: now - t - grace for r, (t, _, grace) in last.items()}
+    if min(quiet.values()) <= hang_s:
+        return None
+    r = max(quiet, key=quiet.__getitem__)
+    return Failure("hung", r, last[r][1], seconds=now - last[r][0])
+
+
+def watch(procs: list, results: Any, hang_s: float | None = None,
+          timeout_s: float | None = None) -> dict[int, Any]:
+    """Collect the workers' reports until every one reported ``Done`` and ended with exit code
+    0: rank -> payload. ``LaunchFailed`` (its ``Failure``) when a worker raised or died, when
+    no rank progressed for ``hang_s`` (a rank in a set-up step has ``STARTUP_GRACE_S``
+    more) or past ``timeout_s``."""
+    start = time.time()
+    done: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    # rank -> (when it last progressed, what it did, the grace it has for its next step)
+    last = {r: (start, "starting", STARTUP_GRACE_S) for r in range(len(procs))}
+    while True:
+        msg: Message | None
+        try:
+            msg = results.get(timeout=0.05)
+        except queue_mod.Empty:
+            msg = None
+        if isinstance(msg, Progress):
+            last[msg.rank] = (msg.when, msg.label, STARTUP_GRACE_S if msg.label in SETUP_STEPS else 0.0)
+        elif isinstance(msg, Failed):
+            errors[msg.rank] = msg.text
+        elif isinstance(msg, Done):
+            done[msg.rank] = msg.payload
+        if msg is not None:
+            continue
+        if errors or any(p.exitcode not in (None, 0) for p in procs):
+            raise LaunchFailed(root_failure(procs, results, errors))
+        if len(done) == len(procs) and all(p.exitcode == 0 for p in procs):
+            return done
+        now = time.time()
+        stuck = _stuck(last, hang_s, now) if hang_s is not None else None
+        if stuck is not None:
+            raise LaunchFailed(stuck)
+        if timeout_s is not None and now - start > timeout_s:
+            pending = tuple(r for r in range(len(procs)) if r not in done)
+            raise LaunchFailed(Failure("timed out", seconds=timeout_s, pending=pending))
+
+
+def launch(worker: Callable[..., Any], world: int, args: tuple = (), *,
+           diagnose: Callable[[Failure], str], backend: str = "gloo", threads: int | None = None,
+           join_timeout: timedelta | None = None, hang_s: float | None = None, timeout_s: float | None = None,
+           error_text: Callable[[BaseException], str] = one_line_error, name: str = "pipeplan-worker",
+           join: bool = False) -> dict[int, Any]:
+    """Run ``worker(ctx, *args)`` on ``world`` ranks of one process group (``worker`` and
+    ``error_text``: module-level functions, ``args`` picklable): rank -> what it returned. A
+    failure is a ``PipeplanError`` worded by ``diagnose``; no worker process outlives the
+    call. ``join``: under torchrun, join its group instead of spawning (``joined_from_env``)."""
+    if join and torchrun_world() is not None:
+        return _run_joined(worker, world, args, backend, threads, diagnose, error_text)
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    spec = _Spec(worker, tuple(args), backend, threads, join_timeout, error_text, os.getpid())
+    with local_rendezvous() as init_method:
+        procs = [ctx.Process(target=_entry, args=(r, world, init_method, spec, results), daemon=True,
+                             name=f"{name}-{r}") for r in range(world)]
+        try:
+            for p in procs:
+                p.start()
+            return watch(procs, results, hang_s, timeout_s)
+        except LaunchFailed as e:
+            raise PipeplanError(diagnose(e.failure)) from None
+        finally:
+            end_all(procs)
+            results.close()
+            results.cancel_join_thread()
+
+
+def torchrun_world() -> tuple[int, int] | None:
+    """(rank, world size) that torchrun gave this process (``TORCHRUN_ENV`` all set), else None."""
+    if not all(os.environ.get(k) for k in TORCHRUN_ENV):
+        return None
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except ValueError:
+        raise PipeplanError(f"RANK={os.environ['RANK']!r} and WORLD_SIZE={os.environ['WORLD_SIZE']!r} "
+                            "(torchrun's environment) must be integers") from None
+
+
+def joined_from_env(backend: str = "gloo", timeout: timedelta | None = None) -> tuple[int, int] | None:
+    """Join the process group torchrun set up for this process (``env://``: ``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): its (rank, world size); None, joining
+    nothing, when the environment names no group. A loopback ``MASTER_ADDR`` binds gloo's and
+    NCCL's sockets to loopback, as a local launch does."""
+    world = torchrun_world()
+    if world is None:
+        return None
+    if os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost", "::1"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback_interface())
+    extra = {} if timeout is None else {"timeout": timeout}
+    dist.init_process_group(backend, init_method="env://", rank=world[0], world_size=world[1], **extra)
+    return world
+
+
+def _run_joined(worker: Callable[..., Any], world: int, args: tuple, backend: str, threads: int | None,
+                diagnose: Callable[[Failure], str], error_text: Callable[[BaseException], str]) -> dict[int, Any]:
+    """This process as one rank of torchrun's group: run the worker, gather every rank's result
+    (torchrun watches the processes: no hang detection or timeout here)."""
+    rank, size = torchrun_world()
+    if size != world:
+        raise PipeplanError(f"torchrun started {size} processes; this run needs {world} (--nproc-per-node)")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    joined_from_env(backend)
+    try:
+        try:
+            payload = worker(Worker(rank, world), *args)
+        except Exception as e:
+            raise PipeplanError(diagnose(Failure("raised", rank, error_text(e)))) from None
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, payload)
+        return dict(enumerate(gathered))
+    finally:
+        dist.destroy_process_group()
