@@ -139,7 +139,7 @@ def test_dtype_sizes():
 
 
 def test_frozen_layers_have_no_weight_gradient():
-    from pipeplan.ir.program import quiet_export
+    from pipeplan.sharding.program import quiet_export
     from pipeplan.runtime.aten_graph import graph_from_program
 
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))

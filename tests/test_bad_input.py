@@ -171,12 +171,12 @@ def test_compare_table_is_one_line_per_planner_with_one_unit_per_column(capsys):
 
 def test_ctrl_c_while_the_parser_is_built_is_one_line_and_130(monkeypatch, capsys):
     """Building the parser imports every planner (the first second of any command)."""
-    import pipeplan.cli
+    import pipeplan.cli.app
 
     def interrupted():
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeplan.cli, "build_parser", interrupted)
+    monkeypatch.setattr(pipeplan.cli.app, "build_parser", interrupted)
     assert main(["compare", "--model", "zoo:alexnet", "--cluster", "v100x4"]) == 130
     assert capsys.readouterr().err == "pipeplan: compare interrupted (Ctrl-C)\n"
 
@@ -239,7 +239,7 @@ def test_yaml_anchors_and_large_files_are_read_while_alias_bombs_are_not():
 def test_ctrl_c_inside_an_extension_modules_import_is_one_line_and_130(monkeypatch, capsys):
     """An extension module interrupted while it initializes raises ImportError from the
     KeyboardInterrupt: still Ctrl-C, one line and 130; any other ImportError stays an error."""
-    import pipeplan.cli
+    import pipeplan.cli.app
 
     def interrupted_import():
         try:
@@ -247,13 +247,13 @@ def test_ctrl_c_inside_an_extension_modules_import_is_one_line_and_130(monkeypat
         except KeyboardInterrupt as e:
             raise ImportError("initialization failed") from e
 
-    monkeypatch.setattr(pipeplan.cli, "build_parser", interrupted_import)
+    monkeypatch.setattr(pipeplan.cli.app, "build_parser", interrupted_import)
     assert main(["compare", "--model", "zoo:alexnet", "--cluster", "v100x4"]) == 130
     assert capsys.readouterr().err == "pipeplan: compare interrupted (Ctrl-C)\n"
 
     def broken_import():
         raise ImportError("no module named x")
 
-    monkeypatch.setattr(pipeplan.cli, "build_parser", broken_import)
+    monkeypatch.setattr(pipeplan.cli.app, "build_parser", broken_import)
     with pytest.raises(ImportError):
         main(["compare", "--model", "zoo:alexnet", "--cluster", "v100x4"])

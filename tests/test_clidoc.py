@@ -2,12 +2,12 @@
 
 from pathlib import Path
 
-from pipeplan.clidoc import cli_reference
+from pipeplan.cli.doc import cli_reference
 
 
 def test_cli_reference_is_current():
     doc = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
-    assert doc.read_text() == cli_reference(), "docs/cli.md is stale: python -m pipeplan.clidoc > docs/cli.md"
+    assert doc.read_text() == cli_reference(), "docs/cli.md is stale: python -m pipeplan.cli.doc > docs/cli.md"
 
 
 def test_cli_reference_lists_every_planner_schedule_preset_and_kind():

@@ -1,4 +1,4 @@
-"""``pipeplan dynamic bench|train|eval`` (cli_dynamic.py): the JSON interface, the files a
+"""``pipeplan dynamic bench|train|eval`` (cli/dynamic.py): the JSON interface, the files a
 training writes, and bad inputs as one-line errors with exit code 2."""
 
 import json

@@ -68,7 +68,7 @@ WORK = {
     "calibrate": ["pipeplan.runtime.calibrate.calibrate"],
     "run": ["pipeplan.runtime.executor.run_plan"],
     "train": ["pipeplan.planners.drlpp.run.train_agent", "pipeplan.planners.automap.infer.train"],
-    "shard": ["pipeplan.planners.automap.shard.shard"],
+    "shard": ["pipeplan.sharding.shard.shard"],
     "dynamic": ["pipeplan.dynamic.experiment.build"],
 }
 #: Input files by option destination and the valid file each one takes ({model} only where

@@ -13,13 +13,13 @@ from torch import nn
 
 from pipeplan.cluster import load_cluster
 from pipeplan.sim.formulas import allreduce_time
-from pipeplan.ir.cost import CostModel, op_seconds
-from pipeplan.ir.decisions import (Position, decide, decision_order, linkage_groups, placement_rewards, positions,
+from pipeplan.sharding.cost import CostModel, op_seconds
+from pipeplan.sharding.decisions import (Position, decide, decision_order, linkage_groups, placement_rewards, positions,
                                    score, vector)
-from pipeplan.ir.milp import solve
-from pipeplan.ir.program import export_module
-from pipeplan.ir.propagate import Propagator, bit, codes, placement_name
-from pipeplan.ir.rules import P, R, S
+from pipeplan.sharding.milp import solve
+from pipeplan.sharding.program import export_module
+from pipeplan.sharding.propagate import Propagator, bit, codes, placement_name
+from pipeplan.sharding.rules import P, R, S
 
 warnings.simplefilter("ignore")
 

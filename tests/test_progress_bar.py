@@ -3,7 +3,7 @@
 import io
 import time
 
-from pipeplan.progress_bar import CAP, fill, planning_progress, step_text
+from pipeplan.cli.progress import CAP, fill, planning_progress, step_text
 
 
 class _Terminal(io.StringIO):

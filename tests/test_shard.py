@@ -15,9 +15,9 @@ from torch import nn
 
 from pipeplan.cli import main
 from pipeplan.errors import PipeplanError
-from pipeplan.ir.program import export_module
-from pipeplan.planners.automap import shard as shard_module
-from pipeplan.planners.automap.shard import ShardRequest, shard
+from pipeplan.sharding.program import export_module
+from pipeplan.sharding import shard as shard_module
+from pipeplan.sharding.shard import ShardRequest, shard
 
 pytest.importorskip("transformers")
 
@@ -102,7 +102,7 @@ def test_the_papers_reward_warns_when_replicated_is_better(capsys):
 
 def test_run_runs_the_plan_shown(monkeypatch, capsys):
     """``--run`` plans on the same cluster as without it, and runs the plan printed."""
-    from pipeplan.runtime import tensor_parallel
+    from pipeplan.sharding import tensor_parallel
 
     argv = ["shard", "--model", "vgg19-tiny", "--devices", "2", "--method", "milp", "--json"]
     assert main(argv) == 0
@@ -153,7 +153,7 @@ def test_dqn_cuts_gpt2s_fused_qkv_as_the_milp_does(gpt2_milp):
 
 def test_run_refuses_a_strided_plan_in_one_line(gpt2_milp, monkeypatch, capfd):
     """The runtime has no placement for a block-by-block cut yet: ``--run`` says so and runs nothing."""
-    from pipeplan.runtime import tensor_parallel
+    from pipeplan.sharding import tensor_parallel
 
     monkeypatch.setattr(shard_module, "shard", lambda req: gpt2_milp)
     monkeypatch.setattr(tensor_parallel, "run_sharded", lambda *a, **kw: pytest.fail("ran a strided plan"))
@@ -267,7 +267,7 @@ def test_cli_runs_the_plan_with_dtensor(capsys):
 ])
 def test_a_cut_transformer_runs_the_collectives_it_is_priced_with(model, cut, capsys):
     """BERT- and T5-tiny cut over 2 gloo workers (vocabulary-cut embeddings and classifier,
-    Megatron's attention, T5's MLP too): DTensor runs exactly the collectives ``ir.cost`` priced
+    Megatron's attention, T5's MLP too): DTensor runs exactly the collectives ``sharding.cost`` priced
     (docs/opp.md)."""
     code = main(["shard", "--model", model, "--devices", "2", "--method", "milp", "--batch", "64", "--seq",
                  "128", "--run", "--check", "--steps", "2", "--json"])
@@ -282,7 +282,7 @@ def test_searches_are_budgeted_in_episodes_and_nodes_by_default():
     """The DQN's and the integer program's budgets are counts (the same plan on any machine),
     the defaults the command line names; wall seconds only when asked."""
     from pipeplan.cli import build_parser
-    from pipeplan.planners.automap.shard import DEFAULT_EPISODES, DEFAULT_NODES, ShardRequest
+    from pipeplan.sharding.shard import DEFAULT_EPISODES, DEFAULT_NODES, ShardRequest
 
     req = ShardRequest("t5-tiny", 2)
     assert (req.episodes, req.nodes, req.budget_s) == (DEFAULT_EPISODES, DEFAULT_NODES, None)

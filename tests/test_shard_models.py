@@ -1,11 +1,11 @@
-"""The models Auto-MAP shards (runtime/shard_models.py): published sizes, scalar loss,
+"""The models Auto-MAP shards (sharding/models.py): published sizes, scalar loss,
 torch.export of the training graph, errors."""
 
 import pytest
 import torch
 
 from pipeplan.errors import PipeplanError
-from pipeplan.runtime.shard_models import SHARD_MODELS, VGG19, build, load_shard_model
+from pipeplan.sharding.models import SHARD_MODELS, VGG19, build, load_shard_model
 
 TINY = ("t5-tiny", "bert-tiny", "gpt2-tiny", "vgg19-tiny")
 

@@ -1,4 +1,4 @@
-"""Sharding plans run for real with DTensor (runtime/tensor_parallel.py): operator
+"""Sharding plans run for real with DTensor (sharding/tensor_parallel.py): operator
 partitioning and auto data parallelism on 2 gloo processes, checked against one process."""
 
 import pytest
@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 from pipeplan.errors import PipeplanError
-from pipeplan.runtime.shard_models import build
-from pipeplan.runtime import tensor_parallel
-from pipeplan.runtime.tensor_parallel import (ShardConfig, check_against_reference, max_rel_diff, reference_run,
+from pipeplan.sharding.models import build
+from pipeplan.sharding import tensor_parallel
+from pipeplan.sharding.tensor_parallel import (ShardConfig, check_against_reference, max_rel_diff, reference_run,
                                               run_sharded, validate_placements)
 from test_shard import VGG19_HYBRID_PLAN
 
@@ -149,11 +149,11 @@ def test_replicas_that_drift_apart_are_a_mismatch():
 
 @pytest.mark.slow
 def priced_collectives(spec: str, placements: dict[str, int | None], devices: int = 2) -> dict:
-    """The collectives ``ir.cost`` prices for ``spec`` with its parameters cut as ``placements``
+    """The collectives ``sharding.cost`` prices for ``spec`` with its parameters cut as ``placements``
     (the others and the inputs replicated), built as ``pipeplan shard`` builds its problem."""
-    from pipeplan.ir.propagate import bit
-    from pipeplan.ir.rules import R, S
-    from pipeplan.planners.automap.shard import ShardRequest, build_problem
+    from pipeplan.sharding.propagate import bit
+    from pipeplan.sharding.rules import R, S
+    from pipeplan.sharding.shard import ShardRequest, build_problem
 
     model, problem, _ = build_problem(ShardRequest(spec, devices, method="milp"))
     prog = problem.prop.prog
@@ -165,7 +165,7 @@ def priced_collectives(spec: str, placements: dict[str, int | None], devices: in
 
 
 def test_collectives_run_are_counted_and_compared_with_the_priced_ones():
-    """Megatron's MLP on 2 gloo workers runs exactly the collectives ``ir.cost`` prices: the
+    """Megatron's MLP on 2 gloo workers runs exactly the collectives ``sharding.cost`` prices: the
     all-reduce of fc2's partial output and nothing in the backward (fc2 runs as Megatron's row
     split, its replicated bias added after the all-reduce: ``_RowParallelLinear``)."""
     priced = priced_collectives("test_tensor_parallel:mlp", MEGATRON_MLP)

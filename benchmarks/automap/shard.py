@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from pipeplan.errors import PipeplanError
-from pipeplan.ir.decisions import decide, vector
+from pipeplan.sharding.decisions import decide, vector
 from pipeplan.learn.harness import Budget
-from pipeplan.ir.propagate import cut_dim
-from pipeplan.planners.automap.shard import ShardRequest, _milp, build_problem, shard
-from pipeplan.planners.automap.sharding import Config, search
-from pipeplan.runtime.tensor_parallel import run_sharded
+from pipeplan.sharding.propagate import cut_dim
+from pipeplan.sharding.shard import ShardRequest, _milp, build_problem, shard
+from pipeplan.sharding.dqn import Config, search
+from pipeplan.sharding.tensor_parallel import run_sharded
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/_results.py
 from _results import add_out_argument, write_json, write_markdown  # noqa: E402
@@ -158,7 +158,7 @@ def markdown(rows: list[dict], adps: list[dict], ran: list[dict], budget: float)
                  f"({r['max_rel_diff']:.1e}) |" if "error" not in r else
                  f"| {r['model']} | {r['workers']} | {r['rules']} | | | | | {r['error']} |" for r in ran]
     text = ("# Auto-MAP operator partitioning (Tables 3-5) and auto data parallelism (Table 6)\n\n"
-            f"Cost reward (predicted step of `ir.cost`), DQN budget {budget:g} s per seed. Rules: strict = the "
+            f"Cost reward (predicted step of `sharding.cost`), DQN budget {budget:g} s per seed. Rules: strict = the "
             "paper's (no gathers, inputs whole); hybrid = ours (inputs decided too, all-gathers at contractions). "
             "Pattern: Table 3 for T5 (q/k/v/wi/shared dim 0, o/wo dim 1 in PyTorch's [out, in] layout, layer "
             "norms replicated), Table 4 for VGG-19 (convolutions replicated, fc1/fc2/predictions cut). PC: "

@@ -38,7 +38,7 @@ from torch import fx, nn
 from ..errors import PipeplanError
 from ..graph.model import Graph, NodeSpec
 from ..graph.zoo import EFFICIENCY, REFERENCE_DEVICE, REFERENCE_MEM_GBPS, REFERENCE_TFLOPS
-from ..ir.program import op_name, quiet_export
+from .torch_export import op_name, quiet_export
 from .models import failure_reason, load_model
 
 _PEAK = REFERENCE_TFLOPS * 1e12

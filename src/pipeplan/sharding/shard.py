@@ -1,5 +1,5 @@
 """``pipeplan shard``: Auto-MAP's operator partitioning or auto data parallelism of a PyTorch
-model, by the paper's DQN (``sharding``), by the integer program (``ir.milp``), or both; the
+model, by the paper's DQN (``sharding.dqn``), by the integer program (``sharding.milp``), or both; the
 plan as JSON (each parameter's and input's partitioned dimension), its predicted step and,
 on request, a real run with DTensor (``runtime.tensor_parallel``).
 
@@ -13,14 +13,14 @@ import math
 import time
 from dataclasses import dataclass
 
-from ...cluster import Cluster, load_cluster
-from ...errors import PipeplanError
-from ...ir.cost import PlanCost
-from ...ir.milp import solve
-from ...ir.program import INPUT, export_module
-from ...ir.propagate import Domains, bit, cut_dim, is_strided
-from ...learn.harness import Budget, Progress
-from .sharding import Config, ShardProblem, search
+from ..cluster import Cluster, load_cluster
+from ..errors import PipeplanError
+from .cost import PlanCost
+from .milp import solve
+from .program import INPUT, export_module
+from .propagate import Domains, bit, cut_dim, is_strided
+from ..learn.harness import Budget, Progress
+from .dqn import Config, ShardProblem, search
 
 METHODS = ("dqn", "milp", "both")
 REWARDS = ("paper", "cost")
@@ -99,7 +99,7 @@ def _cost_dict(c: PlanCost | None) -> dict | None:
 
 def build_problem(req: ShardRequest):
     """(the model, its sharding problem, seconds spent building them)."""
-    from ...runtime.shard_models import load_shard_model
+    from .models import load_shard_model
 
     t0 = time.perf_counter()
     model = load_shard_model(req.spec, batch=req.batch, seq=req.seq, meta=True, seed=req.seed)

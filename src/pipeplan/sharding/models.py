@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ..errors import PipeplanError
-from .models import call_factory
+from ..runtime.models import call_factory
 
 
 @dataclass

@@ -4,14 +4,14 @@
 The state is the decision vector (every dimension of every trainable variable, or of every
 input tensor for ADP: 1 partitioned, 0 replicated, -1 undecided) and the current position
 (one-hot); the action partitions or replicates the dimension at the current position;
-propagation (``ir.propagate``) then decides what follows from it. Positions are visited in
+propagation (``sharding.propagate``) then decides what follows from it. Positions are visited in
 the order of their linkage groups' sizes (§4.2). Rewards (``Config.reward``):
 
 - ``paper``: +0.4 for every dimension the step partitioned and +0.1 for every one it
   replicated, counting those decided through propagation; -1 and the end of the episode on
   a conflict (§4.2);
 - ``cost`` (ours, docs/opp.md): 0 until the plan is complete, then the all-replicated plan's
-  predicted step time over this plan's (``ir.cost``), or -1/(1 + that ratio) when the plan
+  predicted step time over this plan's (``sharding.cost``), or -1/(1 + that ratio) when the plan
   overflows the devices' memory (between a conflict and any plan that fits, faster higher);
   -1 on a conflict.
 
@@ -30,16 +30,16 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ...cluster import Cluster
-from ...ir.cost import CostModel, PlanCost
-from ...errors import PipeplanError
-from ...ir.decisions import (PARTITION_REWARD, REPLICATE_REWARD, Linkage, Position, decide, decision_order,
+from ..cluster import Cluster
+from .cost import CostModel, PlanCost
+from ..errors import PipeplanError
+from .decisions import (PARTITION_REWARD, REPLICATE_REWARD, Linkage, Position, decide, decision_order,
                              linkage_groups, partition_mask, placement_rewards, positions, score, vector)
-from ...ir.program import INPUT, TensorProgram
-from ...ir.propagate import Domains, Propagator, bit, dim_cuts
-from ...ir.rules import R
-from ...learn.dqn import Agent, Config as DqnConfig, run_episode
-from ...learn.harness import Budget, Curve, Point, Progress
+from .program import INPUT, TensorProgram
+from .propagate import Domains, Propagator, bit, dim_cuts
+from .rules import R
+from ..learn.dqn import Agent, Config as DqnConfig, run_episode
+from ..learn.harness import Budget, Curve, Point, Progress
 
 CONFLICT_REWARD = -1.0
 CHECK_EVERY = 10   # episodes between greedy checks

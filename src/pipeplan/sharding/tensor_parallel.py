@@ -21,7 +21,7 @@ What DTensor (torch 2.13, CPU, gloo) cannot do as is, met on the built-in models
   gradient cannot come back as a partial sum: ``_VocabParallelEmbedding`` computes it as Megatron does;
 - its convolution rule assumes a replicated weight (the output takes the input's placement):
   a convolution cut by output or input channels runs through ``_ChannelParallelConv``;
-- it moves data the plan does not (``ir.cost`` prices, and ``--check`` compares, the collectives
+- it moves data the plan does not (``sharding.cost`` prices, and ``--check`` compares, the collectives
   of Megatron's layers): a row-parallel linear's replicated bias is made a partial sum (its
   gradient all-reduced), a partial sum is reduced again by each op reading it and by the backward
   of one that saved it partial, and a log-softmax over vocabulary-cut logits gathers them. So a
@@ -47,8 +47,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import PipeplanError
-from .launch import Failure, Worker, launch, one_line_error
-from .shard_models import ShardModel, load_shard_model
+from ..runtime.launch import Failure, Worker, launch, one_line_error
+from .models import ShardModel, load_shard_model
 
 #: the largest max|a - b| / max|b| over parameters for which the check says "ok"
 TOLERANCE = 1e-5
@@ -173,7 +173,7 @@ class _VocabParallelEmbedding:
 def _reduce_partial_inputs(module: nn.Module, args: tuple) -> tuple:
     """Every leaf module's forward pre-hook: a partial sum it reads (a vocabulary-cut embedding's,
     BERT's sum of three) is all-reduced here, explicitly (autograd records it) and once per
-    tensor (the result is kept on it for later readers), as ``ir.cost`` prices it. Left to
+    tensor (the result is kept on it for later readers), as ``sharding.cost`` prices it. Left to
     DTensor, each op reading it reduces it again (T5's RMS norm, the residual additions), and
     an op saving it partial for its backward (a layer norm) all-reduces it again there."""
     from torch.distributed.tensor import DTensor, Replicate

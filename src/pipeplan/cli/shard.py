@@ -6,7 +6,7 @@ import argparse
 import json
 
 from .argtypes import seed
-from .errors import PipeplanError
+from ..errors import PipeplanError
 
 
 def add_parser(sub, positive_int) -> None:
@@ -46,9 +46,9 @@ def add_parser(sub, positive_int) -> None:
 
 
 def cmd_shard(args: argparse.Namespace) -> int:
-    from .cluster import load_cluster
-    from .planners.automap.shard import ShardRequest, shard
-    from .units import parse_duration
+    from ..cluster import load_cluster
+    from ..sharding.shard import ShardRequest, shard
+    from ..units import parse_duration
 
     if args.run and args.workers is not None and args.workers != args.devices:
         raise PipeplanError(f"--workers {args.workers} must equal --devices {args.devices} (one process a device)")
@@ -72,8 +72,8 @@ def cmd_shard(args: argparse.Namespace) -> int:
 
 
 def _run(args, out: dict) -> int:
-    from .planners.automap.shard import check_runnable
-    from .runtime.tensor_parallel import run_sharded
+    from ..sharding.shard import check_runnable
+    from ..sharding.tensor_parallel import run_sharded
 
     check_runnable(out)
     placements = {p["name"]: p["partition_dim"] for p in out["parameters"]}
@@ -92,7 +92,7 @@ def _run(args, out: dict) -> int:
 
 
 def _print(out: dict) -> None:
-    from .units import fmt_bytes, fmt_time
+    from ..units import fmt_bytes, fmt_time
 
     if out["ops_without_rule"]:
         print(f"warning: ops without a sharding rule run replicated: {', '.join(out['ops_without_rule'])}")
@@ -133,7 +133,7 @@ def _print(out: dict) -> None:
 
 def _print_replicated(out: dict) -> None:
     """One line where everything replicated is predicted better than the search's plan."""
-    from .units import fmt_time
+    from ..units import fmt_time
 
     if out["returned"] == "replicated":
         step = out["searched"]["step_s"]

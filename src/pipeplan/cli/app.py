@@ -16,9 +16,9 @@ from pathlib import Path
 
 from .argtypes import calibration_seconds, non_negative_int, positive_seconds, seed as _seed, threads
 from .argtypes import names as _names, positive_int as _positive_int
-from .errors import Infeasible, PipeplanError, Terminated, interrupted, one_line
-from .outputs import Outputs
-from .progress_bar import planning_progress, training_progress
+from ..errors import Infeasible, PipeplanError, Terminated, interrupted, one_line
+from ..outputs import Outputs
+from .progress import planning_progress, training_progress
 
 
 MODEL_SPEC_HELP = ("example:mlp|transformer|cnn|resnet, hf:gpt2?n_layer=4&... or hf:bert?... (transformers "
@@ -26,13 +26,13 @@ MODEL_SPEC_HELP = ("example:mlp|transformer|cnn|resnet, hf:gpt2?n_layer=4&... or
 
 
 def _load_inputs(args):
-    from .cluster import load_cluster
-    from .graph import load_graph
-    from .units import parse_bytes
+    from ..cluster import load_cluster
+    from ..graph import load_graph
+    from ..units import parse_bytes
 
     graph, cluster = load_graph(args.model), load_cluster(args.cluster)
     if getattr(args, "global_batch", None) and args.microbatches:  # M fixed: scale the microbatch
-        from .graph.scale import with_global_batch
+        from ..graph.scale import with_global_batch
 
         graph = with_global_batch(graph, args.global_batch, args.microbatches)
     if args.memory_limit is not None:
@@ -45,7 +45,7 @@ def _load_inputs(args):
 
 def _options(args, planners: list[str] = ()):
     """The run's PlanOptions; the -O text parsed, once, into the options of ``planners``."""
-    from .planners import PlanOptions, planner_settings
+    from ..planners import PlanOptions, planner_settings
 
     pairs = []
     for item in args.planner_option or []:
@@ -65,11 +65,11 @@ def _global_batch(args) -> int | None:
 
 
 def cmd_plan(args) -> int:
-    from .planners import run_planner
-    from .planners.base import overflow_text
-    from .planners.compare import best, default_planners
+    from ..planners import run_planner
+    from ..planners.base import overflow_text
+    from ..planners.compare import best, default_planners
     from .report import print_plan
-    from .units import fmt_time
+    from ..units import fmt_time
 
     outs = Outputs()
     outs.want("--out", args.out, "json")
@@ -108,8 +108,8 @@ TRAIN_EVALUATIONS = {"drl-pp": 20_000, "automap-infer": 30_000}
 def _note_assumed_split(plans: list) -> None:
     """One line on stderr when a plan splits its backward (I, W) on a graph that does not
     say how (a PipeDream profile): the simulator's assumption, stated."""
-    from .schedule import make_schedule
-    from .sim.stage_costs import assumed_input_fraction
+    from ..schedule import make_schedule
+    from ..sim.stage_costs import assumed_input_fraction
 
     for plan in plans:
         frac = assumed_input_fraction(plan.graph.meta)
@@ -126,7 +126,7 @@ def _note_linearized(plans: list) -> None:
     """One line on stderr for each plan of PipeDream's DP (pipedream, hetpipe) made over one
     topological order of the layers: the model's antichain DAG was too large, even with its
     branches compressed."""
-    from .planners.pipedream import MAX_STATES
+    from ..planners.pipedream import MAX_STATES
 
     for plan in plans:
         if any(isinstance(v, dict) and v.get("linearized") for v in plan.extra.values()):
@@ -140,11 +140,11 @@ def cmd_train(args) -> int:
     the checkpoint), print the best plan it found."""
     import shlex
 
-    from .learn.harness import Budget, load_checkpoint, save_bytes
-    from .planners.drlpp.run import train_agent
+    from ..learn.harness import Budget, load_checkpoint, save_bytes
+    from ..planners.drlpp.run import train_agent
     from .report import print_plan
-    from .sim import simulate
-    from .units import parse_duration
+    from ..sim import simulate
+    from ..units import parse_duration
 
     if args.agent not in LEARNING_PLANNERS:
         raise PipeplanError(f"unknown learning planner {args.agent!r} (known: {', '.join(LEARNING_PLANNERS)})")
@@ -195,8 +195,8 @@ def _train_automap_infer(args, outs: Outputs, budget, command: str) -> int:
     """``train automap-infer``: once, on generated problems (no model or cluster)."""
     import shlex
 
-    from .learn.harness import save_bytes
-    from .planners.automap.infer import train
+    from ..learn.harness import save_bytes
+    from ..planners.automap.infer import train
 
     if args.model or args.cluster:
         raise PipeplanError("train automap-infer: it trains on generated problems; --model and --cluster are "
@@ -231,7 +231,7 @@ def _timeline_outputs(args) -> Outputs:
 def _render(outs: Outputs, trace, trace_title: str, gantt, gantt_title: str) -> None:
     """Write the --trace and --gantt asked for (two timelines: a run's Gantt chart may set
     its prediction beside it), together."""
-    from .viz import draw_gantt, write_trace
+    from ..viz import draw_gantt, write_trace
 
     outs.set("--trace", lambda p: write_trace(trace, p, title=trace_title))
     outs.set("--gantt", lambda p: draw_gantt(gantt, p, title=gantt_title))
@@ -239,9 +239,9 @@ def _render(outs: Outputs, trace, trace_title: str, gantt, gantt_title: str) -> 
 
 
 def cmd_simulate(args) -> int:
-    from .plan import load_plan
+    from ..plan import load_plan
     from .report import print_plan
-    from .sim import simulate
+    from ..sim import simulate
 
     outs = _timeline_outputs(args)
     plan = load_plan(args.plan)
@@ -263,7 +263,7 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .planners.compare import best_row, compare, default_planners
+    from ..planners.compare import best_row, compare, default_planners
     from .report import print_compare
 
     outs = Outputs()
@@ -278,7 +278,7 @@ def cmd_compare(args) -> int:
     _note_assumed_split([r.plan for r in rows if r.plan is not None])
     _note_linearized([r.plan for r in rows if r.plan is not None])
     if top is not None and top.fits:
-        from .viz import draw_gantt
+        from ..viz import draw_gantt
 
         plan = top.plan
         outs.set("--gantt", lambda p: draw_gantt(
@@ -308,8 +308,8 @@ def cmd_compare(args) -> int:
 def _reproduce(args, planner: str, options) -> str:
     """The `pipeplan plan` command that makes ``planner``'s plan on these inputs (with the
     -O options that reached it in ``options``: those not at their defaults)."""
-    from .planners import get_planner
-    from .planners.options import option_pairs
+    from ..planners import get_planner
+    from ..planners.options import option_pairs
 
     parts = ["pipeplan plan", "--model", repr(args.model) if "?" in args.model else args.model,
              "--cluster", args.cluster, "--planner", planner]
@@ -327,9 +327,9 @@ def _reproduce(args, planner: str, options) -> str:
 def _way_out(graph, cluster, names: list[str], options, results: list) -> str:
     """The smallest change that would make a plan fit, computed (``planners.advice``);
     ``results``: the simulations of the plans that overflow."""
-    from .planners.advice import what_would_fit
-    from .planners.compare import compare
-    from .units import fmt_time
+    from ..planners.advice import what_would_fit
+    from ..planners.compare import compare
+    from ..units import fmt_time
 
     fix = what_would_fit(lambda g, c, o: compare(g, c, names, o), graph, cluster, options, results)
     if fix is None:
@@ -339,9 +339,9 @@ def _way_out(graph, cluster, names: list[str], options, results: list) -> str:
 
 
 def cmd_profile(args) -> int:
-    from .graph import graph_to_dict, save_graph
-    from .runtime.profiler import profile_model
-    from .units import fmt_bytes, fmt_time
+    from ..graph import graph_to_dict, save_graph
+    from ..runtime.profiler import profile_model
+    from ..units import fmt_bytes, fmt_time
 
     outs = Outputs()
     outs.want("--out", args.out, "json")
@@ -378,9 +378,9 @@ def cmd_profile(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .graph import save_graph
-    from .runtime.aten_graph import export_graph
-    from .units import fmt_bytes, fmt_time
+    from ..graph import save_graph
+    from ..runtime.aten_graph import export_graph
+    from ..units import fmt_bytes, fmt_time
 
     outs = Outputs()
     outs.want("--out", args.out, "json")
@@ -397,9 +397,9 @@ def cmd_export(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from .runtime.calibrate import calibrate, cluster_to_yaml
-    from .sim import predicted_s
-    from .units import fmt_bandwidth, fmt_time
+    from ..runtime.calibrate import calibrate, cluster_to_yaml
+    from ..sim import predicted_s
+    from ..units import fmt_bandwidth, fmt_time
 
     outs = Outputs()
     outs.want("--out", args.out, "yaml")
@@ -426,11 +426,11 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .plan import load_plan
-    from .runtime.check import check_run
-    from .runtime.executor import RunConfig, run_plan
-    from .sim import predicted_s
-    from .units import fmt_time
+    from ..plan import load_plan
+    from ..runtime.check import check_run
+    from ..runtime.executor import RunConfig, run_plan
+    from ..sim import predicted_s
+    from ..units import fmt_time
 
     outs = _timeline_outputs(args)
     plan = load_plan(args.plan)
@@ -470,8 +470,8 @@ def _write_measured(outs: Outputs, args, plan, result) -> None:
     title = f"measured (step {result.timeline_step})"
     drawn, gantt_title = result.timeline, title
     if args.vs_prediction:
-        from .runtime.timing import side_by_side
-        from .sim import simulate
+        from ..runtime.timing import side_by_side
+        from ..sim import simulate
 
         drawn, result.action_error = side_by_side(simulate(plan).timeline, result.timeline)
         gantt_title = f"predicted and measured (step {result.timeline_step})"
@@ -481,7 +481,7 @@ def _write_measured(outs: Outputs, args, plan, result) -> None:
 def cmd_planners(args) -> int:
     from rich.table import Table
 
-    from .planners.base import planner_catalog
+    from ..planners.base import planner_catalog
     from .report import make_console
 
     entries = planner_catalog()
@@ -504,7 +504,7 @@ def cmd_models(args) -> int:
 
     from .report import make_console
 
-    from .graph import zoo
+    from ..graph import zoo
 
     entries = zoo.describe()
     if args.json:
@@ -524,7 +524,7 @@ def cmd_clusters(args) -> int:
 
     from .report import make_console
 
-    from .cluster import PRESETS, load_cluster
+    from ..cluster import PRESETS, load_cluster
 
     rows = []
     for name, (desc, _) in PRESETS.items():
@@ -582,20 +582,20 @@ def _add_run_parser(sub) -> None:
 
 
 def _planner_names() -> list[str]:
-    from .planners.base import planner_catalog
+    from ..planners.base import planner_catalog
 
     return [e["name"] for e in planner_catalog()]
 
 
 def _schedule_names() -> list[str]:
-    from .schedule.generators import SCHEDULES
+    from ..schedule.generators import SCHEDULES
 
     return list(SCHEDULES)
 
 
 def _planner_epilog() -> str:
     """The planners' -O options, for `plan --help` (all of them: `pipeplan planners`)."""
-    from .planners.base import planner_catalog
+    from ..planners.base import planner_catalog
 
     lines = ["planner options (-O KEY=VALUE, or -O PLANNER.KEY=VALUE):"]
     for e in planner_catalog():
@@ -648,7 +648,7 @@ def _version() -> str:
     """The installed package's version (its metadata), else the source tree's."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from . import __version__
+    from .. import __version__
 
     try:
         return version("pipeplan")
@@ -740,8 +740,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_ir_parsers(sub) -> None:
     """``shard`` (Auto-MAP's operator partitioning) and ``dynamic`` (DynPartition)."""
-    from .cli_dynamic import add_parser as add_dynamic_parser
-    from .cli_shard import add_parser as add_shard_parser
+    from .dynamic import add_parser as add_dynamic_parser
+    from .shard import add_parser as add_shard_parser
 
     add_shard_parser(sub, _positive_int)
     add_dynamic_parser(sub, _positive_int)

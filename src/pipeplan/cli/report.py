@@ -8,10 +8,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .plan import Plan
-from .sim import SimResult
-from .sim.stage_costs import stage_costs
-from .units import fmt_bytes, fmt_time, fmt_time_in, time_unit
+from ..plan import Plan
+from ..sim import SimResult
+from ..sim.stage_costs import stage_costs
+from ..units import fmt_bytes, fmt_time, fmt_time_in, time_unit
 
 
 def make_console(min_width: int = 120) -> Console:

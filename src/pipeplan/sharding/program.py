@@ -13,11 +13,7 @@ parameter (``TensorInfo.kind == "param"``).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import operator
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +21,7 @@ import torch
 from torch import fx, nn
 
 from ..errors import PipeplanError
+from ..runtime.torch_export import op_name, quiet_export
 
 PARAM, BUFFER, INPUT, CONST, VALUE = "param", "buffer", "input", "const", "value"
 
@@ -106,11 +103,6 @@ class TensorProgram:
             if t.source == source:
                 return t
         raise PipeplanError(f"model {self.name!r} has no parameter or input named {source!r}")
-
-
-def op_name(node: fx.Node) -> str:
-    """``addmm`` for ``aten.addmm.default``; the target's name for anything else."""
-    return getattr(node.target, "_opname", None) or getattr(node.target, "__name__", str(node.target))
 
 
 def _module(node: fx.Node) -> str:
@@ -223,21 +215,6 @@ def program_from_export(ep: "torch.export.ExportedProgram", name: str,
                         input_names: tuple[str, ...] | None = None) -> TensorProgram:
     """The IR of an exported, decomposed program."""
     return _Reader(ep, input_names).read(name)
-
-
-def quiet_export(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> "torch.export.ExportedProgram":
-    """Export and decompose to core ATen (training mode as the module is), without torch's
-    warnings, log lines and prints (on a failure torch.export prints the partial graph to
-    stderr and its fake tensors log the stack trace as an error; the exception says enough)."""
-    disabled = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), \
-                contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            return torch.export.export(module, tuple(inputs)).run_decompositions()
-    finally:
-        logging.disable(disabled)
 
 
 def export_module(module: nn.Module, inputs: tuple[torch.Tensor, ...], name: str,

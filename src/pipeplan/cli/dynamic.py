@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from .argtypes import names, seed, threads
-from .errors import PipeplanError
-from .outputs import Outputs
+from ..errors import PipeplanError
+from ..outputs import Outputs
 
 
 def add_parser(sub, positive_int) -> None:
@@ -49,11 +49,11 @@ def add_parser(sub, positive_int) -> None:
 def cmd_dynamic(args: argparse.Namespace) -> int:
     import torch
 
-    from .dynamic import agent as dqn
-    from .dynamic.experiment import Setup, baselines, build, describe, report, strip, train
-    from .learn.harness import Budget, save_bytes
-    from .progress_bar import training_progress
-    from .units import parse_duration
+    from ..dynamic import agent as dqn
+    from ..dynamic.experiment import Setup, baselines, build, describe, report, strip, train
+    from ..learn.harness import Budget, save_bytes
+    from .progress import training_progress
+    from ..units import parse_duration
 
     if args.action == "eval" and not args.checkpoint:
         raise PipeplanError("dynamic eval: --checkpoint is required")
@@ -111,7 +111,7 @@ def _machine_model(args: argparse.Namespace, agent, outs: Outputs) -> dict:
     """The simulated machine's model: ``--machine``'s file, else the checkpoint's (eval), else
     the default file. A file that does not exist yet is measured now and written with the
     command's outputs (its target checked first), so that later runs share it."""
-    from .dynamic.machines import DEFAULT_MACHINE, machine_model, model_cpu, model_text
+    from ..dynamic.machines import DEFAULT_MACHINE, machine_model, model_cpu, model_text
 
     if args.machine is None and agent is not None and "machine_model" in agent.trained_on:
         model = agent.trained_on["machine_model"]

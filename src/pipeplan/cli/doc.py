@@ -1,17 +1,17 @@
 """``docs/cli.md``, generated from the code so that it cannot drift: every subcommand and
 option (from the argument parser), planner and its ``-O`` options, schedule, cluster preset
-and device kind. ``python -m pipeplan.clidoc > docs/cli.md`` rewrites it; a test checks it
+and device kind. ``python -m pipeplan.cli.doc > docs/cli.md`` rewrites it; a test checks it
 is current."""
 
 from __future__ import annotations
 
 import argparse
 
-from .cli import build_parser
-from .cluster import KINDS, PRESETS
-from .planners.base import planner_catalog
-from .schedule.generators import SCHEDULES
-from .units import fmt_bytes
+from .app import build_parser
+from ..cluster import KINDS, PRESETS
+from ..planners.base import planner_catalog
+from ..schedule.generators import SCHEDULES
+from ..units import fmt_bytes
 
 
 def _cell(text: object) -> str:
@@ -80,7 +80,7 @@ def _clusters() -> list[str]:
 def cli_reference() -> str:
     """The whole of docs/cli.md."""
     head = ["# pipeplan command-line reference", "",
-            "Generated from the code by `python -m pipeplan.clidoc > docs/cli.md`; do not edit by hand "
+            "Generated from the code by `python -m pipeplan.cli.doc > docs/cli.md`; do not edit by hand "
             "(`tests/test_clidoc.py` fails when it is out of date). `pipeplan --version` prints the "
             "installed version.", ""]
     return "\n".join(head + _commands() + _planners() + _schedules() + _clusters())

@@ -7,7 +7,7 @@ import argparse
 import math
 import os
 
-from .limits import MAX_CALIBRATION_S, MAX_SEED
+from ..limits import MAX_CALIBRATION_S, MAX_SEED
 
 
 #: The largest count any option takes (C's int: thread counts, torch sizes).
