@@ -85,11 +85,6 @@ class TaskGraph:
     def num_stages(self) -> int:
         return int(self.group_stages.shape[1])
 
-    def sums(self, table: np.ndarray, tasks: np.ndarray, column: np.ndarray, width: int) -> np.ndarray:
-        """(candidates, width): the durations of ``tasks`` (``table``: per class) summed
-        per ``column`` (one value per task, below ``width``)."""
-        return mat(table, self.counts(tasks, column, width))
-
     def counts(self, tasks: np.ndarray, column: np.ndarray, width: int) -> np.ndarray:
         """(classes, width): how many of ``tasks`` of each class fall in each ``column``."""
         count = np.zeros((self.rep.size, width))
