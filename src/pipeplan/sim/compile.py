@@ -28,8 +28,7 @@ from .formulas import update_time
 from ..plan import Plan
 from ..schedule import Kind, Program, Schedule
 
-_F, _B, _I = int(Kind.F), int(Kind.B), int(Kind.I)
-_AR, _UP, _SF, _SB = int(Kind.AR), int(Kind.UPDATE), int(Kind.SEND_F), int(Kind.SEND_B)
+_B = int(Kind.B)
 T = TypeVar("T")
 
 
