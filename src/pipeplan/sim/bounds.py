@@ -17,7 +17,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..graph import Graph
 from ..schedule import Kind
-from .compile import TaskGraph
+from .compile import TaskGraph, mat
 
 
 def peak_rates(cluster: Cluster) -> np.ndarray:
@@ -36,11 +36,15 @@ def work_bound(graph: Graph, cluster: Cluster, microbatches: int) -> float:
     return microbatches * float(graph.fwd.sum() + graph.bwd.sum()) / float(peak_rates(cluster).sum())
 
 
-def path_bound(tg: TaskGraph, table: np.ndarray) -> np.ndarray:
-    """(candidates,): the longest one-microbatch chain, from each candidate's class durations."""
+def _path_counts(tg: TaskGraph) -> np.ndarray | None:
+    """(classes, microbatches): each class's tasks on each microbatch's chain; None if none."""
     chain = np.isin(tg.kind, [Kind.F, Kind.B, Kind.I, Kind.SEND_F, Kind.SEND_B])
     last_w = (tg.kind == Kind.W) & (tg.stage == 0)
     sel = np.flatnonzero((chain | last_w) & (tg.micro >= 0))
-    if not sel.size:
-        return np.zeros(table.shape[0])
-    return tg.sums(table, sel, tg.micro[sel], int(tg.micro[sel].max()) + 1).max(axis=1)
+    return tg.counts(sel, tg.micro[sel], int(tg.micro[sel].max()) + 1) if sel.size else None
+
+
+def path_bound(tg: TaskGraph, table: np.ndarray) -> np.ndarray:
+    """(candidates,): the longest one-microbatch chain, from each candidate's class durations."""
+    count = tg.memo(_path_counts)
+    return np.zeros(table.shape[0]) if count is None else mat(table, count).max(axis=1)

@@ -19,6 +19,7 @@ stage costs, so one graph serves every candidate of the same structure (``batch`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from ..plan import Plan
 from ..schedule import Kind, Program, Schedule
 
 _B = int(Kind.B)
+T = TypeVar("T")
 
 
 @dataclass
@@ -63,6 +65,16 @@ class TaskGraph:
     sharers: np.ndarray
     sharer_set: np.ndarray
     group_stages: np.ndarray  # (groups, stages): 1 where the group's program runs the stage
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def memo(self, fn: Callable[["TaskGraph"], T], *args) -> T:
+        """``fn(self, *args)``, computed once: for what depends on the graph alone (which
+        classes or tasks a step reads), so that a compiled graph reused across plans does
+        not redo it. The result is shared: treat it as read-only."""
+        key = (fn, *args)
+        if key not in self._memo:
+            self._memo[key] = fn(self, *args)
+        return self._memo[key]
 
     @property
     def n(self) -> int:
@@ -72,16 +84,19 @@ class TaskGraph:
     def num_stages(self) -> int:
         return int(self.group_stages.shape[1])
 
-    def sums(self, table: np.ndarray, tasks: np.ndarray, column: np.ndarray, width: int) -> np.ndarray:
-        """(candidates, width): the durations of ``tasks`` (``table``: per class) summed
-        per ``column`` (one value per task, below ``width``)."""
+    def counts(self, tasks: np.ndarray, column: np.ndarray, width: int) -> np.ndarray:
+        """(classes, width): how many of ``tasks`` of each class fall in each ``column``."""
         count = np.zeros((self.rep.size, width))
         np.add.at(count, (self.cls[tasks], column), 1.0)
-        return mat(table, count)
+        return count
 
     def of_kinds(self, *kinds: int) -> np.ndarray:
-        """The classes of these kinds."""
-        return np.flatnonzero(np.isin(self.kind[self.rep], kinds))
+        """The classes of these kinds (memoized)."""
+        return self.memo(_of_kinds, tuple(int(k) for k in kinds))
+
+
+def _of_kinds(tg: TaskGraph, kinds: tuple[int, ...]) -> np.ndarray:
+    return np.flatnonzero(np.isin(tg.kind[tg.rep], kinds))
 
 
 class _Builder:

@@ -77,10 +77,16 @@ def class_shares(tg: TaskGraph, lay: Layout, speed: np.ndarray) -> np.ndarray:
     return mat(lay.group_sum(speed), tg.sharers.T)
 
 
+def _compute_classes(tg: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
+    """The compute classes, their groups and stages, and which are F, B, I, W."""
+    sel = tg.of_kinds(_F, _B, _I, _W)
+    k = tg.kind[tg.rep[sel]]
+    return sel, tg.owner[tg.rep[sel]], tg.stage[tg.rep[sel]], [k == _F, k == _B, k == _I, k == _W]
+
+
 def _compute(tg: TaskGraph, lay: Layout, c: StageCosts, fs: np.ndarray, bs: np.ndarray, overhead: float,
              dur: np.ndarray) -> None:
-    sel = tg.of_kinds(_F, _B, _I, _W)
-    g, s, k = tg.owner[tg.rep[sel]], tg.stage[tg.rep[sel]], tg.kind[tg.rep[sel]]
+    sel, g, s, which = tg.memo(_compute_classes)
     share_f, share_b = class_shares(tg, lay, fs)[:, sel], class_shares(tg, lay, bs)[:, sel]
     slow_f, slow_b = lay.group_min(fs)[:, g], lay.group_min(bs)[:, g]
     ffix, bfix = c.fwd_fixed[:, s], c.bwd_fixed[:, s]
@@ -89,14 +95,17 @@ def _compute(tg: TaskGraph, lay: Layout, c: StageCosts, fs: np.ndarray, bs: np.n
         bwd = (c.bwd[:, s] - bfix) / share_b + np.where(bfix > 0, bfix / slow_b, 0.0)
     redo = np.where(c.recompute[:, s], fwd, 0.0)
     frac, cost = c.input_fraction, c.split_cost
-    dur[:, sel] = np.select([k == _F, k == _B, k == _I, k == _W],
-                            [fwd, bwd + redo, cost * frac * bwd + redo, cost * (1.0 - frac) * bwd]) + overhead
+    dur[:, sel] = np.select(which, [fwd, bwd + redo, cost * frac * bwd + redo, cost * (1.0 - frac) * bwd]) + overhead
+
+
+def _allreduce_classes(tg: TaskGraph) -> list[tuple[int, int]]:
+    """Each all-reduce class and its stage."""
+    return [(t, int(tg.stage[tg.rep[t]])) for t in tg.of_kinds(_AR).tolist()]
 
 
 def _allreduce(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, dur: np.ndarray, bad: np.ndarray) -> None:
     eff = float(cl.meta.get("allreduce_efficiency", 1.0))  # measured by calibrate
-    for t in tg.of_kinds(_AR).tolist():
-        s = int(tg.stage[tg.rep[t]])
+    for t, s in tg.memo(_allreduce_classes):
         m = lay.stages[:, s]
         k = m.sum(axis=1)
         pm = m[:, :, None] & m[:, None, :]
@@ -117,27 +126,42 @@ def _links(gmask: np.ndarray, ga: int, gb: int, cl: Cluster) -> tuple[np.ndarray
     return np.where(pm, cl.bandwidth[None], np.inf).min(axis=(1, 2)), np.where(pm, cl.latency[None], 0.0).max(axis=(1, 2))
 
 
-def _transfers(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, dur: np.ndarray, bad: np.ndarray) -> None:
-    """A transfer class's pair is (the group of stage s, the group of s+1) in both directions."""
+def _transfer_classes(tg: TaskGraph) -> list[tuple[int, int, list[tuple[int, np.ndarray, np.ndarray]]]]:
+    """Per pair of groups (ga, gb): each direction's transfer classes and the cuts they cross."""
     n_g = len(tg.groups)
     pair, kinds, stage = tg.pair[tg.rep], tg.kind[tg.rep], tg.stage[tg.rep]
+    out = []
     for code in np.unique(pair[pair >= 0]).tolist():
         ga, gb = divmod(code, n_g)
-        size = lay.groups[:, ga].sum(axis=1) * lay.groups[:, gb].sum(axis=1)
-        for kind, (bw, lat) in ((_SF, _links(lay.groups, ga, gb, cl)), (_SB, _links(lay.groups, gb, ga, cl))):
+        ways = []
+        for kind in (_SF, _SB):
             sel = np.flatnonzero((pair == code) & (kinds == kind))
+            ways.append((kind, sel, stage[sel] - (0 if kind == _SF else 1)))
+        out.append((ga, gb, ways))
+    return out
+
+
+def _transfers(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, dur: np.ndarray, bad: np.ndarray) -> None:
+    """A transfer class's pair is (the group of stage s, the group of s+1) in both directions."""
+    for ga, gb, ways in tg.memo(_transfer_classes):
+        size = lay.groups[:, ga].sum(axis=1) * lay.groups[:, gb].sum(axis=1)
+        for kind, sel, cut in ways:
             if not sel.size:
                 continue
-            cut = stage[sel] - (0 if kind == _SF else 1)
+            bw, lat = _links(lay.groups, ga, gb, cl) if kind == _SF else _links(lay.groups, gb, ga, cl)
             bad[:, sel] = (bw <= 0)[:, None]
             with np.errstate(divide="ignore", invalid="ignore"):
                 dur[:, sel] = c.boundary[:, cut] / (size * bw)[:, None] + lat[:, None]
 
 
-def _updates(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, meta: dict, dur: np.ndarray) -> None:
+def _update_classes(tg: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
     sel = tg.of_kinds(_UP)
+    return sel, tg.owner[tg.rep[sel]]
+
+
+def _updates(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, meta: dict, dur: np.ndarray) -> None:
+    sel, g = tg.memo(_update_classes)
     if sel.size:
-        g = tg.owner[tg.rep[sel]]
         slow = np.where(lay.groups, cl.speed[None, None], np.inf).min(axis=2)[:, g]
         dur[:, sel] = update_time(meta, cl, mat(c.params, tg.group_stages.T)[:, g], slow)
 

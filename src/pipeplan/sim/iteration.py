@@ -17,12 +17,14 @@ import numpy as np
 from ..cluster import Cluster
 from ..schedule import Kind
 from .bounds import path_bound
-from .compile import TaskGraph
+from .compile import TaskGraph, mat
 from .stage_costs import StageCosts
 from .durations import Layout, durations
 from .engine import run_batch, run_tasks
 from .memory import GroupWalk, device_memory
 from .steady import period, steady_iteration
+
+_F, _AR = int(Kind.F), int(Kind.AR)
 
 
 @dataclass(frozen=True)
@@ -57,17 +59,18 @@ class Outcome:
     scale: np.ndarray | None
 
 
-def busy_time(tg: TaskGraph, lay: Layout, table: np.ndarray, lanes: bool) -> np.ndarray:
-    """(candidates, devices): compute time of each device (the busier lane with lanes)."""
+def _busy_counts(tg: TaskGraph, lanes: bool) -> list[np.ndarray]:
+    """(classes, groups) task counts of each group's compute (per lane with lanes)."""
     n_g = len(tg.groups)
     comp = tg.owner >= 0
-    if lanes:
-        isf = tg.kind == Kind.F
-        f, b = np.flatnonzero(comp & isf), np.flatnonzero(comp & ~isf)
-        per_g = np.maximum(tg.sums(table, f, tg.owner[f], n_g), tg.sums(table, b, tg.owner[b], n_g))
-    else:
-        sel = np.flatnonzero(comp)
-        per_g = tg.sums(table, sel, tg.owner[sel], n_g)
+    sels = [comp & (tg.kind == _F), comp & (tg.kind != _F)] if lanes else [comp]
+    return [tg.counts(sel, tg.owner[sel], n_g) for sel in map(np.flatnonzero, sels)]
+
+
+def busy_time(tg: TaskGraph, lay: Layout, table: np.ndarray, lanes: bool) -> np.ndarray:
+    """(candidates, devices): compute time of each device (the busier lane with lanes)."""
+    counts = tg.memo(_busy_counts, lanes)
+    per_g = np.maximum(mat(table, counts[0]), mat(table, counts[1])) if lanes else mat(table, counts[0])
     return np.einsum("bgv,bg->bv", lay.groups, per_g)
 
 
@@ -86,7 +89,7 @@ def contention_scale(cl: Cluster, used: np.ndarray, util: np.ndarray) -> np.ndar
 
 def _allreduce_per_device(tg: TaskGraph, lay: Layout, table: np.ndarray) -> np.ndarray:
     out = np.zeros(lay.stages.shape[::2])
-    for c in tg.of_kinds(int(Kind.AR)).tolist():
+    for c in tg.of_kinds(_AR).tolist():
         out += table[:, c, None] * lay.stages[:, tg.stage[tg.rep[c]]]
     return out
 

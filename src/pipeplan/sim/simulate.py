@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .formulas import allreduce_time, transfer_time
+from .formulas import allreduce_time, transfer_time, update_time
 from ..errors import PipeplanError
 from ..plan import Plan
 from ..schedule import Kind, Schedule, check_schedule, make_schedule
@@ -136,17 +136,47 @@ def _refuse(plan: Plan, tg: TaskGraph, costs: StageCosts, out: Outcome, name: st
                         f"{tg.n} tasks can run (a device waits for data its order never lets arrive)")
 
 
+#: compiled shapes and layouts by structure key (``_structure``); read-only once stored
+_SHAPES: dict[tuple, tuple[Shape, Layout]] = {}
+_SHAPES_MAX = 4096
+
+
+def _structure(plan: Plan, sched: Schedule, crossing: np.ndarray) -> tuple:
+    """Everything ``compile_tasks``, ``walks`` and ``plan_layout`` read: the schedule's
+    programs, the stages' devices (and their names, in channel names), the cuts crossed,
+    the cluster's duplex and size and whether an optimizer step is timed."""
+    cl = plan.cluster
+    stage_devs = tuple(tuple(g) for g in plan.stage_devices())
+    return (sched.microbatches, sched.steady_state, sched.lanes, tuple(sched.devices),
+            tuple((p.kinds.tobytes(), p.stages.tobytes(), p.micro.tobytes()) for p in sched.programs),
+            stage_devs, tuple(cl.devices[d].name for g in stage_devs for d in g), crossing.tobytes(),
+            len(cl), cl.meta.get("duplex", "full") == "half", update_time(plan.graph.meta, cl, 1.0, 1.0) > 0)
+
+
+def compiled(plan: Plan, sched: Schedule, crossing: np.ndarray) -> tuple[Shape, Layout]:
+    """The plan's shape (task graph, memory walks) and layout, compiled once per structure
+    (searches simulate many plans that differ only in their numbers); treat as read-only."""
+    key = _structure(plan, sched, crossing)
+    hit = _SHAPES.get(key)
+    if hit is None:
+        tg = compile_tasks(plan, sched, crossing)
+        hit = (Shape(tg, walks(tg), sched.steady_state, sched.microbatches, sched.lanes), plan_layout(plan, tg))
+        if len(_SHAPES) >= _SHAPES_MAX:
+            del _SHAPES[next(iter(_SHAPES))]
+        _SHAPES[key] = hit
+    return hit
+
+
 def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True) -> SimResult:
     """Run the plan's iteration; ``timeline=False`` skips building the timeline (searches).
     The batched evaluator's pipeline (``iteration.run_layouts``) with a batch of one."""
     sched = schedule_of(plan, schedule)
     cl = plan.cluster
     costs = plan_costs(plan)
-    tg = compile_tasks(plan, sched, costs.crossing[0])
-    shape = Shape(tg, walks(tg), sched.steady_state, sched.microbatches, sched.lanes)
+    shape, lay = compiled(plan, sched, costs.crossing[0])
+    tg = shape.tg
     fs, bs = plan_speeds(plan, sched.lanes)
-    out = run_layouts(shape, plan_layout(plan, tg), costs, cl, plan.graph.meta, plan.optimizer, fs, bs,
-                      starts=timeline)
+    out = run_layouts(shape, lay, costs, cl, plan.graph.meta, plan.optimizer, fs, bs, starts=timeline)
     if not out.done[0]:
         _refuse(plan, tg, costs, out, sched.name)
     return _result(plan, sched, tg, out, timeline)

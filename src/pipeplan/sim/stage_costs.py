@@ -85,6 +85,8 @@ class StageCosts:
 def _per_stage(owner: np.ndarray, weights: np.ndarray, s_count: int) -> np.ndarray:
     """Row-wise bincount: sum of ``weights[u]`` over the nodes of each stage."""
     count = owner.shape[0]
+    if count == 1:  # a plan's own costs (simulate): the same sums without the tiling
+        return np.bincount(owner[0], weights=weights, minlength=s_count)[None]
     idx = (owner + s_count * np.arange(count)[:, None]).ravel()
     return np.bincount(idx, weights=np.tile(weights, count), minlength=count * s_count).reshape(count, s_count)
 

@@ -14,12 +14,22 @@ from __future__ import annotations
 import numpy as np
 
 from ..schedule import Kind
-from .compile import TaskGraph
+from .compile import TaskGraph, mat
+
+
+def _stage0_backwards(tg: TaskGraph) -> np.ndarray:
+    return np.flatnonzero(np.isin(tg.kind, [Kind.B, Kind.I, Kind.W]) & (tg.stage == 0))
+
+
+def _channel_counts(tg: TaskGraph) -> np.ndarray | None:
+    """(classes, channels): each class's transfers on each channel; None without transfers."""
+    ch = np.flatnonzero(tg.chan >= 0)
+    return tg.counts(ch, tg.chan[ch], len(tg.channels)) if ch.size else None
 
 
 def period(tg: TaskGraph, end: np.ndarray, steady: int, m_count: int) -> np.ndarray:
     """(candidates, 2): from the last backward of microbatch N-1 to that of 2N-1 on stage 0."""
-    sel = np.flatnonzero(np.isin(tg.kind, [Kind.B, Kind.I, Kind.W]) & (tg.stage == 0))
+    sel = tg.memo(_stage0_backwards)
     last = np.zeros((end.shape[0], m_count))
     np.maximum.at(last, (np.arange(end.shape[0])[:, None], tg.micro[sel][None, :]), end[:, sel])
     return last[:, [steady - 1, 2 * steady - 1]]
@@ -30,7 +40,7 @@ def steady_iteration(tg: TaskGraph, table: np.ndarray, window: np.ndarray, stead
     """``window``: the ``period``; ``table``: class durations; ``busy`` per device over the
     whole stream; ``allreduce`` per device (its stage's)."""
     scale = steady / m_count
-    ch = np.flatnonzero(tg.chan >= 0)
-    load = tg.sums(table, ch, tg.chan[ch], len(tg.channels)).max(axis=1) * scale if ch.size else 0.0
+    count = tg.memo(_channel_counts)
+    load = mat(table, count).max(axis=1) * scale if count is not None else 0.0
     dev = (busy * scale + allreduce).max(axis=1, initial=0.0)
     return np.maximum(np.maximum(window[:, 1] - window[:, 0], dev), load)
