@@ -2,8 +2,11 @@
 second of the batched evaluator.
 
 - ``tasks_per_second``: one plan of 32 stages x 128 microbatches (1F1B, one device per stage,
-  transfers between every pair of stages), ``simulate(plan, timeline=False)``; also with the
-  timeline and for 8 x 32. "tasks" are compute actions, transfers and all-reduces.
+  transfers between every pair of stages), ``simulate(plan, timeline=False)`` of a plan whose
+  structure the simulator has not compiled before (its structure cache emptied before each
+  call: a search's first plan of a shape); also with the timeline and for 8 x 32, and
+  ``cached_tasks_per_second``: the same plan again (a search's later plans of that shape).
+  "tasks" are compute actions, transfers and all-reduces.
 - ``plans_per_second``: ``BatchEvaluator.evaluate`` on random candidates of 8 stages x 32
   microbatches (random interval partitions of 16 layers, random device permutations), every
   figure of each candidate (iteration, bounds, memory) as simulate() gives it.
@@ -23,6 +26,7 @@ from pipeplan.cluster import hierarchical
 from pipeplan.graph import Graph
 from pipeplan.plan import Plan, Stage
 from pipeplan.sim import simulate
+from pipeplan.sim.simulate import _SHAPES, _shape_tasks
 from pipeplan.sim.batch import BatchEvaluator
 
 from _results import add_out_argument, write_json
@@ -40,17 +44,27 @@ def make_plan(stages: int, micro: int, schedule: str = "1f1b") -> Plan:
     return Plan(g, c, st, micro, schedule=schedule)
 
 
-def measure_single(stages: int, micro: int, timeline: bool, repeat: int) -> dict:
-    plan = make_plan(stages, micro)
-    simulate(plan, timeline=timeline)  # compile the engine, fill caches
+def _best_seconds(plan: Plan, timeline: bool, repeat: int, cold: bool) -> tuple[float, int]:
     best, tasks = float("inf"), 0
     for _ in range(repeat):
+        if cold:
+            _SHAPES.clear()
+            _shape_tasks[0] = 0
         t0 = time.perf_counter()
         r = simulate(plan, timeline=timeline)
         best = min(best, time.perf_counter() - t0)
         tasks = r.num_tasks
+    return best, tasks
+
+
+def measure_single(stages: int, micro: int, timeline: bool, repeat: int) -> dict:
+    plan = make_plan(stages, micro)
+    simulate(plan, timeline=timeline)  # compile the engine's kernels
+    cold, tasks = _best_seconds(plan, timeline, repeat, cold=True)
+    cached, _ = _best_seconds(plan, timeline, repeat, cold=False)
     return {"stages": stages, "microbatches": micro, "timeline": timeline, "tasks": tasks,
-            "seconds": best, "tasks_per_second": tasks / best}
+            "seconds": cold, "tasks_per_second": tasks / cold, "cached_seconds": cached,
+            "cached_tasks_per_second": tasks / cached}
 
 
 def random_candidates(plan: Plan, count: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -95,7 +109,8 @@ def main() -> None:
         return
     for c in single:
         print(f"{c['stages']:>3} stages x {c['microbatches']:>4} microbatches, timeline={c['timeline']!s:5}: "
-              f"{c['tasks']:>6} tasks in {c['seconds'] * 1e3:7.2f} ms = {c['tasks_per_second']:,.0f} tasks/s")
+              f"{c['tasks']:>6} tasks in {c['seconds'] * 1e3:7.2f} ms = {c['tasks_per_second']:,.0f} tasks/s "
+              f"(compiled before: {c['cached_tasks_per_second']:,.0f})")
     print(f"batched, {batch['stages']} stages x {batch['microbatches']} microbatches: {batch['candidates']} "
           f"candidates in {batch['seconds'] * 1e3:.1f} ms = {batch['plans_per_second']:,.0f} plans/s")
     print(f"tasks_per_second {out['tasks_per_second']:,.0f} (target {TARGETS['tasks_per_second']:,}), "

@@ -136,9 +136,12 @@ def _refuse(plan: Plan, tg: TaskGraph, costs: StageCosts, out: Outcome, name: st
                         f"{tg.n} tasks can run (a device waits for data its order never lets arrive)")
 
 
-#: compiled shapes and layouts by structure key (``_structure``); read-only once stored
+#: compiled shapes and layouts by structure key (``_structure``); read-only once stored. At
+#: most ``_SHAPES_MAX_TASKS`` tasks are kept over all of them (the oldest go first), so that
+#: searches over thousands of devices do not fill memory with task graphs
 _SHAPES: dict[tuple, tuple[Shape, Layout]] = {}
-_SHAPES_MAX = 4096
+_SHAPES_MAX_TASKS = 2_000_000
+_shape_tasks = [0]
 
 
 def _structure(plan: Plan, sched: Schedule, crossing: np.ndarray) -> tuple:
@@ -161,9 +164,10 @@ def compiled(plan: Plan, sched: Schedule, crossing: np.ndarray) -> tuple[Shape, 
     if hit is None:
         tg = compile_tasks(plan, sched, crossing)
         hit = (Shape(tg, walks(tg), sched.steady_state, sched.microbatches, sched.lanes), plan_layout(plan, tg))
-        if len(_SHAPES) >= _SHAPES_MAX:
-            del _SHAPES[next(iter(_SHAPES))]
+        while _SHAPES and _shape_tasks[0] + tg.n > _SHAPES_MAX_TASKS:
+            _shape_tasks[0] -= _SHAPES.pop(next(iter(_SHAPES)))[0].tg.n
         _SHAPES[key] = hit
+        _shape_tasks[0] += tg.n
     return hit
 
 
