@@ -338,6 +338,7 @@ def test_milp_matches_brute_force(cluster):
     assert conflict is None and model.evaluate(dom).step_s == pytest.approx(cost.objective)
 
 
+@pytest.mark.slow
 def test_milp_with_gathers_prices_its_plan_as_the_cost_model_does():
     """Hybrid rules (inputs split, gathers allowed): the program's optimum is what the cost
     model gives its full placement, and no assignment of the parameters and input beats it."""

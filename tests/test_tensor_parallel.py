@@ -164,6 +164,7 @@ def priced_collectives(spec: str, placements: dict[str, int | None], devices: in
     return problem.cost.evaluate(dom).by_phase
 
 
+@pytest.mark.slow
 def test_collectives_run_are_counted_and_compared_with_the_priced_ones():
     """Megatron's MLP on 2 gloo workers runs exactly the collectives ``sharding.cost`` prices: the
     all-reduce of fc2's partial output and nothing in the backward (fc2 runs as Megatron's row
