@@ -2,15 +2,16 @@
 5.2.2, Tables 3-6): ``pipeplan shard`` on the paper's models.
 
 Per case (model, devices, rules): the exact integer program's plan (its predicted step and
-time to solve), the DQN's best plan per seed within ``--budget`` seconds (its gap to the
-integer program, when it first met its best plan, episodes), random decisions given as many
+time to solve), the DQN's best plan per seed within ``--episodes`` episodes (the same budget as
+``pipeplan shard``'s, so that the plans do not depend on the machine's load; its gap to the
+integer program, when it first met its best plan), random decisions given as many
 episodes as the DQN played, whether each plan has the paper's pattern (Table 3 for T5, Table
 4 for VGG-19), and the number of partitioned variables (the paper's PC). Auto data
 parallelism (Table 6) on T5-base and VGG-19 with the paper's reward. Then plans of the tiny
 models run on 2 and 4 gloo processes with DTensor: measured step against predicted, and the check
 against one-process training. Writes benchmarks/results/automap/shard-SET.md and .json.
 
-    python benchmarks/automap/shard.py --set t5|vgg [--budget 60] [--seeds 0,1,2,3,4] [--quick] [--out DIR]
+    python benchmarks/automap/shard.py --set t5|vgg [--episodes 500] [--seeds 0,1,2,3,4] [--quick] [--out DIR]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pipeplan.errors import PipeplanError
 from pipeplan.sharding.decisions import decide, vector
 from pipeplan.learn.harness import Budget
 from pipeplan.sharding.propagate import cut_dim
-from pipeplan.sharding.shard import ShardRequest, _milp, build_problem, shard
+from pipeplan.sharding.shard import DEFAULT_EPISODES, ShardRequest, _milp, build_problem, shard
 from pipeplan.sharding.dqn import Config, search
 from pipeplan.sharding.tensor_parallel import run_sharded
 
@@ -80,7 +81,7 @@ def random_decisions(problem, episodes: int, seed: int) -> float:
     return float(best)
 
 
-def case(model: str, devices: int, cluster: str, hybrid: bool, batch: int, pattern: dict, budget: float,
+def case(model: str, devices: int, cluster: str, hybrid: bool, batch: int, pattern: dict, episodes: int,
          seeds: list[int]) -> dict:
     req = ShardRequest(model, devices, cluster=cluster, hybrid=hybrid, method="milp", batch=batch, budget_s=600)
     shard_model, problem, build_s = build_problem(req)
@@ -95,7 +96,7 @@ def case(model: str, devices: int, cluster: str, hybrid: bool, batch: int, patte
            "dqn": []}
     print(f"  MILP {milp['seconds']:.1f} s, step {opt:.4g} s, pattern {row['milp_pattern']}", flush=True)
     for seed in seeds:
-        res = search(problem, Budget(seconds=budget), Config(reward="cost", seed=seed))
+        res = search(problem, Budget(evaluations=episodes), Config(reward="cost", seed=seed))
         params = placements(problem, res.domains, aliases)
         step = problem.cost.evaluate(res.domains).step_s
         row["dqn"].append({"seed": seed, "step_s": step, "gap": step / opt - 1, "found_s": res.found_s,
@@ -106,8 +107,8 @@ def case(model: str, devices: int, cluster: str, hybrid: bool, batch: int, patte
     return row
 
 
-def adp(model: str, budget: float) -> dict:
-    out = shard(ShardRequest(model, 8, adp=True, reward="paper", budget_s=budget, batch=8))
+def adp(model: str, episodes: int) -> dict:
+    out = shard(ShardRequest(model, 8, adp=True, reward="paper", episodes=episodes, batch=8))
     return {"model": model, "inputs": {p["name"]: p["partition_dim"] for p in out["inputs"]},
             "found_s": out["dqn"]["found_s"], "episodes": out["dqn"]["episodes"]}
 
@@ -140,7 +141,7 @@ def runs() -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], adps: list[dict], ran: list[dict], budget: float) -> str:
+def markdown(rows: list[dict], adps: list[dict], ran: list[dict], episodes: int) -> str:
     lines = []
     for r in rows:
         d = r["dqn"]
@@ -158,7 +159,7 @@ def markdown(rows: list[dict], adps: list[dict], ran: list[dict], budget: float)
                  f"({r['max_rel_diff']:.1e}) |" if "error" not in r else
                  f"| {r['model']} | {r['workers']} | {r['rules']} | | | | | {r['error']} |" for r in ran]
     text = ("# Auto-MAP operator partitioning (Tables 3-5) and auto data parallelism (Table 6)\n\n"
-            f"Cost reward (predicted step of `sharding.cost`), DQN budget {budget:g} s per seed. Rules: strict = the "
+            f"Cost reward (predicted step of `sharding.cost`), DQN budget {episodes} episodes per seed. Rules: strict = the "
             "paper's (no gathers, inputs whole); hybrid = ours (inputs decided too, all-gathers at contractions). "
             "Pattern: Table 3 for T5 (q/k/v/wi/shared dim 0, o/wo dim 1 in PyTorch's [out, in] layout, layer "
             "norms replicated), Table 4 for VGG-19 (convolutions replicated, fc1/fc2/predictions cut). PC: "
@@ -181,7 +182,7 @@ def markdown(rows: list[dict], adps: list[dict], ran: list[dict], budget: float)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", type=float, default=60.0, help="DQN seconds per seed")
+    parser.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="DQN episodes per seed")
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--set", choices=sorted(SETS), required=True,
                         help="t5: Tables 3 and 5; vgg: Table 4, the hybrid rules, Table 6 and the DTensor runs")
@@ -192,13 +193,13 @@ def main() -> None:
     rows = []
     for c in (QUICK if args.quick else SETS[args.set]):
         print(c[:4], flush=True)
-        rows.append(case(*c, args.budget, seeds[:1] if args.quick else seeds))
+        rows.append(case(*c, args.episodes, seeds[:1] if args.quick else seeds))
     extra = args.set == "vgg" or args.quick
-    adps = [adp(m, min(args.budget, 60)) for m in ("t5-base", "vgg19")] if extra else []
+    adps = [adp(m, args.episodes) for m in ("t5-base", "vgg19")] if extra else []
     ran = runs() if extra else []
     name = f"shard-{args.set}"
-    write_json(args.out / f"{name}.json", {"rows": rows, "adp": adps, "runs": ran, "budget_s": args.budget})
-    text = markdown(rows, adps, ran, args.budget)
+    write_json(args.out / f"{name}.json", {"rows": rows, "adp": adps, "runs": ran, "episodes": args.episodes})
+    text = markdown(rows, adps, ran, args.episodes)
     write_markdown(args.out / f"{name}.md", text)
     print(text)
 
