@@ -42,3 +42,12 @@ def process_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a child that a test sends Ctrl-C: SIGINT at its default, as a
+    terminal's foreground command has it (a test run started in the background of a
+    non-interactive shell ignores SIGINT, and children inherit that)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

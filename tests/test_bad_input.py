@@ -194,9 +194,12 @@ def test_ctrl_c_in_the_first_second_of_compare_is_one_line_and_130(after_s):
     import sys
     import time
 
+    from helpers import default_sigint
+
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-m", "pipeplan", "compare", "--model", "zoo:bert-large", "--cluster",
-                             "spp-sim"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                             "spp-sim"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=default_sigint)
     time.sleep(after_s)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

@@ -21,7 +21,7 @@ from pipeplan.graph import Graph
 from pipeplan.plan import Plan, Stage
 from pipeplan.runtime.models import load_model
 
-from helpers import process_alive
+from helpers import default_sigint, process_alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")]
 
@@ -95,7 +95,8 @@ def _start(argv: list[str], tmp_path: Path) -> subprocess.Popen:
            "TMPDIR": str(tmp_path)}
     with open(tmp_path / "stderr", "w") as err:
         return subprocess.Popen([sys.executable, "-m", "pipeplan", *argv], stdout=subprocess.DEVNULL,
-                                stderr=err, env=env, cwd=tmp_path, start_new_session=True)
+                                stderr=err, env=env, cwd=tmp_path, start_new_session=True,
+                                preexec_fn=default_sigint)
 
 
 def _wait_until(proc: subprocess.Popen, tmp_path: Path, what: str, condition, limit_s: float = 300):
