@@ -26,7 +26,7 @@ from pipeplan.cluster import hierarchical
 from pipeplan.graph import Graph
 from pipeplan.plan import Plan, Stage
 from pipeplan.sim import simulate
-from pipeplan.sim.simulate import _SHAPES, _shape_tasks
+from pipeplan.sim.simulate import forget_compiled
 from pipeplan.sim.batch import BatchEvaluator
 
 from _results import add_out_argument, write_json
@@ -48,8 +48,7 @@ def _best_seconds(plan: Plan, timeline: bool, repeat: int, cold: bool) -> tuple[
     best, tasks = float("inf"), 0
     for _ in range(repeat):
         if cold:
-            _SHAPES.clear()
-            _shape_tasks[0] = 0
+            forget_compiled()
         t0 = time.perf_counter()
         r = simulate(plan, timeline=timeline)
         best = min(best, time.perf_counter() - t0)

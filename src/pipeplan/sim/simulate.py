@@ -156,6 +156,13 @@ def _structure(plan: Plan, sched: Schedule, crossing: np.ndarray) -> tuple:
             len(cl), cl.meta.get("duplex", "full") == "half", update_time(plan.graph.meta, cl, 1.0, 1.0) > 0)
 
 
+def forget_compiled() -> None:
+    """Empty the structure cache: the next simulation of any plan compiles its shape again
+    (what a search's first plan of a shape costs; ``benchmarks/sim_throughput.py``)."""
+    _SHAPES.clear()
+    _shape_tasks[0] = 0
+
+
 def compiled(plan: Plan, sched: Schedule, crossing: np.ndarray) -> tuple[Shape, Layout]:
     """The plan's shape (task graph, memory walks) and layout, compiled once per structure
     (searches simulate many plans that differ only in their numbers); treat as read-only."""
