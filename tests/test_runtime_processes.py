@@ -181,17 +181,17 @@ def test_proc_addresses_are_read_as_the_kernel_writes_them(text, loopback):
 
 
 def _workers(root: int) -> set[int]:
-    """The spawned worker processes in ``root``'s tree (not multiprocessing's resource tracker)."""
+    """The worker processes in ``root``'s tree, by the name the launcher gives them
+    (``pipeplan-wRANK``; not multiprocessing's fork server or resource tracker)."""
     out = set()
     for pid in _process_tree(root) - {root}:
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"spawn_main" in f.read():
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().startswith("pipeplan-w"):
                     out.add(pid)
         except OSError:
             pass
     return out
-
 
 
 def _run(tmp_path: Path, factory: str) -> subprocess.Popen:

@@ -1,8 +1,9 @@
 """The one launcher of worker processes (``run``, ``shard --run``, ``calibrate``): spawn or
 join, watch, end, diagnose.
 
-``launch(worker, world, args)`` spawns ``world`` processes (multiprocessing's spawn context),
-each ended with this process (``PR_SET_PDEATHSIG``) and joined to a process group through a
+``launch(worker, world, args)`` starts ``world`` processes (multiprocessing's forkserver
+context: torch is imported once, in the server), each named ``pipeplan-wRANK``, ended with
+this process (``PR_SET_PDEATHSIG``) and joined to a process group through a
 private rendezvous file (``rendezvous.py``: sockets on loopback only); each calls
 ``worker(ctx, *args)`` (``ctx``: a ``Worker``, its rank, world size and ``progress``) and
 reports its result, or its error in one line. The launcher watches the reports, typed
@@ -22,7 +23,9 @@ from __future__ import annotations
 
 import os
 import queue as queue_mod
+import select
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -144,24 +147,74 @@ class _Spec:
     join_timeout: timedelta | None
     error_text: Callable[[BaseException], str]
     parent: int
+    #: the launcher's import path, working directory and environment at launch (the fork
+    #: server holds those of the first launch; a worker takes the current ones)
+    sys_path: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]
+
+    def enter(self, rank: int) -> None:
+        """In the worker: die with the launcher, take its surroundings, name the process."""
+        die_with_parent(self.parent)
+        sys.path[:] = self.sys_path
+        os.chdir(self.cwd)
+        os.environ.clear()
+        os.environ.update(self.env)
+        name_process(f"pipeplan-w{rank}")
 
 
-def die_with_parent(parent: int) -> None:
-    """Linux: this process gets SIGKILL when its parent ends, however it ends."""
+def die_with_parent(launcher: int) -> None:
+    """Linux: this worker gets SIGKILL when the ``launcher`` ends, however it ends. Its parent
+    is multiprocessing's fork server (``PR_SET_PDEATHSIG`` covers that one), which lives on
+    while workers hold its pipe: a thread waits for the launcher's end (its pidfd)."""
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent:  # the parent ended before the request took effect
+    try:
+        fd = os.pidfd_open(launcher)
+    except (OSError, AttributeError):  # ended already, or no pidfd here (poll instead)
+        fd = None
+    if not _alive(launcher):
         os._exit(1)
+
+    def wait() -> None:
+        if fd is not None:
+            select.select([fd], [], [])  # readable once the launcher ended (a zombie too)
+        else:
+            while _alive(launcher):
+                time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="die-with-launcher", daemon=True).start()
+
+
+def name_process(name: str) -> None:
+    """Linux: the name ``ps`` and /proc/PID/comm show (at most 15 bytes)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15])  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _entry(rank: int, world: int, init_method: str, spec: _Spec, results: Any) -> None:
     """A spawned process: join the group, run the worker, report; on any error, report it in
     one line and exit 1."""
-    die_with_parent(spec.parent)
+    spec.enter(rank)
     ctx = Worker(rank, world, results)
     try:
         if spec.threads is not None:
@@ -286,11 +339,10 @@ def launch(worker: Callable[..., Any], world: int, args: tuple = (), *,
     call. ``join``: under torchrun, join its group instead of spawning (``joined_from_env``)."""
     if join and torchrun_world() is not None:
         return _run_joined(worker, world, args, backend, threads, diagnose, error_text)
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
+    ctx = _context(worker)
     results = ctx.Queue()
-    spec = _Spec(worker, tuple(args), backend, threads, join_timeout, error_text, os.getpid())
+    spec = _Spec(worker, tuple(args), backend, threads, join_timeout, error_text, os.getpid(), tuple(sys.path),
+                 os.getcwd(), dict(os.environ))
     with local_rendezvous() as init_method:
         procs = [ctx.Process(target=_entry, args=(r, world, init_method, spec, results), daemon=True,
                              name=f"{name}-{r}") for r in range(world)]
@@ -304,6 +356,17 @@ def launch(worker: Callable[..., Any], world: int, args: tuple = (), *,
             end_all(procs)
             results.close()
             results.cancel_join_thread()
+
+
+def _context(worker: Callable[..., Any]):
+    """multiprocessing's forkserver context, its server importing torch and the worker's
+    module once: each worker then starts in milliseconds instead of importing torch anew
+    (the server starts with the first launch of this process and ends with it)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", __name__, worker.__module__])
+    return ctx
 
 
 def torchrun_world() -> tuple[int, int] | None:
