@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+SRC = Path(__file__).resolve().parents[1] / "src"
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 PROFILES = SHARED / "profiles" / "pipedream"
 # (model, nodes, edges) from ../shared/profiles/README.md
@@ -29,3 +30,13 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_configure(config) -> None:
+    """Byte-compile the package once, before the workers start: the CLI tests start hundreds of
+    ``python -m pipeplan`` processes, and where ``PYTHONDONTWRITEBYTECODE`` is set each of them
+    would compile every module it imports anew."""
+    if not hasattr(config, "workerinput"):  # the controller (or a run without workers)
+        import compileall
+
+        compileall.compile_dir(str(SRC), quiet=1)

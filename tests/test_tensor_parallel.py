@@ -3,7 +3,6 @@ partitioning and auto data parallelism on 2 gloo processes, checked against one 
 
 import pytest
 import torch
-from torch import nn
 
 from pipeplan.errors import PipeplanError
 from pipeplan.sharding.models import build
@@ -20,39 +19,6 @@ MEGATRON_MLP = {"0.weight": 0, "0.bias": 0, "2.weight": 1}
 #: (the planner returns 3 of these 6 differently: ``test_shard.VGG19_HYBRID_PLAN``)
 PAPER_TABLE4 = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1, "fc2.bias": 0,
                 "predictions.weight": 0, "predictions.bias": 0}
-
-
-def mlp() -> tuple[nn.Module, torch.Tensor]:
-    """A two-layer MLP (``test_tensor_parallel:mlp`` in the workers)."""
-    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)), torch.randn(8, 16)
-
-
-def convnet() -> tuple[nn.Module, torch.Tensor]:
-    """Three convolutions and a classifier (``test_tensor_parallel:convnet`` in the workers)."""
-    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
-                        nn.Conv2d(8, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
-    return net, torch.randn(8, 3, 6, 6)
-
-
-class _GPT2Logits(nn.Module):
-    def __init__(self, config) -> None:
-        super().__init__()
-        from transformers import GPT2LMHeadModel
-
-        self.lm = GPT2LMHeadModel(config)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.lm(input_ids=input_ids, use_cache=False).logits
-
-
-def gpt2_logits() -> tuple[nn.Module, torch.Tensor]:
-    """A Hugging Face GPT-2 (2 layers, n_embd 32) returning its logits, built with transformers'
-    default attention (``test_tensor_parallel:gpt2_logits`` in the workers)."""
-    from transformers import GPT2Config
-
-    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0)
-    return _GPT2Logits(config), torch.randint(0, 64, (4, 16))
 
 
 #: Megatron's MLP in GPT-2's Conv1D layout ([in, out] weights): c_fc by its outputs, c_proj by its inputs
@@ -88,13 +54,13 @@ def test_convolutions_cut_by_output_then_input_channels(workers=2):
     through ``_ChannelParallelConv``: a batch-split input made whole, the first convolution
     cut by output channels, the second by input channels (a partial sum all-reduced)."""
     placements = {"0.weight": 0, "0.bias": 0, "2.weight": 1}
-    result = run_sharded("test_tensor_parallel:convnet", placements, {"input": 0}, workers=workers, steps=3)
+    result = run_sharded("tp_models:convnet", placements, {"input": 0}, workers=workers, steps=3)
     assert_ok(result, workers)
     assert result["partitioned"] == ["0.bias", "0.weight", "2.weight"] and result["split_inputs"] == ["input"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec, prefix", [("gpt2-tiny", ""), ("test_tensor_parallel:gpt2_logits", "lm.")])
+@pytest.mark.parametrize("spec, prefix", [("gpt2-tiny", ""), ("tp_models:gpt2_logits", "lm.")])
 def test_hugging_face_gpt2_runs_under_dtensor(spec, prefix):
     """GPT-2's attention runs eager under DTensor (CPU's fused attention has no sharding
     strategy), the built-in model and a user's built with transformers' default attention."""
@@ -143,9 +109,9 @@ def test_megatron_mlp_on_two_workers_runs_the_priced_collectives():
     collectives ``sharding.cost`` prices: the all-reduce of fc2's partial output and nothing in
     the backward (fc2 runs as Megatron's row split, its replicated bias added after the
     all-reduce: ``_RowParallelLinear``)."""
-    priced = priced_collectives("test_tensor_parallel:mlp", MEGATRON_MLP)
+    priced = priced_collectives("tp_models:mlp", MEGATRON_MLP)
     assert priced == {"forward": {"all_reduce": 1}, "backward": {}}
-    result = run_sharded("test_tensor_parallel:mlp", MEGATRON_MLP, None, workers=2, steps=3,
+    result = run_sharded("tp_models:mlp", MEGATRON_MLP, None, workers=2, steps=3,
                          expected_collectives=priced)
     assert_ok(result)
     assert result["partitioned"] == ["0.bias", "0.weight", "2.weight"]
@@ -167,7 +133,7 @@ def test_the_collectives_check_ignores_kinds_counted_zero():
 
 @pytest.mark.slow
 def test_without_check():
-    result = run_sharded("test_tensor_parallel:mlp", MEGATRON_MLP, None, workers=2, steps=2, check=False)
+    result = run_sharded("tp_models:mlp", MEGATRON_MLP, None, workers=2, steps=2, check=False)
     assert result["check"]["verdict"] == "not checked" and result["max_rel_diff"] is None
 
 
@@ -208,7 +174,7 @@ def test_max_rel_diff():
 def test_the_check_tells_rounding_from_a_real_difference(monkeypatch):
     """In one process: float64 training rounded to float32 is "ok" (on the float64 basis once
     the float32 comparison is made too strict to pass); a 1e-4 change of a weight is not."""
-    cfg = ShardConfig("test_tensor_parallel:mlp", {}, {}, steps=3)
+    cfg = ShardConfig("tp_models:mlp", {}, {}, steps=3)
     losses64, params64, _ = reference_run(cfg, torch.float64)
     rounded = {n: p.astype("float32") for n, p in params64.items()}
     assert check_against_reference(cfg, losses64, rounded)["check"]["basis"] == "float32"

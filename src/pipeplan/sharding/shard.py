@@ -9,6 +9,7 @@ a server over NVLink, 25 Gbps between servers), cut along one line as the paper 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -97,13 +98,20 @@ def _cost_dict(c: PlanCost | None) -> dict | None:
             "by_phase": c.by_phase, "memory_bytes": c.memory_bytes, "fits": c.fits}
 
 
-def build_problem(req: ShardRequest):
-    """(the model, its sharding problem, seconds spent building them)."""
+@functools.lru_cache(maxsize=4)
+def exported(spec: str, batch: int, seq: int, seed: int):
+    """(the model on the meta device, its exported program): exported once per process (an
+    export takes seconds; a sweep over devices, clusters or seeds reuses it). Shared: read-only."""
     from .models import load_shard_model
 
+    model = load_shard_model(spec, batch=batch, seq=seq, meta=True, seed=seed)
+    return model, export_module(model.module, model.inputs, spec, model.input_names)
+
+
+def build_problem(req: ShardRequest):
+    """(the model, its sharding problem, seconds spent building them)."""
     t0 = time.perf_counter()
-    model = load_shard_model(req.spec, batch=req.batch, seq=req.seq, meta=True, seed=req.seed)
-    prog = export_module(model.module, model.inputs, req.spec, model.input_names)
+    model, prog = exported(req.spec, req.batch, req.seq, req.seed)
     cluster = load_cluster(req.cluster) if isinstance(req.cluster, str) else req.cluster
     if len(cluster) < req.devices:
         raise PipeplanError(f"--devices {req.devices}: cluster {cluster.name!r} has only {len(cluster)} devices")

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, DeviceMesh, Partial, Replicate, Shard, distribute_tensor
 
 from ..errors import PipeplanError
 from ..runtime.launch import Failure, Worker, launch, one_line_error
@@ -107,7 +108,6 @@ def validate_placements(model: ShardModel, placements: dict[str, int | None],
 
 
 def _placement(d: int | None) -> list:
-    from torch.distributed.tensor import Replicate, Shard
 
     return [Replicate()] if d is None else [Shard(d)]
 
@@ -116,7 +116,6 @@ def distribute_parameters(module: nn.Module, mesh, placements: dict[str, int | N
     """Replace every parameter of ``module`` by a DTensor parameter placed as ``placements``
     says (by ``named_parameters`` name); a parameter registered under several names (tied
     embeddings) is replaced by one and the same new parameter everywhere."""
-    from torch.distributed.tensor import distribute_tensor
 
     new: dict[int, nn.Parameter] = {}
     for name, p in module.named_parameters():
@@ -137,7 +136,6 @@ def distribute_parameters(module: nn.Module, mesh, placements: dict[str, int | N
 
 
 def _is_shard(p: torch.Tensor, dim: int) -> bool:
-    from torch.distributed.tensor import DTensor, Shard
 
     return isinstance(p, DTensor) and p.placements[0] == Shard(dim)
 
@@ -153,7 +151,6 @@ class _VocabParallelEmbedding:
         self.emb, self.dtensor_forward = emb, emb.forward
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor, Partial, Replicate
 
         w, emb = self.emb.weight, self.emb
         if isinstance(ids, DTensor) and not ids.placements[0].is_replicate():
@@ -176,7 +173,6 @@ def _reduce_partial_inputs(module: nn.Module, args: tuple) -> tuple:
     tensor (the result is kept on it for later readers), as ``sharding.cost`` prices it. Left to
     DTensor, each op reading it reduces it again (T5's RMS norm, the residual additions), and
     an op saving it partial for its backward (a layer norm) all-reduces it again there."""
-    from torch.distributed.tensor import DTensor, Replicate
 
     def whole(a: object) -> object:
         if not isinstance(a, DTensor) or not a.placements[0].is_partial():
@@ -201,7 +197,6 @@ class _ChannelParallelConv:
         self.conv = conv
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
         conv, w, b = self.conv, self.conv.weight, self.conv.bias
         mesh = w.device_mesh
@@ -236,7 +231,6 @@ class _RowParallelLinear:
         self.transposed = type(layer).__name__ != "Conv1D"  # nn.Linear's weight is (out, in)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
         w, b = self.layer.weight, self.layer.bias
         mesh = w.device_mesh
@@ -248,14 +242,12 @@ class _RowParallelLinear:
 
 
 def distribute_inputs(model: ShardModel, mesh, input_dims: dict[str, int | None]) -> tuple:
-    from torch.distributed.tensor import distribute_tensor
 
     return tuple(distribute_tensor(x, mesh, _placement(input_dims.get(n)))
                  for n, x in zip(model.input_names, model.inputs))
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
 
     return t.full_tensor() if isinstance(t, DTensor) else t
 
@@ -287,7 +279,6 @@ def _collective_counter():
             self.counts: dict[str, int] = {}
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            from torch.distributed.tensor import DTensor
 
             if any(issubclass(t, DTensor) for t in types):
                 return NotImplemented  # let DTensor run first and desugar into plain ops and collectives
@@ -317,7 +308,6 @@ def _class_parallel(func, args: tuple, fused: list[bool]) -> bool:
     """Whether a loss op runs as ``loss_parallel``: its logits (or log-probabilities) cut by
     their classes and, for the NLL, its targets whole; the log-softmax's backward, where the
     NLL's backward did (it then returns the gradient of both, fused)."""
-    from torch.distributed.tensor import DTensor
 
     name = func._opname
     if name == "_log_softmax_backward_data":
@@ -340,7 +330,6 @@ def _vocab_parallel_loss():
     ``loss_parallel`` (each device its classes; row max, sum of exponentials and the target's
     log-probability all-reduced; the backward local), the others as DTensor runs them
     (``loss_parallel`` alone refuses logits not cut by their classes and targets cut)."""
-    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel.loss import customized_loss_ops
 
     handlers, fused = DTensor._op_dispatcher._custom_op_handlers, [False]
@@ -370,7 +359,6 @@ def train(module: nn.Module, inputs: tuple, steps: int, lr: float, distributed: 
     ``distributed``: DTensor training, each step between barriers, plain tensors made in the
     forward taken as replicated; ``collectives``: filled with the collectives of the first
     step's forward and backward (``{"forward": {"all_reduce": n, ...}, "backward": {...}}``)."""
-    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.experimental import implicit_replication
 
     opt = torch.optim.SGD(module.parameters(), lr=lr)
@@ -403,7 +391,6 @@ def train(module: nn.Module, inputs: tuple, steps: int, lr: float, distributed: 
 def _worker(ctx: Worker, cfg: dict) -> dict:
     """One rank: build the model, distribute it, train; its losses, step times, collectives
     and, with ``cfg["check"]``, the full parameters (rank 0) and its replicas' spread."""
-    from torch.distributed.tensor import DeviceMesh
 
     mesh = DeviceMesh("cpu", list(range(ctx.world)))
     model = load_shard_model(cfg["spec"], batch=cfg["batch"], seq=cfg["seq"], seed=cfg["seed"])
@@ -427,7 +414,6 @@ def _error_text(e: BaseException) -> str:
 def replica_spread(module: nn.Module) -> float:
     """max over replicated parameters of max|this rank's copy - rank 0's copy|, relative to
     the largest value of any parameter: replicas that drifted apart (0.0 when none did)."""
-    from torch.distributed.tensor import DTensor
 
     worst, scale = 0.0, 0.0
     for p in module.parameters():
