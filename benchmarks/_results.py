@@ -108,7 +108,7 @@ def _version(package: str) -> str:
 
 @lru_cache(maxsize=1)
 def machine() -> dict[str, Any]:
-    """CPU model, core count, OS and the versions that matter; no hostname."""
+    """CPU model, core count, OS, the versions that matter and the GPU a benchmark ran on; no hostname."""
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -120,8 +120,12 @@ def machine() -> dict[str, Any]:
         os_name += f" ({platform.freedesktop_os_release()['PRETTY_NAME']})"
     except (OSError, KeyError, AttributeError):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "os": os_name, "python": platform.python_version(),
-            "numpy": _version("numpy"), "torch": _version("torch")}
+    out = {"cpu": cpu, "cores": os.cpu_count(), "os": os_name, "python": platform.python_version(),
+           "numpy": _version("numpy"), "torch": _version("torch")}
+    torch = sys.modules.get("torch")  # a GPU benchmark imported it; never imported here for this
+    if torch is not None and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
 
 
 def provenance() -> dict[str, Any]:
