@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/dynpartition/figures.py
 	$(BIN)/python benchmarks/dynpartition/learning.py
 	$(BIN)/python benchmarks/dynpartition/stream.py
+	$(BIN)/python benchmarks/gpu/gemm_efficiency.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis
