@@ -132,6 +132,17 @@ def cli(*argv, cwd=None):
     return subprocess.run([sys.executable, "-m", "pipeplan", *argv], capture_output=True, text=True, cwd=cwd)
 
 
+def in_process(capsys, *argv) -> subprocess.CompletedProcess:
+    """``pipeplan ARGV`` run by ``main`` in this process (what ``cli`` checks in a child
+    process, without starting one): its exit code and what it printed."""
+    try:
+        code = main(list(argv))
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(argv), code, out, err)
+
+
 def assert_one_line_error(proc, fragment):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -171,10 +182,18 @@ def bad_inputs(tmp_path):
     ("microbatches", ["plan", "--model", "zoo:alexnet", "--cluster", "v100x4", "--microbatches", "0"], "must be >= 1"),
     ("plan file", ["simulate", "/no/plan.json"], "not found"),
 ])
-def test_bad_input_one_line_exit_2(bad_inputs, tmp_path, case, argv, fragment):
+def test_bad_input_one_line_exit_2(bad_inputs, tmp_path, capsys, case, argv, fragment):
     argv = [a.format(**bad_inputs) for a in argv] + ["--out", str(tmp_path / "out.json")] * (argv[0] == "plan")
-    assert_one_line_error(cli(*argv), fragment)
+    assert_one_line_error(in_process(capsys, *argv), fragment)
     assert not (tmp_path / "out.json").exists()  # nothing half-written
+
+
+def test_bad_input_in_a_process_of_its_own(bad_inputs, tmp_path):
+    """The same as a user sees it: ``python -m pipeplan`` exits 2 with one line, no traceback."""
+    out = tmp_path / "out.json"
+    assert_one_line_error(cli("plan", "--model", bad_inputs["cycle"], "--cluster", "v100x4", "--out", str(out)),
+                          "cycle")
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("edit,fragment", [
@@ -189,7 +208,7 @@ def test_bad_plan_files(tmp_path, capsys, edit, fragment):
     edit(d)
     out.write_text(json.dumps(d))
     gantt = tmp_path / "g.png"
-    assert_one_line_error(cli("simulate", str(out), "--gantt", str(gantt)), fragment)
+    assert_one_line_error(in_process(capsys, "simulate", str(out), "--gantt", str(gantt)), fragment)
     assert not gantt.exists()
 
 

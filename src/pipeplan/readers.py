@@ -128,7 +128,7 @@ def _expanded_size(node: yaml.Node, memo: dict[int, float]) -> float:
     return memo[key]
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser where built
     """YAML's safe loader that refuses a key repeated in one mapping, a mapping or list used
     as a key, and aliases that add more than ``MAX_YAML_ALIAS_VALUES`` values once expanded
     (checked before anything is built)."""

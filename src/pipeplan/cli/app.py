@@ -525,13 +525,13 @@ def cmd_clusters(args) -> int:
     from .report import make_console
 
     from ..cluster import PRESETS, load_cluster
+    from ..cluster.presets import SIZED_PRESETS
 
     rows = []
     for name, (desc, _) in PRESETS.items():
         c = load_cluster(name)
         rows.append({"name": name, "devices": len(c), "description": desc})
-    rows.append({"name": "mobile-hetero-N", "devices": "N",
-                 "description": "N devices drawn (seeded) from the three mobile kinds, 1 Gbps links (resalloc §VI)"})
+    rows += [{"name": name, "devices": devices, "description": desc} for name, (devices, desc) in SIZED_PRESETS.items()]
     if args.json:
         print(json.dumps({"clusters": rows}))
         return 0

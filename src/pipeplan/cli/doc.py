@@ -9,6 +9,7 @@ import argparse
 
 from .app import build_parser
 from ..cluster import KINDS, PRESETS
+from ..cluster.presets import SIZED_PRESETS
 from ..planners.base import planner_catalog
 from ..schedule.generators import SCHEDULES
 from ..units import fmt_bytes
@@ -68,8 +69,8 @@ def _clusters() -> list[str]:
            "or JSON files (docs/formats.md); bandwidths, sizes and times given as text need their unit.", "",
            "| preset | description |", "|---|---|"]
     out += [f"| `{n}` | {_cell(desc)} |" for n, (desc, _) in PRESETS.items()]
-    out += ["| `mobile-hetero-N` | N devices drawn (seeded) from the three mobile kinds, 1 Gbps links "
-            "(resalloc §VI) |", "", "## Device kinds (`kind:` in a cluster file)", "",
+    out += [f"| `{n}` | {_cell(desc)} |" for n, (_, desc) in SIZED_PRESETS.items()]
+    out += ["", "## Device kinds (`kind:` in a cluster file)", "",
             "| kind | memory | speed (V100 = 1) | resources | note |", "|---|---|---|---|---|"]
     for k in KINDS.values():
         res = ", ".join(r.name for r in k.resources) or "-"

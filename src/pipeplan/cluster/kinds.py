@@ -3,6 +3,10 @@
 Speeds are ratios of peak FP32 throughput from the vendors' data sheets (V100 SXM2 15.7
 TFLOP/s; GTX 1080 Ti 11.3; A100 19.5; P100 10.6; T4 8.1; H100 SXM 67) — a first-order
 figure; measure with ``pipeplan calibrate`` where it matters.
+
+The GPUs LLMs train on also carry their dense bf16 tensor-core peak and HBM bandwidth
+(NVIDIA's data sheets: A100 312 TFLOP/s, 1,555 GB/s with 40 GB, 2,039 GB/s with 80 GB;
+H100 SXM 989 TFLOP/s, 3,350 GB/s), which the transformer cost model prices bf16 work with.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ class Kind:
     speed: float
     note: str
     resources: tuple[Resource, ...] = ()
+    bf16_flops: float = 0.0  # dense bf16 tensor-core peak, FLOP/s (0: not a kind LLMs train on)
+    hbm_bytes_per_s: float = 0.0  # memory bandwidth (0: unknown)
 
 
 # Mobile devices of resalloc.txt §VI, as two resources each (CPU, GPU). Forward speeds are
@@ -48,8 +54,14 @@ KINDS: dict[str, Kind] = {k.name.lower(): k for k in (
     Kind("1080Ti", 11 * _GiB, 11.3 / 15.7, "NVIDIA GTX 1080 Ti 11 GB, 11.3 TFLOP/s FP32"),
     Kind("P100", 16 * _GiB, 10.6 / 15.7, "NVIDIA Tesla P100 16 GB, 10.6 TFLOP/s FP32"),
     Kind("T4", 16 * _GiB, 8.1 / 15.7, "NVIDIA T4 16 GB, 8.1 TFLOP/s FP32"),
-    Kind("A100", 80 * _GiB, 19.5 / 15.7, "NVIDIA A100 80 GB, 19.5 TFLOP/s FP32"),
-    Kind("H100", 80 * _GiB, 67.0 / 15.7, "NVIDIA H100 SXM 80 GB, 67 TFLOP/s FP32"),
+    Kind("A100", 80 * _GiB, 19.5 / 15.7, "NVIDIA A100 80 GB, 19.5 TFLOP/s FP32", (), 312e12, 2039e9),
+    Kind("H100", 80 * _GiB, 67.0 / 15.7, "NVIDIA H100 SXM 80 GB, 67 TFLOP/s FP32", (), 989e12, 3350e9),
+    Kind("A100-40GB", 40 * _GiB, 19.5 / 15.7, "NVIDIA A100 SXM 40 GB: 312 TFLOP/s bf16, 1,555 GB/s HBM2",
+         (), 312e12, 1555e9),
+    Kind("A100-80GB", 80 * _GiB, 19.5 / 15.7, "NVIDIA A100 SXM 80 GB: 312 TFLOP/s bf16, 2,039 GB/s HBM2e",
+         (), 312e12, 2039e9),
+    Kind("H100-SXM", 80 * _GiB, 67.0 / 15.7, "NVIDIA H100 SXM 80 GB: 989 TFLOP/s bf16, 3,350 GB/s HBM3",
+         (), 989e12, 3350e9),
     Kind("GPU", 32 * _GiB, 1.0, "a generic device equal to the reference"),
     Kind("CPU", 8 * _GiB, 1.0, "a CPU worker process (speed relative to the profile's process; "
          "measure it with pipeplan calibrate)"),

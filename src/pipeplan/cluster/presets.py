@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import numpy as np
@@ -93,7 +94,40 @@ PRESETS: dict[str, tuple[str, Callable[[], Cluster]]] = {
 }
 
 
+#: DGX servers (NVIDIA's DGX A100 and DGX H100 user guides): 8 GPUs on NVSwitch, NVLink 600 GB/s
+#: (A100) or 900 GB/s (H100) per GPU counting both directions, so 300 or 450 GB/s each way
+#: between any two GPUs of a server; between servers one InfiniBand adapter per GPU, 200 Gb/s
+#: HDR (A100) or 400 Gb/s NDR (H100) each way. Latencies (per message) are assumptions:
+#: 3 us over NVLink, 6 us over InfiniBand (docs/llm.md).
+DGX = {"a100": ("A100-80GB", 300e9, 200 * Gbps), "h100": ("H100-SXM", 450e9, 400 * Gbps)}
+DGX_LATENCY = (3e-6, 6e-6)
+DGX_PATTERN = re.compile(r"dgx-(a100|h100)x(\d+)")
+
+
+def dgx(gpu: str, servers: int) -> Cluster:
+    """``dgx-a100xN`` / ``dgx-h100xN``: N DGX servers of 8 GPUs (``DGX``)."""
+    kind, nvlink, ib = DGX[gpu]
+    c = hierarchical(f"dgx-{gpu}x{servers}", servers, 8, nvlink, ib, kind=kind,
+                     meta={"source": f"NVIDIA DGX {gpu.upper()}: NVSwitch inside, one InfiniBand adapter per GPU"})
+    same = np.equal.outer(np.arange(len(c)) // 8, np.arange(len(c)) // 8)
+    return Cluster(c.name, c.devices, c.bandwidth, np.where(same, *DGX_LATENCY), meta=c.meta)
+
+
+#: Presets named with a count N: name -> (devices, description)
+SIZED_PRESETS: dict[str, tuple[str, str]] = {
+    "mobile-hetero-N": ("N", "N devices drawn (seeded) from the three mobile kinds, 1 Gbps links (resalloc §VI)"),
+    "dgx-a100xN": ("8N", "N DGX A100 servers: 8 A100-80GB on NVLink (300 GB/s each way), one 200 Gb/s InfiniBand "
+                   "adapter per GPU between servers"),
+    "dgx-h100xN": ("8N", "N DGX H100 servers: 8 H100-SXM on NVLink (450 GB/s each way), one 400 Gb/s InfiniBand "
+                   "adapter per GPU between servers"),
+}
+
+
 def preset(name: str) -> Cluster:
+    if m := DGX_PATTERN.fullmatch(name):
+        if int(m.group(2)) < 1:
+            raise PipeplanError(f"cluster {name!r}: needs at least one server")
+        return dgx(m.group(1), int(m.group(2)))
     entry = PRESETS.get(name)
     if entry is None and name.startswith("mobile-hetero-") and name[len("mobile-hetero-"):].isdigit():
         n = int(name[len("mobile-hetero-"):])
@@ -101,7 +135,7 @@ def preset(name: str) -> Cluster:
             raise PipeplanError(f"cluster {name!r}: needs at least one device")
         return mobile_hetero(n)
     if entry is None:
-        raise PipeplanError(f"unknown cluster preset {name!r} (known: {', '.join(PRESETS)}, mobile-hetero-N)")
+        raise PipeplanError(f"unknown cluster preset {name!r} (known: {', '.join([*PRESETS, *SIZED_PRESETS])})")
     return entry[1]()
 
 
