@@ -111,10 +111,10 @@ def exported(spec: str, batch: int, seq: int, seed: int):
 def build_problem(req: ShardRequest):
     """(the model, its sharding problem, seconds spent building them)."""
     t0 = time.perf_counter()
-    model, prog = exported(req.spec, req.batch, req.seq, req.seed)
     cluster = load_cluster(req.cluster) if isinstance(req.cluster, str) else req.cluster
-    if len(cluster) < req.devices:
+    if len(cluster) < req.devices:  # before the export, which takes seconds
         raise PipeplanError(f"--devices {req.devices}: cluster {cluster.name!r} has only {len(cluster)} devices")
+    model, prog = exported(req.spec, req.batch, req.seq, req.seed)
     problem = ShardProblem.build(prog, req.devices, cluster, adp=req.adp, costed=req.hybrid)
     return model, problem, time.perf_counter() - t0
 
