@@ -157,6 +157,7 @@ def test_meta_device_and_real_fallback():
 
 
 # -- a tiny BERT ----------------------------------------------------------------------------------
+@pytest.mark.slow  # a whole command run of seconds: in make test, not in the quick set
 def test_tiny_bert_exports_a_valid_planner_input(tmp_path, capsys):
     pytest.importorskip("transformers")
     out = tmp_path / "bert.json"

@@ -185,6 +185,7 @@ def test_env_observation_and_episode() -> None:
     assert r == pytest.approx(p.reward(*p.value([3])))
 
 
+@pytest.mark.slow  # a whole command run of seconds: in make test, not in the quick set
 def test_cli_plan_prints_cut_positions_and_layers(capsys) -> None:
     from pipeplan.cli import main
 

@@ -135,6 +135,7 @@ def cli(*argv, cwd=None):
 def in_process(capsys, *argv) -> subprocess.CompletedProcess:
     """``pipeplan ARGV`` run by ``main`` in this process (what ``cli`` checks in a child
     process, without starting one): its exit code and what it printed."""
+    capsys.readouterr()  # what ran before
     try:
         code = main(list(argv))
     except SystemExit as e:  # argparse's own errors

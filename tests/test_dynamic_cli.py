@@ -48,6 +48,7 @@ def test_bench_json_lists_every_baseline(capsys):
     assert sub["optimal_ms"] <= min(sub["heft_ms"], sub["cpu_ms"]) + 1e-9
 
 
+@pytest.mark.slow  # a whole command run of seconds: in make test, not in the quick set
 def test_train_writes_checkpoint_and_curve_then_eval_reads_it(capsys, tmp_path):
     ckpt = tmp_path / "dp.pt"
     code, out, _ = run(capsys, "train", "--net", "treelstm", "--simulated", "cpu+2gpu", "--episodes", "60",
@@ -63,6 +64,7 @@ def test_train_writes_checkpoint_and_curve_then_eval_reads_it(capsys, tmp_path):
     assert code == 0 and "learned policy (DQN)" in out and "heft" in out
 
 
+@pytest.mark.slow  # a whole command run of seconds: in make test, not in the quick set
 def test_bench_on_real_logical_cpus(capsys):
     code, out, _ = run(capsys, "bench", "--net", "mathfunc", "--devices", "cpu,cpu:1", "--test-trees", "3",
                        "--train-trees", "3", "--repeats", "2", "--json")

@@ -45,19 +45,20 @@ SHAPES = [Tree(((), (0,), (1,)), (0, F["cos"], F["sin"])),
 
 
 def cases():
-    """(name, profile, machine) small enough for brute force: <= 15,625 placements."""
+    """(name, tree, network, width, machine) small enough for brute force: <= 15,625
+    placements. The profiles are built by the test that uses them (not while collecting)."""
     rng = np.random.default_rng(7)
     out = []
     for k, words in enumerate((2, 3, 3)):  # TreeLSTM parse trees of 3-5 nodes
         t = binary_parse_tree(words, rng)
-        out.append((f"treelstm150-{t.n}-m5", profile(t, "treelstm", 150), M5))
-        out.append((f"treelstm1024-{t.n}-m2", profile(t, "treelstm", 1024), M2))
-    out.append(("treelstm1024-7-m3", profile(binary_parse_tree(4, rng), "treelstm", 1024), M3))
+        out.append((f"treelstm150-{t.n}-m5", t, "treelstm", 150, M5))
+        out.append((f"treelstm1024-{t.n}-m2", t, "treelstm", 1024, M2))
+    out.append(("treelstm1024-7-m3", binary_parse_tree(4, rng), "treelstm", 1024, M3))
     for t in SHAPES:
         m5 = M5 if t.n <= 6 else M3
-        out.append((f"mathfunc1e5-{t.n}-m{len(m5.devices)}", profile(t, "mathfunc", 100_000), m5))
-        out.append((f"mathfunc1-{t.n}-m2", profile(t, "mathfunc", 1), M2))
-    out.append(("treelstm150-5-m5-overhead", profile(binary_parse_tree(3, rng), "treelstm", 150),
+        out.append((f"mathfunc1e5-{t.n}-m{len(m5.devices)}", t, "mathfunc", 100_000, m5))
+        out.append((f"mathfunc1-{t.n}-m2", t, "mathfunc", 1, M2))
+    out.append(("treelstm150-5-m5-overhead", binary_parse_tree(3, rng), "treelstm", 150,
                 replace(M5, part_overhead_s=5e-6)))
     return out
 
@@ -65,8 +66,9 @@ def cases():
 CASES = cases()
 
 
-@pytest.mark.parametrize("name,prof,m", CASES, ids=[c[0] for c in CASES])
-def test_optimal_equals_brute_force(name, prof, m):
+@pytest.mark.parametrize("name,tree,net,width,m", CASES, ids=[c[0] for c in CASES])
+def test_optimal_equals_brute_force(name, tree, net, width, m):
+    prof = profile(tree, net, width)
     best, seconds = placers.optimal(prof, m)
     assert len(best) == len(prof.children)
     assert seconds == simulate(prof, best, m)
@@ -155,7 +157,8 @@ def test_chain_goes_to_the_faster_device(net, width):
 
 def test_heft_vs_optimal():
     ratios = []
-    for name, prof, m in CASES:
+    for name, tree, net, width, m in CASES:
+        prof = profile(tree, net, width)
         h = placers.heft(prof, m)
         assert len(h) == len(prof.children) and 0 <= min(h) and max(h) < len(m.devices)
         _, opt = placers.optimal(prof, m)

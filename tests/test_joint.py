@@ -107,6 +107,7 @@ def test_complete_only_when_the_exhaustive_phase_searched_everything():
     assert not big.search_complete and "exhaustive phase skipped" in big.extra["joint"]["incomplete"]
 
 
+@pytest.mark.slow  # a whole command run of seconds: in make test, not in the quick set
 def test_wall_clock_cap_stops_the_search_and_says_so():
     g, c = load_graph("zoo:bert-large"), load_cluster("spp-sim")
     plan, _ = run_planner("joint", g, c, PlanOptions(microbatches=8, settings=planner_settings(["joint"], [("budget", "0.5")])))
@@ -135,6 +136,7 @@ def test_schedules_option():
             search_schedules(bad)
 
 
+@pytest.mark.slow  # a whole command run of seconds: in make test, not in the quick set
 def test_cli_plan_and_compare_with_budget(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["plan", "--model", "zoo:bert-large", "--cluster", "v100x4", "--planner", "joint",

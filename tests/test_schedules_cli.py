@@ -35,6 +35,7 @@ def test_plan_and_simulate_take_the_new_schedules(tmp_path, capsys, schedule, ch
     assert any("stages" in d for d in sim["devices"]) == chunked
 
 
+@pytest.mark.slow  # a whole command run of seconds: in make test, not in the quick set
 def test_simulate_under_zero_bubble_and_refuse_interleaving_a_plan_without_chunks(tmp_path, capsys):
     one_f_one_b = _plan(tmp_path, capsys, "--planner", "gpipe", "--schedule", "1f1b")
     assert main(["simulate", str(tmp_path / "p.json"), "--schedule", "zb-h1", "--json"]) == 0
@@ -45,6 +46,7 @@ def test_simulate_under_zero_bubble_and_refuse_interleaving_a_plan_without_chunk
                               "--schedule", "zb-v"), "needs several stages per device")
 
 
+@pytest.mark.slow  # a whole command run of seconds: in make test, not in the quick set
 def test_a_graph_without_a_split_says_what_is_assumed(tmp_path):
     g = Graph.chain("nosplit", [1e-3] * 4, [2e-3] * 4, act=[1e6] * 4, meta={"source": "pipedream"})
     path = tmp_path / "g.json"

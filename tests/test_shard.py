@@ -190,6 +190,7 @@ def test_adp_finds_the_batch_dimensions(model, split):
     assert all(p["partition_dim"] is None for p in out["parameters"])
 
 
+@pytest.mark.slow  # a whole command run of seconds: in make test, not in the quick set
 def test_cli_json_interface(capsys):
     assert main(["shard", "--model", "t5-tiny", "--devices", "2", "--method", "milp", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -72,6 +72,7 @@ def test_export_gives_the_training_graph(name):
     assert torch.allclose(ep.module()(*model.inputs), model.module(*model.inputs), rtol=1e-5)
 
 
+@pytest.mark.slow  # a whole command run of seconds: in make test, not in the quick set
 def test_export_of_a_meta_model():
     model = build("t5-base", batch=2, seq=8, meta=True)
     ep = torch.export.export(model.module, model.inputs)
