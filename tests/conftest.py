@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,12 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# pytest rewrites each test module's asserts and caches the result beside it, unless the
+# environment says not to write bytecode (PYTHONDONTWRITEBYTECODE); then every worker of every
+# run would rewrite all of them again (seconds). The caches are __pycache__ folders git ignores.
+sys.dont_write_bytecode = False
 
 
 def pytest_configure(config) -> None:
