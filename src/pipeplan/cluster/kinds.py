@@ -26,6 +26,10 @@ class Kind:
     resources: tuple[Resource, ...] = ()
     bf16_flops: float = 0.0  # dense bf16 tensor-core peak, FLOP/s (0: not a kind LLMs train on)
     hbm_bytes_per_s: float = 0.0  # memory bandwidth (0: unknown)
+    #: a bf16 GEMM of F FLOPs takes F / (bf16_flops x gemm_efficiency) + gemm_overhead_s
+    #: (sim/llm_costs.py; 0: not measured for this kind)
+    gemm_efficiency: float = 0.0
+    gemm_overhead_s: float = 0.0
 
 
 # Mobile devices of resalloc.txt §VI, as two resources each (CPU, GPU). Forward speeds are
@@ -49,6 +53,10 @@ def _gpu(name: str, tflops: float) -> Resource:
 
 
 _GiB = 2.0**30
+#: (efficiency, overhead) of bf16 GEMMs on an H100 SXM, fitted to the 512 transformer-layer
+#: GEMMs benchmarks/gpu/gemm_efficiency.py timed on one (docs/llm.md): t = F / (989e12 x 0.707)
+#: + 24 us, median error 2.9%, 90% of shapes within 12%
+H100_GEMM = (0.707, 24e-6)
 KINDS: dict[str, Kind] = {k.name.lower(): k for k in (
     Kind("V100", 32 * _GiB, 1.0, "NVIDIA Tesla V100 32 GB, 15.7 TFLOP/s FP32 (reference)"),
     Kind("1080Ti", 11 * _GiB, 11.3 / 15.7, "NVIDIA GTX 1080 Ti 11 GB, 11.3 TFLOP/s FP32"),
@@ -61,7 +69,7 @@ KINDS: dict[str, Kind] = {k.name.lower(): k for k in (
     Kind("A100-80GB", 80 * _GiB, 19.5 / 15.7, "NVIDIA A100 SXM 80 GB: 312 TFLOP/s bf16, 2,039 GB/s HBM2e",
          (), 312e12, 2039e9),
     Kind("H100-SXM", 80 * _GiB, 67.0 / 15.7, "NVIDIA H100 SXM 80 GB: 989 TFLOP/s bf16, 3,350 GB/s HBM3",
-         (), 989e12, 3350e9),
+         (), 989e12, 3350e9, *H100_GEMM),
     Kind("GPU", 32 * _GiB, 1.0, "a generic device equal to the reference"),
     Kind("CPU", 8 * _GiB, 1.0, "a CPU worker process (speed relative to the profile's process; "
          "measure it with pipeplan calibrate)"),

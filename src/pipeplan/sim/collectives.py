@@ -1,0 +1,61 @@
+"""Collectives as NCCL runs them on GPU clusters, in nccl-tests' bus-bandwidth convention
+(doc/PERFORMANCE.md): a collective of S bytes over n ranks moves ``bus_factor x S`` through
+the slowest link of each rank, all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n
+(S the whole array), plus a latency term: log2(n) steps of the group's largest link latency
+(NCCL's trees; twice for an all-reduce, which reduces then broadcasts), never zero where the
+links have latency.
+
+A group's bus bandwidth on a cluster of servers: inside one server, the slowest link between
+its members (NVLink through NVSwitch: any pair at full speed); across servers, each member
+sends over its own adapter (one InfiniBand adapter per GPU, as on DGX servers) and NCCL
+spreads the data over the adapters of a server's members, so the bottleneck is the server
+with the fewest members x the slowest adapter, capped by the links inside it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ..cluster import Cluster
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """nccl-tests' factor: bus bytes per byte of the collective's array."""
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    raise ValueError(f"unknown collective {kind!r} (known: {', '.join(KINDS)})")
+
+
+def collective_s(kind: str, nbytes: float, n: int, bus_bytes_per_s: float, latency_s: float) -> float:
+    """Seconds of one collective of ``nbytes`` over ``n`` ranks."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    steps = math.ceil(math.log2(n)) * (2 if kind == "all_reduce" else 1)
+    return bus_factor(kind, n) * nbytes / bus_bytes_per_s + steps * latency_s
+
+
+def group_links(cluster: Cluster, group: Sequence[int]) -> tuple[float, float]:
+    """(bus bandwidth in bytes/s, latency in s) of a collective over the devices ``group``
+    (module docstring). The cluster's measured collective efficiency, if calibrated, scales
+    the bandwidth."""
+    idx = np.asarray(group, dtype=np.int64)
+    servers = np.array([cluster.devices[i].server or cluster.devices[i].name for i in idx])
+    names, members = np.unique(servers, return_counts=True)
+    lat = float(cluster.latency[np.ix_(idx, idx)].max()) if idx.size > 1 else 0.0
+    same = servers[:, None] == servers[None, :]
+    sub = cluster.bandwidth[np.ix_(idx, idx)]
+    off_diag = ~np.eye(idx.size, dtype=bool)
+    inside = float(sub[same & off_diag].min()) if (same & off_diag).any() else math.inf
+    if names.size == 1:
+        bw = inside
+    else:
+        adapter = float(sub[~same].min())
+        bw = min(inside, float(members.min()) * adapter)
+    return bw * float(cluster.meta.get("allreduce_efficiency", 1.0)), lat

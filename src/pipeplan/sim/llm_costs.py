@@ -1,0 +1,121 @@
+"""One transformer layer of a decoder-only LLM on one rank of a tensor-parallel group, for one
+microbatch (docs/llm.md): its GEMMs, attention core and memory-bound ops on a device kind, and
+the collectives Megatron-LM's tensor parallelism runs (Shoeybi et al. 2019 §3; with sequence
+parallelism, Korthikanti et al. 2022 §4.2.2).
+
+- GEMMs: QKV (columns split over the t ranks), the output projection (rows split), the MLP's
+  first matrices (gate and up fused for SwiGLU: columns) and its last (rows). A GEMM of F
+  FLOPs takes F / (peak x efficiency) + a fixed overhead (the kind's ``gemm_efficiency``,
+  ``gemm_overhead_s``); backward runs two GEMMs of the same size per forward GEMM.
+- Attention core (QK^T, softmax, x V) of the rank's heads: its FLOPs at the GEMM efficiency;
+  backward 2 x, recomputed forward once more under selective or full recomputation.
+- Memory-bound ops (norms, activation, dropout, residual adds, biases): the bytes they read
+  and write at the kind's HBM bandwidth; divided over the group only with sequence parallelism.
+- Tensor-parallel collectives, each of s x b x h 16-bit values: without sequence parallelism,
+  an all-reduce after the attention block and one after the MLP in the forward, and one for
+  each block's input gradient in the backward (Megatron's g and f operators: 2 + 2 a layer);
+  with it, an all-gather before and a reduce-scatter after each block, forward and backward
+  alike (4 + 4 of the same bytes). Full recomputation runs the forward's again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..cluster.kinds import Kind
+from ..errors import PipeplanError
+from ..graph.llm import BF16, DecoderSpec
+from .collectives import collective_s
+
+def _elementwise_bytes(spec: DecoderSpec, tokens: int) -> float:
+    """Bytes a layer's memory-bound ops read and write in its forward (16-bit): two norms
+    (read, write), the activation (GELU: read and write ffn wide; SwiGLU: read gate and up,
+    write their product), two residual adds (read 2, write 1) and, with dropout, two dropouts
+    (read, write, a 1-byte mask)."""
+    h, f = spec.hidden, spec.ffn
+    norms = 2 * 2 * BF16 * h
+    act = (3 if spec.gated else 2) * BF16 * f
+    residual = 2 * 3 * BF16 * h
+    dropout = 2 * (2 * BF16 + 1) * h if spec.dropout else 0
+    return tokens * float(norms + act + residual + dropout)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """``count`` collectives ``kind`` of ``nbytes`` each over the tensor-parallel group."""
+
+    kind: str
+    count: int
+    nbytes: float
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer, one microbatch, one rank: compute seconds (forward, backward, what
+    recomputation runs again), the tensor-parallel collectives of each pass and their seconds
+    on the group's links, the bytes kept for backward and the parameters held (a count)."""
+
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    fwd_collectives: tuple[Collective, ...]
+    bwd_collectives: tuple[Collective, ...]
+    fwd_comm_s: float
+    bwd_comm_s: float
+    activation_bytes: float
+    params: float
+
+
+def gemm_s(kind: Kind, flops: float) -> float:
+    """One bf16 GEMM of ``flops`` on ``kind`` (its fitted efficiency and overhead)."""
+    if kind.gemm_efficiency <= 0:
+        raise PipeplanError(f"device kind {kind.name!r} has no measured bf16 GEMM efficiency "
+                            "(LLM costs need A100/H100 kinds)")
+    return flops / (kind.bf16_flops * kind.gemm_efficiency) + kind.gemm_overhead_s
+
+
+def _gemms(spec: DecoderSpec, tokens: int, tp: int) -> list[float]:
+    """FLOPs of each forward GEMM of one rank."""
+    h, kv, f = spec.hidden, spec.kv_dim, spec.ffn
+    first = (2 if spec.gated else 1) * f
+    return [2.0 * tokens * h * (h + 2 * kv) / tp, 2.0 * tokens * h * h / tp,
+            2.0 * tokens * h * first / tp, 2.0 * tokens * f * h / tp]
+
+
+def tp_collectives(spec: DecoderSpec, samples: int, tp: int, sp: bool) -> tuple[tuple[Collective, ...], ...]:
+    """(forward, backward) collectives of one layer over a group of ``tp`` ranks."""
+    if tp <= 1:
+        return (), ()
+    nbytes = BF16 * samples * spec.seq * spec.hidden
+    if sp:
+        both = (Collective("all_gather", 2, nbytes), Collective("reduce_scatter", 2, nbytes))
+        return both, both
+    return (Collective("all_reduce", 2, nbytes),), (Collective("all_reduce", 2, nbytes),)
+
+
+def _comm_s(collectives: tuple[Collective, ...], tp: int, bus: float, latency: float) -> float:
+    return sum(c.count * collective_s(c.kind, c.nbytes, tp, bus, latency) for c in collectives)
+
+
+def layer_cost(spec: DecoderSpec, kind: Kind, samples: int, tp: int = 1, sp: bool = False,
+               recompute: str = "none", tp_bus: float = 0.0, tp_latency: float = 0.0) -> LayerCost:
+    """One layer on one of ``tp`` ranks (module docstring); ``tp_bus``, ``tp_latency``: the
+    group's links (``collectives.group_links``)."""
+    if spec.heads % tp or (spec.kv_heads % tp and tp % spec.kv_heads):
+        raise PipeplanError(f"model {spec.name!r}: {spec.heads} heads ({spec.kv_heads} for keys and values) "
+                            f"cannot be split over {tp} tensor-parallel ranks")
+    tokens = samples * spec.seq
+    gemm = sum(gemm_s(kind, f) for f in _gemms(spec, tokens, tp))
+    gemm_bwd = 2 * gemm  # the input gradient and the weight gradient: a GEMM of the same size each
+    core = spec.attention_core_flops(samples) / tp / (kind.bf16_flops * kind.gemm_efficiency)
+    memory = _elementwise_bytes(spec, tokens) / (tp if sp else 1) / kind.hbm_bytes_per_s
+    fwd = gemm + core + memory
+    bwd = gemm_bwd + 2 * core + 2 * memory
+    again = {"none": 0.0, "selective": core, "full": fwd}[recompute]
+    fwd_c, bwd_c = tp_collectives(spec, samples, tp, sp)
+    if tp > 1 and tp_bus <= 0:
+        raise PipeplanError(f"tensor parallelism over {tp} ranks needs the group's bandwidth")
+    fwd_comm = _comm_s(fwd_c, tp, tp_bus, tp_latency)
+    bwd_comm = _comm_s(bwd_c, tp, tp_bus, tp_latency) + (fwd_comm if recompute == "full" else 0.0)
+    return LayerCost(fwd, bwd, again, fwd_c, bwd_c, fwd_comm, bwd_comm,
+                     spec.layer_activation_bytes(samples, tp, sp, recompute), spec.layer_params() / tp)

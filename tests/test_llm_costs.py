@@ -1,0 +1,78 @@
+"""The LLM cost model's pieces (sim/collectives.py, sim/llm_costs.py) against their sources:
+nccl-tests' bus-bandwidth convention, Megatron-LM's tensor-parallel collectives, the GEMM split."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeplan.cluster import load_cluster
+from pipeplan.cluster.kinds import kind
+from pipeplan.errors import PipeplanError
+from pipeplan.graph.llm import PRESETS, gpt
+from pipeplan.sim.collectives import collective_s, group_links
+from pipeplan.sim.llm_costs import gemm_s, layer_cost, tp_collectives
+
+H100 = kind("H100-SXM")
+
+
+@pytest.mark.parametrize("op, factor", [("all_reduce", lambda n: 2 * (n - 1) / n),
+                                        ("all_gather", lambda n: (n - 1) / n),
+                                        ("reduce_scatter", lambda n: (n - 1) / n)])
+@pytest.mark.parametrize("n", [2, 8, 64])
+def test_collectives_follow_the_nccl_tests_convention(op, factor, n):
+    """doc/PERFORMANCE.md: busbw = algbw x factor, algbw = S / t."""
+    size, busbw = 1e9, 100e9
+    t = collective_s(op, size, n, busbw, 0.0)
+    assert (size / t) * factor(n) == pytest.approx(busbw)
+    assert collective_s(op, size, n, busbw, 5e-6) > t  # a latency term where links have one
+    assert collective_s(op, size, 1, busbw, 5e-6) == 0.0
+
+
+def test_group_links_on_dgx_servers():
+    c = load_cluster("dgx-h100x2")
+    assert group_links(c, range(8)) == (450e9, 3e-6)  # NVLink inside a server
+    assert group_links(c, [0, 8]) == (50e9, 6e-6)  # one 400 Gb/s adapter each
+    assert group_links(c, range(16)) == (400e9, 6e-6)  # 8 adapters per server, capped by NVLink (450)
+    assert group_links(c, [0, 1, 8]) == (50e9, 6e-6)  # the server with the fewest members
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_tensor_parallel_collectives_are_megatrons(t):
+    """Shoeybi et al. 2019 §3: 2 all-reduces a layer forward and 2 backward, each of the
+    s x b x h activations (16-bit); with sequence parallelism (Korthikanti et al. 2022 §4.2.2)
+    an all-gather and a reduce-scatter in their place, of the same bytes."""
+    spec = PRESETS["gpt3-175b"]
+    b = 2
+    nbytes = 2 * spec.seq * b * spec.hidden
+    fwd, bwd = tp_collectives(spec, b, t, sp=False)
+    assert [(c.kind, c.count, c.nbytes) for c in fwd] == [("all_reduce", 2, nbytes)]
+    assert [(c.kind, c.count, c.nbytes) for c in bwd] == [("all_reduce", 2, nbytes)]
+    fwd, bwd = tp_collectives(spec, b, t, sp=True)
+    assert sorted((c.kind, c.count, c.nbytes) for c in fwd) == [("all_gather", 2, nbytes), ("reduce_scatter", 2, nbytes)]
+    assert fwd == bwd
+    assert tp_collectives(spec, b, 1, sp=True) == ((), ())
+
+
+def test_tensor_parallelism_divides_the_gemms_and_adds_the_collectives():
+    spec = gpt("g", 8192, 4, 64)
+    c = load_cluster("dgx-h100x1")
+    bus, lat = group_links(c, range(8))
+    one = layer_cost(spec, H100, 2, 1)
+    eight = layer_cost(spec, H100, 2, 8, tp_bus=bus, tp_latency=lat)
+    assert one.fwd_comm_s == 0 and eight.fwd_comm_s > 0
+    assert eight.params == pytest.approx(one.params / 8)
+    assert one.fwd_s / 8 < eight.fwd_s < one.fwd_s / 4  # the overheads and memory-bound ops do not shrink 8x
+    assert one.bwd_s == pytest.approx(2 * one.fwd_s, rel=0.02)
+    full = layer_cost(spec, H100, 2, 8, recompute="full", tp_bus=bus, tp_latency=lat)
+    assert full.recompute_s == pytest.approx(eight.fwd_s) and full.bwd_comm_s == pytest.approx(2 * eight.fwd_comm_s)
+
+
+def test_gemm_time_is_flops_over_the_fitted_rate_plus_overhead():
+    assert gemm_s(H100, 989e12 * 0.707) == pytest.approx(1.0 + 24e-6)
+    with pytest.raises(PipeplanError, match="no measured bf16 GEMM efficiency"):
+        gemm_s(kind("V100"), 1e9)
+
+
+def test_heads_that_do_not_split_are_refused():
+    with pytest.raises(PipeplanError, match="cannot be split over 16 tensor-parallel ranks"):
+        layer_cost(gpt("g", 2304, 2, 24), H100, 1, 16, tp_bus=1e9)
