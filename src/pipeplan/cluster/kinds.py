@@ -53,10 +53,10 @@ def _gpu(name: str, tflops: float) -> Resource:
 
 
 _GiB = 2.0**30
-#: (efficiency, overhead) of bf16 GEMMs on an H100 SXM, fitted to the 512 transformer-layer
-#: GEMMs benchmarks/gpu/gemm_efficiency.py timed on one (docs/llm.md): t = F / (989e12 x 0.707)
-#: + 24 us, median error 2.9%, 90% of shapes within 12%
-H100_GEMM = (0.707, 24e-6)
+#: (efficiency, overhead) of bf16 GEMMs on an H100 SXM, fitted (least relative squares) to the
+#: 512 transformer-layer GEMMs benchmarks/gpu/gemm_efficiency.py timed on one
+#: (benchmarks/results/gpu/, docs/llm.md): t = F / (989e12 x 0.708) + 17 us
+H100_GEMM = (0.708, 17e-6)
 KINDS: dict[str, Kind] = {k.name.lower(): k for k in (
     Kind("V100", 32 * _GiB, 1.0, "NVIDIA Tesla V100 32 GB, 15.7 TFLOP/s FP32 (reference)"),
     Kind("1080Ti", 11 * _GiB, 11.3 / 15.7, "NVIDIA GTX 1080 Ti 11 GB, 11.3 TFLOP/s FP32"),
