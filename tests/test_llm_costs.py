@@ -91,3 +91,25 @@ def test_the_h100_gemm_model_reproduces_the_measured_gemms():
     errors = sorted(abs(gemm_s(H100, 2.0 * r["m"] * r["n"] * r["k"]) / r["seconds"] - 1) for r in rows)
     assert len(errors) == 512
     assert errors[len(errors) // 2] < 0.05 and errors[int(0.9 * len(errors))] < 0.15
+
+
+def test_llm_graphs_are_costed_as_the_h100_kind_and_scaled_to_the_reference():
+    from pipeplan.graph import load_graph
+    from pipeplan.graph.llm import H100_SPEED, REFERENCE, layer_compute_s
+
+    assert (REFERENCE.peak, REFERENCE.gemm_efficiency, REFERENCE.gemm_overhead_s, REFERENCE.hbm) == \
+        (H100.bf16_flops, H100.gemm_efficiency, H100.gemm_overhead_s, H100.hbm_bytes_per_s)
+    assert H100_SPEED == H100.speed
+    g = load_graph("zoo:llama3-8b")
+    fwd, bwd, _ = layer_compute_s(PRESETS["llama3-8b"], REFERENCE, 1)
+    assert (g.fwd[1] / H100.speed, g.bwd[1] / H100.speed) == pytest.approx((fwd, bwd))
+
+
+def test_full_data_parallelism_of_llama3_8b_does_not_fit_an_80_gb_h100(capsys):
+    """8.03B parameters x 18 bytes = 145 GB of weights, gradients and Adam state per replica."""
+    from pipeplan.cli import main
+
+    assert main(["plan", "--model", "zoo:llama3-8b", "--cluster", "dgx-h100x1", "--planner", "dp",
+                 "--microbatches", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prediction"]["over_memory"] == [f"s0g{i}" for i in range(8)]

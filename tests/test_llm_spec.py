@@ -115,3 +115,45 @@ def test_bad_dimensions_are_refused(kwargs, words):
 def test_unknown_recomputation_is_refused():
     with pytest.raises(PipeplanError, match="recompute must be one of none, selective, full"):
         PRESETS["llama3-8b"].layer_activation_bytes(1, recompute="some")
+
+
+# -- zoo:gpt / zoo:llama3-* graphs ---------------------------------------------------------------
+def test_zoo_llm_graphs_are_chains_of_embedding_layers_and_head():
+    from pipeplan.graph import load_graph
+
+    g = load_graph("zoo:llama3-70b?seq=4096&microbatch=2")
+    spec = PRESETS["llama3-70b"]
+    assert g.ids[0] == "embed" and g.ids[-1] == "head" and len(g) == spec.layers + 2
+    assert g.params.sum() == pytest.approx(2 * spec.total_params())  # 16-bit weights
+    assert g.meta["decoder"]["seq"] == 4096 and g.meta["microbatch"] == 2 and g.meta["precision"] == "bf16"
+    assert g.flops[1] == pytest.approx(DecoderSpec(**{**spec.as_dict(), "seq": 4096}).layer_flops(2))
+    small = load_graph("zoo:gpt?hidden=2304&layers=24&heads=24")
+    assert small.meta["decoder"]["vocab"] == 51200 and small.tied == {"embedding": ["embed", "head"]}
+
+
+@pytest.mark.parametrize("spec, words", [("zoo:gpt?hidden=128", "give layers, heads"),
+                                         ("zoo:llama3-8b?hidden=3", "unknown option 'hidden'"),
+                                         ("zoo:llama3-8b?seq=0", "'seq' must be an integer >= 1"),
+                                         ("zoo:gpt?hidden=100&layers=2&heads=3", "not a multiple of heads")])
+def test_bad_llm_zoo_options(spec, words):
+    from pipeplan.graph import load_graph
+
+    with pytest.raises(PipeplanError, match=words):
+        load_graph(spec)
+
+
+def test_mixed_precision_adam_holds_18_bytes_a_parameter():
+    """Megatron-LM's distributed-optimizer guide: bf16 weights, fp32 gradients, fp32 master
+    weights and Adam's two fp32 moments: 2 + 4 + 4 + 8 = 18 bytes a parameter."""
+    from pipeplan.sim.formulas import state_bytes
+
+    assert state_bytes(2.0, "adam", "bf16") == 18.0
+    assert state_bytes(2.0, "sgd", "bf16") == 10.0
+    assert state_bytes(4.0, "adam") == 16.0  # fp32 training: weights, gradients, two moments
+
+
+def test_an_llm_graph_at_another_microbatch_is_rebuilt_not_scaled():
+    from pipeplan.graph import load_graph
+    from pipeplan.graph.scale import with_microbatch
+
+    assert with_microbatch(load_graph("zoo:llama3-8b"), 4) == load_graph("zoo:llama3-8b?microbatch=4")

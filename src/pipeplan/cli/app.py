@@ -504,9 +504,9 @@ def cmd_models(args) -> int:
 
     from .report import make_console
 
-    from ..graph import zoo
+    from ..graph import llm, zoo
 
-    entries = zoo.describe()
+    entries = [{**e, "family": "seed"} for e in zoo.describe()] + llm.describe()
     if args.json:
         print(json.dumps({"models": entries}))
         return 0

@@ -29,9 +29,11 @@ def parse_zoo_spec(spec: str) -> tuple[str, dict[str, str]]:
 def load_graph(spec: str) -> Graph:
     """Load a model graph from a spec string (see the module docstring)."""
     if spec.startswith("zoo:"):
-        from . import zoo
+        from . import llm, zoo
 
         name, options = parse_zoo_spec(spec)
+        if name in llm.DESCRIPTIONS:
+            return llm.from_zoo(name, options)
         return zoo.build(name, options)
     path = Path(spec)
     if path.is_dir():

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..errors import PipeplanError
+from ..limits import check_layers
+from .model import Graph, NodeSpec
 
 BF16 = 2  # bytes of a 16-bit activation, weight or gradient
 RECOMPUTE = ("none", "selective", "full")
@@ -196,3 +198,168 @@ PRESETS: dict[str, DecoderSpec] = {s.name: s for s in (
     llama("llama3-70b", 8192, 80, 64, 8, 28672),
     llama("llama3-405b", 16384, 126, 128, 8, 53248),
 )}
+
+
+# -- compute time on a GPU (bf16) ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Rates:
+    """A GPU's bf16 rates: a GEMM of F FLOPs takes F / (peak x gemm_efficiency) +
+    gemm_overhead_s; memory-bound ops move bytes at ``hbm`` bytes/s."""
+
+    peak: float
+    gemm_efficiency: float
+    gemm_overhead_s: float
+    hbm: float
+
+    def gemm_s(self, flops: float) -> float:
+        return flops / (self.peak * self.gemm_efficiency) + self.gemm_overhead_s
+
+
+#: The device LLM graphs are costed on: an H100 SXM, with the rates cluster/kinds.py gives the
+#: H100-SXM kind (measured on a lent one, docs/llm.md).
+REFERENCE_DEVICE = "H100-SXM"
+REFERENCE = Rates(989e12, 0.708, 17e-6, 3350e9)
+#: Graph times are for the simulator's reference device, a V100 (speed 1): an H100's time x the
+#: H100-SXM kind's speed (67 / 15.7, cluster/kinds.py), so that the simulator, dividing by a
+#: device's speed, gives the H100's time back on H100s (docs/llm.md: other kinds are priced by
+#: their FP32 ratio until stage costs come from each kind's own rates)
+H100_SPEED = 67.0 / 15.7
+
+
+def _gemm_flops(spec: DecoderSpec, tokens: int, tp: int) -> list[float]:
+    """FLOPs of each forward GEMM of one of ``tp`` ranks: QKV and the MLP's first matrices
+    (gate and up fused for SwiGLU) split by columns, the output projection and the MLP's last
+    matrix by rows (Megatron-LM, Shoeybi et al. 2019 §3)."""
+    h, kv, f = spec.hidden, spec.kv_dim, spec.ffn
+    first = (2 if spec.gated else 1) * f
+    return [2.0 * tokens * h * (h + 2 * kv) / tp, 2.0 * tokens * h * h / tp,
+            2.0 * tokens * h * first / tp, 2.0 * tokens * f * h / tp]
+
+
+def _elementwise_bytes(spec: DecoderSpec, tokens: int) -> float:
+    """Bytes a layer's memory-bound ops read and write in its forward (16-bit): two norms
+    (read, write), the activation (GELU: read and write ffn wide; SwiGLU: read gate and up,
+    write their product), two residual adds (read 2, write 1) and, with dropout, two dropouts
+    (read, write, a 1-byte mask)."""
+    h, f = spec.hidden, spec.ffn
+    norms = 2 * 2 * BF16 * h
+    act = (3 if spec.gated else 2) * BF16 * f
+    residual = 2 * 3 * BF16 * h
+    dropout = 2 * (2 * BF16 + 1) * h if spec.dropout else 0
+    return tokens * float(norms + act + residual + dropout)
+
+
+def layer_compute_s(spec: DecoderSpec, rates: Rates, samples: int, tp: int = 1,
+                    sp: bool = False) -> tuple[float, float, float]:
+    """(forward, backward, attention core's forward) seconds of one layer on one of ``tp``
+    ranks: its GEMMs (backward: the input and weight gradients, a GEMM of the same size each),
+    the attention core at the GEMM efficiency (backward 2 x) and the memory-bound ops
+    (divided over the ranks only with sequence parallelism; backward 2 x)."""
+    tokens = samples * spec.seq
+    gemm = sum(rates.gemm_s(f) for f in _gemm_flops(spec, tokens, tp))
+    core = spec.attention_core_flops(samples) / tp / (rates.peak * rates.gemm_efficiency)
+    memory = _elementwise_bytes(spec, tokens) / (tp if sp else 1) / rates.hbm
+    return gemm + core + memory, 2 * gemm + 2 * core + 2 * memory, core
+
+
+def head_compute_s(spec: DecoderSpec, rates: Rates, samples: int, tp: int = 1) -> tuple[float, float]:
+    """(forward, backward) of the final norm, the LM head's GEMM (its vocabulary split over the
+    ranks) and the cross-entropy over fp32 logits (memory-bound)."""
+    tokens = samples * spec.seq
+    logits = tokens * spec.vocab / tp * (BF16 + 2 * 4)  # write 16-bit logits, read and write fp32 ones
+    fwd = rates.gemm_s(spec.head_flops(samples) / tp) + (logits + 2 * BF16 * tokens * spec.hidden) / rates.hbm
+    return fwd, 2 * fwd
+
+
+def embedding_compute_s(spec: DecoderSpec, rates: Rates, samples: int) -> tuple[float, float]:
+    """(forward, backward): a table lookup writing s x b x h values; backward adds the output
+    gradient into the table's gradient."""
+    nbytes = 2 * BF16 * samples * spec.seq * spec.hidden
+    return nbytes / rates.hbm, 2 * nbytes / rates.hbm
+
+
+# -- the model graph ------------------------------------------------------------------------------
+def build_graph(spec: DecoderSpec, microbatch: int, rates: Rates = REFERENCE) -> Graph:
+    """A chain: ``embed``, ``layer0`` ... ``layer{L-1}``, ``head``, for one microbatch of
+    ``microbatch`` sequences on an H100 (``rates``; in V100-reference seconds, ``H100_SPEED``)
+    without tensor parallelism:
+    times, FLOPs, parameters (16-bit bytes: the optimizer's state is the memory model's), the
+    hidden state handed on (s x b x h, 16-bit) and what each layer keeps for its backward
+    (Korthikanti's count, no recomputation). ``meta["decoder"]`` keeps the dimensions, from
+    which costs at other tensor-parallel degrees and microbatch sizes are computed."""
+    b, hidden_bytes = microbatch, BF16 * microbatch * spec.seq * spec.hidden
+    e_f, e_b = (t * H100_SPEED for t in embedding_compute_s(spec, rates, b))
+    l_f, l_b, _ = (t * H100_SPEED for t in layer_compute_s(spec, rates, b))
+    h_f, h_b = (t * H100_SPEED for t in head_compute_s(spec, rates, b))
+    nodes = [NodeSpec("embed", e_f, e_b, BF16 * spec.embedding_params(), hidden_bytes,
+                      f"Embedding({spec.vocab}x{spec.hidden})", 0.0)]
+    nodes += [NodeSpec(f"layer{i}", l_f, l_b, BF16 * spec.layer_params(), hidden_bytes,
+                       f"DecoderLayer(h={spec.hidden}, heads={spec.heads}/{spec.kv_heads}, ffn={spec.ffn})",
+                       spec.layer_flops(b), saved=spec.layer_activation_bytes(b)) for i in range(spec.layers)]
+    nodes.append(NodeSpec("head", h_f, h_b, BF16 * spec.head_params(), 4.0 * b * spec.seq,
+                          f"Norm + LMHead({spec.hidden}x{spec.vocab}) + loss", spec.head_flops(b)))
+    edges = [(a.id, c.id) for a, c in zip(nodes, nodes[1:])]
+    meta = {"source": "llm", "decoder": spec.as_dict(), "microbatch": b, "seq": spec.seq, "precision": "bf16",
+            "reference_device": REFERENCE_DEVICE, "published_params": spec.total_params(),
+            "backward_input_fraction": 0.5}
+    graph = Graph.from_nodes(spec.name, nodes, edges, meta)
+    if spec.tied:
+        graph.tied["embedding"] = ["embed", "head"]
+    return graph
+
+
+# -- zoo:NAME?key=value ---------------------------------------------------------------------------
+#: ``zoo:gpt?...``: a GPT-3-style decoder of any size; hidden, layers and heads are required
+GPT_OPTIONS = ("hidden", "layers", "heads", "seq", "vocab", "ffn", "kv_heads", "microbatch")
+PRESET_OPTIONS = ("seq", "layers", "microbatch")
+DESCRIPTIONS = {
+    "gpt": "GPT-3-style decoder (Brown et al. 2020) of any size: zoo:gpt?hidden=H&layers=L&heads=A"
+           "[&seq=2048&vocab=51200&ffn=4H&kv_heads=A&microbatch=1]",
+    "gpt3-175b": "GPT-3 175B (Brown et al. 2020): 96 layers, hidden 12288, 96 heads, seq 2048, vocab 51200",
+    "llama3-8b": "Llama 3 8B (Dubey et al. 2024): 32 layers, hidden 4096, 32 heads (8 KV), ffn 14336, SwiGLU",
+    "llama3-70b": "Llama 3 70B (Dubey et al. 2024): 80 layers, hidden 8192, 64 heads (8 KV), ffn 28672, SwiGLU",
+    "llama3-405b": "Llama 3 405B (Dubey et al. 2024): 126 layers, hidden 16384, 128 heads (8 KV), ffn 53248, SwiGLU",
+}
+
+
+def describe() -> list[dict]:
+    """``pipeplan models`` entries (as ``zoo.describe``), ``family`` ``llm``."""
+    out = []
+    for name, text in DESCRIPTIONS.items():
+        defaults = {"microbatch": 1} if name == "gpt" else {"seq": PRESETS[name].seq, "microbatch": 1}
+        params = None if name == "gpt" else PRESETS[name].total_params()
+        out.append({"name": name, "description": text, "defaults": defaults, "granularities": ["layer"],
+                    "published_params": params, "family": "llm"})
+    return out
+
+
+def _positive(name: str, key: str, raw: str) -> int:
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise PipeplanError(f"zoo model {name!r}: option {key!r} must be an integer >= 1, got {raw!r}")
+    return value
+
+
+def from_zoo(name: str, options: dict[str, str]) -> Graph:
+    """``zoo:gpt?...`` or a preset (``zoo:llama3-70b?seq=4096&microbatch=2``) as a graph."""
+    allowed = GPT_OPTIONS if name == "gpt" else PRESET_OPTIONS
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise PipeplanError(f"zoo model {name!r}: unknown option {unknown[0]!r} (known: {', '.join(allowed)})")
+    opts = {k: _positive(name, k, v) for k, v in options.items()}
+    microbatch = opts.pop("microbatch", 1)
+    if "layers" in opts:
+        check_layers(opts["layers"], f"zoo model {name!r}")
+    if name == "gpt":
+        missing = [k for k in ("hidden", "layers", "heads") if k not in opts]
+        if missing:
+            raise PipeplanError(f"zoo model 'gpt': give {', '.join(missing)} (zoo:gpt?hidden=H&layers=L&heads=A)")
+        spec = gpt("gpt", **opts)
+    else:
+        from dataclasses import replace
+
+        spec = replace(PRESETS[name], **opts)
+    return build_graph(spec, microbatch)

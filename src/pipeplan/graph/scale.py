@@ -103,6 +103,19 @@ def _zoo_rebuild(graph: Graph, samples: int) -> Graph | None:
     return zoo.build(graph.name, {**options, "microbatch": str(samples)})
 
 
+def _llm_rebuild(graph: Graph, samples: int) -> Graph | None:
+    """A decoder LLM graph (``graph.llm``) rebuilt at ``samples``: its costs are a function of
+    its dimensions and the microbatch, so nothing is scaled linearly."""
+    if graph.meta.get("source") != "llm":
+        return None
+    from .llm import DecoderSpec, build_graph
+
+    spec = DecoderSpec(**graph.meta["decoder"])
+    if build_graph(spec, int(graph.meta["microbatch"])) != graph:  # edited since it was built
+        return None
+    return build_graph(spec, samples)
+
+
 def with_microbatch(graph: Graph, samples: int) -> Graph:
     """The graph for microbatches of ``samples`` samples (module docstring for the rules)."""
     if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
@@ -110,7 +123,7 @@ def with_microbatch(graph: Graph, samples: int) -> Graph:
     samples = int(samples)
     b0 = profiled_microbatch(graph)
     fixed = fixed_parts(graph)
-    rebuilt = _zoo_rebuild(graph, samples) if samples != b0 else None
+    rebuilt = (_zoo_rebuild(graph, samples) or _llm_rebuild(graph, samples)) if samples != b0 else None
     if rebuilt is not None:
         return rebuilt
     r = samples / b0

@@ -289,7 +289,8 @@ class _Search:
         bounds ``load`` (per mode, so far) and ``path`` (the chain so far) leave open."""
         n = self.lin.n
         for end in range(layer + 1, n + 1):
-            state = state_bytes(float(self.lin.params_cum[end] - self.lin.params_cum[layer]), self.options.optimizer)
+            state = state_bytes(float(self.lin.params_cum[end] - self.lin.params_cum[layer]), self.options.optimizer,
+                                self.graph.meta.get("precision", "fp32"))
             for counts in itertools.product(*[range(a + 1) for a in avail]):
                 if self.out_of_time():
                     return

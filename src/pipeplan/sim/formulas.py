@@ -62,12 +62,18 @@ def update_time(graph_meta: dict, cluster: Cluster, param_bytes, slowest_speed):
     return float(graph_meta.get("update_s_per_byte") or 0.0) * param_bytes / slowest_speed
 
 
-def state_bytes(param_bytes: float, optimizer: str = DEFAULT_OPTIMIZER) -> float:
-    """Weights + gradients + optimizer state held for ``param_bytes`` of parameters."""
+def state_bytes(param_bytes: float, optimizer: str = DEFAULT_OPTIMIZER, precision: str = "fp32") -> float:
+    """Weights + gradients + optimizer state held for ``param_bytes`` of parameters: as many
+    again for the gradients and ``OPTIMIZER_STATE`` times for the optimizer; with ``precision``
+    ``bf16`` (mixed precision: 16-bit weights, ``param_bytes`` counts them) also fp32 gradients,
+    fp32 master weights and fp32 optimizer state, Megatron-LM's 18 bytes a parameter with Adam
+    (2 + 4 + 4 + 8; its distributed-optimizer guide)."""
     try:
         factor = OPTIMIZER_STATE[optimizer]
     except KeyError:
         raise PipeplanError(f"unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZER_STATE)})") from None
+    if precision == "bf16":
+        return param_bytes * (1.0 + 2.0 + 2.0 + 2.0 * factor)
     return param_bytes * (2.0 + factor)
 
 

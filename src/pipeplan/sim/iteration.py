@@ -132,6 +132,7 @@ def run_layouts(sh: Shape, lay: Layout, c: StageCosts, cl: Cluster, meta: dict, 
         scale = contention_scale(cl, lay.used, util)
         fs, bs = fs * scale, bs * scale
     out = _run(sh, lay, c, cl, meta, fs, bs, starts)
-    out.memory = device_memory(sh.tg, sh.walks, lay, c, optimizer, fs, sh.steady is not None)
+    out.memory = device_memory(sh.tg, sh.walks, lay, c, optimizer, fs, sh.steady is not None,
+                               meta.get("precision", "fp32"))
     out.scale = scale
     return out

@@ -24,20 +24,8 @@ from dataclasses import dataclass
 
 from ..cluster.kinds import Kind
 from ..errors import PipeplanError
-from ..graph.llm import BF16, DecoderSpec
+from ..graph.llm import BF16, DecoderSpec, Rates, layer_compute_s
 from .collectives import collective_s
-
-def _elementwise_bytes(spec: DecoderSpec, tokens: int) -> float:
-    """Bytes a layer's memory-bound ops read and write in its forward (16-bit): two norms
-    (read, write), the activation (GELU: read and write ffn wide; SwiGLU: read gate and up,
-    write their product), two residual adds (read 2, write 1) and, with dropout, two dropouts
-    (read, write, a 1-byte mask)."""
-    h, f = spec.hidden, spec.ffn
-    norms = 2 * 2 * BF16 * h
-    act = (3 if spec.gated else 2) * BF16 * f
-    residual = 2 * 3 * BF16 * h
-    dropout = 2 * (2 * BF16 + 1) * h if spec.dropout else 0
-    return tokens * float(norms + act + residual + dropout)
 
 
 @dataclass(frozen=True)
@@ -66,20 +54,17 @@ class LayerCost:
     params: float
 
 
-def gemm_s(kind: Kind, flops: float) -> float:
-    """One bf16 GEMM of ``flops`` on ``kind`` (its fitted efficiency and overhead)."""
+def rates_of(kind: Kind) -> Rates:
+    """A kind's bf16 rates (``graph.llm.Rates``); refused for a kind without measured GEMMs."""
     if kind.gemm_efficiency <= 0:
         raise PipeplanError(f"device kind {kind.name!r} has no measured bf16 GEMM efficiency "
                             "(LLM costs need A100/H100 kinds)")
-    return flops / (kind.bf16_flops * kind.gemm_efficiency) + kind.gemm_overhead_s
+    return Rates(kind.bf16_flops, kind.gemm_efficiency, kind.gemm_overhead_s, kind.hbm_bytes_per_s)
 
 
-def _gemms(spec: DecoderSpec, tokens: int, tp: int) -> list[float]:
-    """FLOPs of each forward GEMM of one rank."""
-    h, kv, f = spec.hidden, spec.kv_dim, spec.ffn
-    first = (2 if spec.gated else 1) * f
-    return [2.0 * tokens * h * (h + 2 * kv) / tp, 2.0 * tokens * h * h / tp,
-            2.0 * tokens * h * first / tp, 2.0 * tokens * f * h / tp]
+def gemm_s(kind: Kind, flops: float) -> float:
+    """One bf16 GEMM of ``flops`` on ``kind`` (its fitted efficiency and overhead)."""
+    return rates_of(kind).gemm_s(flops)
 
 
 def tp_collectives(spec: DecoderSpec, samples: int, tp: int, sp: bool) -> tuple[tuple[Collective, ...], ...]:
@@ -104,13 +89,7 @@ def layer_cost(spec: DecoderSpec, kind: Kind, samples: int, tp: int = 1, sp: boo
     if spec.heads % tp or (spec.kv_heads % tp and tp % spec.kv_heads):
         raise PipeplanError(f"model {spec.name!r}: {spec.heads} heads ({spec.kv_heads} for keys and values) "
                             f"cannot be split over {tp} tensor-parallel ranks")
-    tokens = samples * spec.seq
-    gemm = sum(gemm_s(kind, f) for f in _gemms(spec, tokens, tp))
-    gemm_bwd = 2 * gemm  # the input gradient and the weight gradient: a GEMM of the same size each
-    core = spec.attention_core_flops(samples) / tp / (kind.bf16_flops * kind.gemm_efficiency)
-    memory = _elementwise_bytes(spec, tokens) / (tp if sp else 1) / kind.hbm_bytes_per_s
-    fwd = gemm + core + memory
-    bwd = gemm_bwd + 2 * core + 2 * memory
+    fwd, bwd, core = layer_compute_s(spec, rates_of(kind), samples, tp, sp)
     again = {"none": 0.0, "selective": core, "full": fwd}[recompute]
     fwd_c, bwd_c = tp_collectives(spec, samples, tp, sp)
     if tp > 1 and tp_bus <= 0:

@@ -70,9 +70,11 @@ def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
                             f"(min of {lin.n} layers and {len(cluster)} devices)")
     check_spp_size(lin.n, len(cluster), graph.name)
     order = device_order(cluster)
-    res = prm(lin, cluster, order, options.microbatches, options.optimizer)
+    precision = graph.meta.get("precision", "fp32")
+    res = prm(lin, cluster, order, options.microbatches, options.optimizer, precision=precision)
     if all(parts is None for parts in res.stages):  # no partition fits: SPP's plan with memory ignored
-        res = prm(lin, cluster.with_memory(float("inf")), order, options.microbatches, options.optimizer)
+        res = prm(lin, cluster.with_memory(float("inf")), order, options.microbatches, options.optimizer,
+                  precision=precision)
     best: tuple | None = None
     per_xi = []
     for xi, parts in enumerate(res.stages, start=1):

@@ -73,7 +73,7 @@ def _range_tables(cluster: Cluster, order: list[int]):
 
 
 def prm(lin: Linearization, cluster: Cluster, order: list[int], microbatches: int,
-        optimizer: str = "adam", max_stages: int | None = None) -> PRMResult:
+        optimizer: str = "adam", max_stages: int | None = None, precision: str = "fp32") -> PRMResult:
     """𝒲(xi) and the partition achieving it, for xi = 1..min(L, V, max_stages)."""
     m_count = float(microbatches)
     n_layers, v = lin.n, len(order)
@@ -99,7 +99,7 @@ def prm(lin: Linearization, cluster: Cluster, order: list[int], microbatches: in
             with np.errstate(divide="ignore", invalid="ignore"):
                 ring = 2.0 * (r - 1) / r * dpar[None] / bw_g + 2 * (r - 1) * lin_in[p, e][:, None, None]
             t = t + np.where(dpar[None] > 0, ring, 0.0)
-        fits = state_bytes(dpar[None], optimizer) <= mmin[p, e][:, None, None]
+        fits = state_bytes(dpar[None], optimizer, precision) <= mmin[p, e][:, None, None]
         return np.where(valid_ll[None] & fits, t, INF)
 
     # W[xi][l, r, i]; choices for reconstruction
