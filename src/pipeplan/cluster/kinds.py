@@ -57,17 +57,22 @@ _GiB = 2.0**30
 #: 512 transformer-layer GEMMs benchmarks/gpu/gemm_efficiency.py timed on one
 #: (benchmarks/results/gpu/, docs/llm.md): t = F / (989e12 x 0.708) + 17 us
 H100_GEMM = (0.708, 17e-6)
+#: A100 (no GPU of this kind was lent): the efficiency that makes one 22B-model layer (hidden
+#: 6144, 64 heads, microbatch 4, tensor-parallel 8) take Korthikanti et al. 2022 Table 4's
+#: measured 7.7 + 11.9 ms on a DGX A100 (tests/test_llm_costs.py), the H100's overhead assumed
+A100_GEMM = (0.82, 17e-6)
 KINDS: dict[str, Kind] = {k.name.lower(): k for k in (
     Kind("V100", 32 * _GiB, 1.0, "NVIDIA Tesla V100 32 GB, 15.7 TFLOP/s FP32 (reference)"),
     Kind("1080Ti", 11 * _GiB, 11.3 / 15.7, "NVIDIA GTX 1080 Ti 11 GB, 11.3 TFLOP/s FP32"),
     Kind("P100", 16 * _GiB, 10.6 / 15.7, "NVIDIA Tesla P100 16 GB, 10.6 TFLOP/s FP32"),
     Kind("T4", 16 * _GiB, 8.1 / 15.7, "NVIDIA T4 16 GB, 8.1 TFLOP/s FP32"),
-    Kind("A100", 80 * _GiB, 19.5 / 15.7, "NVIDIA A100 80 GB, 19.5 TFLOP/s FP32", (), 312e12, 2039e9),
+    Kind("A100", 80 * _GiB, 19.5 / 15.7, "NVIDIA A100 80 GB, 19.5 TFLOP/s FP32", (), 312e12, 2039e9,
+         *A100_GEMM),
     Kind("H100", 80 * _GiB, 67.0 / 15.7, "NVIDIA H100 SXM 80 GB, 67 TFLOP/s FP32", (), 989e12, 3350e9),
     Kind("A100-40GB", 40 * _GiB, 19.5 / 15.7, "NVIDIA A100 SXM 40 GB: 312 TFLOP/s bf16, 1,555 GB/s HBM2",
-         (), 312e12, 1555e9),
+         (), 312e12, 1555e9, *A100_GEMM),
     Kind("A100-80GB", 80 * _GiB, 19.5 / 15.7, "NVIDIA A100 SXM 80 GB: 312 TFLOP/s bf16, 2,039 GB/s HBM2e",
-         (), 312e12, 2039e9),
+         (), 312e12, 2039e9, *A100_GEMM),
     Kind("H100-SXM", 80 * _GiB, 67.0 / 15.7, "NVIDIA H100 SXM 80 GB: 989 TFLOP/s bf16, 3,350 GB/s HBM3",
          (), 989e12, 3350e9, *H100_GEMM),
     Kind("GPU", 32 * _GiB, 1.0, "a generic device equal to the reference"),

@@ -98,7 +98,9 @@ PRESETS: dict[str, tuple[str, Callable[[], Cluster]]] = {
 #: (A100) or 900 GB/s (H100) per GPU counting both directions, so 300 or 450 GB/s each way
 #: between any two GPUs of a server; between servers one InfiniBand adapter per GPU, 200 Gb/s
 #: HDR (A100) or 400 Gb/s NDR (H100) each way. Latencies (per message) are assumptions:
-#: 3 us over NVLink, 6 us over InfiniBand (docs/llm.md).
+#: 3 us over NVLink, 6 us over InfiniBand (docs/llm.md). NCCL's collectives reach 80% of the
+#: links' rate (``allreduce_efficiency``), an assumption to calibrate on published runs.
+DGX_NCCL_EFFICIENCY = 0.8
 DGX = {"a100": ("A100-80GB", 300e9, 200 * Gbps), "h100": ("H100-SXM", 450e9, 400 * Gbps)}
 DGX_LATENCY = (3e-6, 6e-6)
 DGX_PATTERN = re.compile(r"dgx-(a100|h100)x(\d+)")
@@ -108,7 +110,8 @@ def dgx(gpu: str, servers: int) -> Cluster:
     """``dgx-a100xN`` / ``dgx-h100xN``: N DGX servers of 8 GPUs (``DGX``)."""
     kind, nvlink, ib = DGX[gpu]
     c = hierarchical(f"dgx-{gpu}x{servers}", servers, 8, nvlink, ib, kind=kind,
-                     meta={"source": f"NVIDIA DGX {gpu.upper()}: NVSwitch inside, one InfiniBand adapter per GPU"})
+                     meta={"source": f"NVIDIA DGX {gpu.upper()}: NVSwitch inside, one InfiniBand adapter per GPU",
+                           "allreduce_efficiency": DGX_NCCL_EFFICIENCY})
     same = np.equal.outer(np.arange(len(c)) // 8, np.arange(len(c)) // 8)
     return Cluster(c.name, c.devices, c.bandwidth, np.where(same, *DGX_LATENCY), meta=c.meta)
 

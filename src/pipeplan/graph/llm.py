@@ -163,6 +163,16 @@ class DecoderSpec:
             return 4 * b * a * s
         return (BF16 + (1 + BF16 if self.dropout else 0)) * a * s * s * b
 
+    def attention_core_traffic(self, samples: int) -> float:
+        """Bytes an unfused attention core moves through memory in its forward, per s x s score
+        of each head: the scores written (2), a fused scale-mask-softmax reading and writing them
+        (4), with dropout its read, write and mask (5), and the product with V reading the
+        probabilities (2); a fused (flash) kernel keeps them on chip (0)."""
+        if self.flash:
+            return 0.0
+        per_score = 2 + 4 + (5 if self.dropout else 0) + 2
+        return float(per_score * samples * self.heads * self.seq * self.seq)
+
     def as_dict(self) -> dict:
         return asdict(self)
 
@@ -236,29 +246,31 @@ def _gemm_flops(spec: DecoderSpec, tokens: int, tp: int) -> list[float]:
             2.0 * tokens * h * first / tp, 2.0 * tokens * f * h / tp]
 
 
-def _elementwise_bytes(spec: DecoderSpec, tokens: int) -> float:
-    """Bytes a layer's memory-bound ops read and write in its forward (16-bit): two norms
-    (read, write), the activation (GELU: read and write ffn wide; SwiGLU: read gate and up,
-    write their product), two residual adds (read 2, write 1) and, with dropout, two dropouts
-    (read, write, a 1-byte mask)."""
+def _elementwise_bytes(spec: DecoderSpec, tokens: int) -> tuple[float, float]:
+    """Bytes a layer's memory-bound ops read and write in its forward (16-bit), as (replicated
+    over a tensor-parallel group unless sequence-parallel: two norms (read, write), two residual
+    adds (read 2, write 1) and, with dropout, two dropouts (read, write, a 1-byte mask); split
+    over the group: the MLP's activation (GELU: read and write ffn wide; SwiGLU: read gate and
+    up, write their product))."""
     h, f = spec.hidden, spec.ffn
-    norms = 2 * 2 * BF16 * h
-    act = (3 if spec.gated else 2) * BF16 * f
-    residual = 2 * 3 * BF16 * h
-    dropout = 2 * (2 * BF16 + 1) * h if spec.dropout else 0
-    return tokens * float(norms + act + residual + dropout)
+    replicated = 2 * 2 * BF16 * h + 2 * 3 * BF16 * h + (2 * (2 * BF16 + 1) * h if spec.dropout else 0)
+    split = (3 if spec.gated else 2) * BF16 * f
+    return tokens * float(replicated), tokens * float(split)
 
 
 def layer_compute_s(spec: DecoderSpec, rates: Rates, samples: int, tp: int = 1,
                     sp: bool = False) -> tuple[float, float, float]:
     """(forward, backward, attention core's forward) seconds of one layer on one of ``tp``
     ranks: its GEMMs (backward: the input and weight gradients, a GEMM of the same size each),
-    the attention core at the GEMM efficiency (backward 2 x) and the memory-bound ops
-    (divided over the ranks only with sequence parallelism; backward 2 x)."""
+    the attention core (its FLOPs at the GEMM efficiency and, unfused, its scores' memory
+    traffic; backward 2 x) and the memory-bound ops
+    (those outside the MLP divided over the ranks only with sequence parallelism; backward 2 x)."""
     tokens = samples * spec.seq
     gemm = sum(rates.gemm_s(f) for f in _gemm_flops(spec, tokens, tp))
-    core = spec.attention_core_flops(samples) / tp / (rates.peak * rates.gemm_efficiency)
-    memory = _elementwise_bytes(spec, tokens) / (tp if sp else 1) / rates.hbm
+    core = (spec.attention_core_flops(samples) / (rates.peak * rates.gemm_efficiency)
+            + spec.attention_core_traffic(samples) / rates.hbm) / tp
+    replicated, split = _elementwise_bytes(spec, tokens)
+    memory = (replicated / (tp if sp else 1) + split / tp) / rates.hbm
     return gemm + core + memory, 2 * gemm + 2 * core + 2 * memory, core
 
 
