@@ -108,9 +108,7 @@ def _allreduce(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, dur: np.n
     for t, s in tg.memo(_allreduce_classes):
         m = lay.stages[:, s]
         k = m.sum(axis=1)
-        pm = m[:, :, None] & m[:, None, :]
-        bw = np.where(pm, cl.bandwidth[None], np.inf).min(axis=(1, 2))
-        lat = np.where(pm, cl.latency[None], 0.0).max(axis=(1, 2))
+        bw, lat = _slowest(m, m, cl)
         live = (k >= 2) & (c.params[:, s] > 0)
         bad[:, t] = live & (bw <= 0)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -122,8 +120,29 @@ def _links(gmask: np.ndarray, ga: int, gb: int, cl: Cluster) -> tuple[np.ndarray
     if (gmask[:, ga].sum(axis=1) == 1).all() and (gmask[:, gb].sum(axis=1) == 1).all():
         i, j = gmask[:, ga].argmax(axis=1), gmask[:, gb].argmax(axis=1)
         return cl.bandwidth[i, j], cl.latency[i, j]
-    pm = gmask[:, ga, :, None] & gmask[:, gb, None, :]
-    return np.where(pm, cl.bandwidth[None], np.inf).min(axis=(1, 2)), np.where(pm, cl.latency[None], 0.0).max(axis=(1, 2))
+    return _slowest(gmask[:, ga], gmask[:, gb], cl)
+
+
+#: The slowest link is found by masking the whole link matrix of every candidate at once on a
+#: cluster of at most ``_DENSE_DEVICES`` devices (masks of at most ``_DENSE_LIMIT`` entries in
+#: all); else per candidate among its own devices (a stage of a large cluster uses few of them)
+_DENSE_DEVICES, _DENSE_LIMIT = 128, 1 << 22
+
+
+def _slowest(a: np.ndarray, b: np.ndarray, cl: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """Per candidate (rows of the device masks ``a``, ``b``): the slowest bandwidth and the
+    largest latency of the links from a's devices to b's (inf and 0 where either is empty)."""
+    count, v = a.shape
+    if v <= _DENSE_DEVICES and count * v * v <= _DENSE_LIMIT:
+        pm = a[:, :, None] & b[:, None, :]
+        return np.where(pm, cl.bandwidth[None], np.inf).min(axis=(1, 2)), np.where(pm, cl.latency[None], 0.0).max(axis=(1, 2))
+    bw, lat = np.full(count, np.inf), np.zeros(count)
+    for r in range(count):  # large clusters: each candidate's devices are few of them
+        i, j = np.flatnonzero(a[r]), np.flatnonzero(b[r])
+        if i.size and j.size:
+            bw[r] = cl.bandwidth[np.ix_(i, j)].min()
+            lat[r] = cl.latency[np.ix_(i, j)].max()
+    return bw, lat
 
 
 def _transfer_classes(tg: TaskGraph) -> list[tuple[int, int, list[tuple[int, np.ndarray, np.ndarray]]]]:

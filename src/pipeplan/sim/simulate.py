@@ -198,8 +198,11 @@ def _result(plan: Plan, sched: Schedule, tg: TaskGraph, out: Outcome, timeline: 
     iteration, path = float(out.iteration[0]), float(out.path[0])
     work = work_bound(plan.graph, cl, sched.steady_state or sched.microbatches)
     stage_devs = plan.stage_devices()
-    plan_devs = list(dict.fromkeys(d for grp in stage_devs for d in grp))  # a device once, however many stages
-    held = {d: [s for s, grp in enumerate(stage_devs) if d in grp] for d in plan_devs}
+    held: dict[int, list[int]] = {}  # device -> the stages it holds, devices in order of first use
+    for s, grp in enumerate(stage_devs):
+        for d in dict.fromkeys(grp):
+            held.setdefault(d, []).append(s)
+    plan_devs = list(held)
     window = None if out.window is None else (float(out.window[0, 0]), float(out.window[0, 1]))
     tl = build_timeline(cl, tg, out.start[0], out.end[0], iteration, plan_devs, stage_devs, sched.lanes,
                         window) if timeline else None
