@@ -1,5 +1,6 @@
 """Model graphs and their loaders: ``load_graph(spec)`` takes a PipeDream ``graph.txt`` (file
-or folder), a native ``.json`` graph, or ``zoo:NAME[?key=value&...]``."""
+or folder), a native ``.json`` graph, ``zoo:NAME[?key=value&...]`` or a Hugging Face decoder
+config, ``hf:ARCH?key=value&...`` or ``hf:PATH`` (``graph/hf_config.py``)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ def parse_zoo_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 def load_graph(spec: str) -> Graph:
     """Load a model graph from a spec string (see the module docstring)."""
+    if spec.startswith("hf:"):
+        from .hf_config import from_hf
+
+        return from_hf(spec)
     if spec.startswith("zoo:"):
         from . import llm, zoo
 

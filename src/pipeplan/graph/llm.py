@@ -40,7 +40,8 @@ class DecoderSpec:
     ``kv_heads``: key/value heads (grouped-query attention; = ``heads`` without it);
     ``gated``: a SwiGLU MLP (3 matrices); ``tied``: the LM head shares the embedding table;
     ``norm``: ``layernorm`` or ``rmsnorm``; ``positions``: ``learned`` (a seq x hidden table)
-    or ``rope``; ``dropout``: the layer keeps dropout masks; ``flash``: fused attention."""
+    or ``rope``; ``dropout``: the layer keeps dropout masks; ``flash``: fused attention;
+    ``qkv_bias``: without ``bias``, biases on the query, key and value projections alone."""
 
     name: str
     hidden: int
@@ -57,6 +58,7 @@ class DecoderSpec:
     positions: str = "learned"
     dropout: bool = True
     flash: bool = False
+    qkv_bias: bool = False  # biases on the query, key and value projections only (Qwen2)
 
     def __post_init__(self) -> None:
         where = f"model {self.name!r}"
@@ -93,7 +95,7 @@ class DecoderSpec:
     def layer_params(self) -> int:
         h, kv, f = self.hidden, self.kv_dim, self.ffn
         weights = h * (h + 2 * kv) + h * h + self.mlp_matrices * h * f
-        biases = (h + 2 * kv) + h + (self.mlp_matrices - 1) * f + h if self.bias else 0
+        biases = (h + 2 * kv) + h + (self.mlp_matrices - 1) * f + h if self.bias else (h + 2 * kv) * self.qkv_bias
         return weights + biases + 2 * self._norm_params()
 
     def embedding_params(self) -> int:

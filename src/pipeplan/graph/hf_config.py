@@ -1,0 +1,92 @@
+"""Decoder LLM graphs from Hugging Face configs, read with ``transformers.AutoConfig`` (no
+weights, no download): ``hf:ARCH?key=value&...`` (``AutoConfig.for_model(ARCH, key=value,
+...)``, e.g. ``hf:llama?hidden_size=8192&num_hidden_layers=80&...``) or ``hf:PATH`` (a
+``config.json`` or the folder holding one). Keys ``seq`` (sequence length, default 4096 or the
+model's maximum if smaller) and ``microbatch`` (default 1) are pipeplan's; the others set the
+config. Llama, Mistral and Qwen2 (biases on the query, key and value projections) map onto a
+Llama-style ``DecoderSpec``, GPT-2 onto a GPT-style one; mixture-of-experts models (Mixtral)
+are refused until experts are a plan dimension."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from ..errors import PipeplanError
+from ..readers import regular_file
+from .llm import DecoderSpec, build_graph, gpt
+from .model import Graph
+
+LLAMA_LIKE = ("llama", "mistral", "qwen2")
+DEFAULT_SEQ = 4096
+
+
+def _value(text: str):
+    """A query value as the config wants it: an integer, a number, true/false, else text."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _config(spec: str, body: str, options: dict[str, str]):
+    from transformers import AutoConfig
+
+    kwargs = {k: _value(v) for k, v in options.items()}
+    path = Path(body)
+    try:
+        if path.is_dir() or path.suffix == ".json":
+            if kwargs:
+                raise PipeplanError(f"model {spec!r}: a config file takes only seq= and microbatch=")
+            folder = path if path.is_dir() else path.parent
+            if path.suffix == ".json" and path.name != "config.json":
+                raise PipeplanError(f"model {spec!r}: expected a config.json or the folder holding one")
+            regular_file(folder / "config.json", f"model {spec!r}: config")  # not a FIFO, not huge
+            return AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        return AutoConfig.for_model(body, **kwargs)
+    except PipeplanError:
+        raise
+    except Exception as e:  # transformers' many error types: one line
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise PipeplanError(f"model {spec!r}: transformers cannot build this config ({reason[:200]})") from None
+
+
+def _decoder(spec: str, cfg, seq: int | None) -> DecoderSpec:
+    kind = getattr(cfg, "model_type", "?")
+    name = spec[len("hf:"):].split("?")[0].rstrip("/").split("/")[-1] or kind
+    if getattr(cfg, "num_local_experts", None):
+        raise PipeplanError(f"model {spec!r}: mixture-of-experts models ({kind}) are not planned yet")
+    try:
+        if kind == "gpt2":
+            return gpt(name, int(cfg.n_embd), int(cfg.n_layer), int(cfg.n_head), seq or min(DEFAULT_SEQ, int(cfg.n_positions)),
+                       int(cfg.vocab_size), int(cfg.n_inner or 4 * cfg.n_embd))
+        if kind in LLAMA_LIKE:
+            heads = int(cfg.num_attention_heads)
+            return DecoderSpec(name, int(cfg.hidden_size), int(cfg.num_hidden_layers), heads,
+                               seq or min(DEFAULT_SEQ, int(cfg.max_position_embeddings)), int(cfg.vocab_size),
+                               int(cfg.intermediate_size), int(getattr(cfg, "num_key_value_heads", None) or heads),
+                               gated=True, tied=bool(cfg.tie_word_embeddings), norm="rmsnorm", bias=False,
+                               positions="rope", dropout=False, flash=True, qkv_bias=kind == "qwen2")
+    except (TypeError, ValueError, AttributeError) as e:
+        raise PipeplanError(f"model {spec!r}: the config's dimensions are not usable ({e})") from None
+    raise PipeplanError(f"model {spec!r}: {kind!r} configs are not planned (known: gpt2, {', '.join(LLAMA_LIKE)})")
+
+
+def from_hf(spec: str) -> Graph:
+    """The graph of ``hf:ARCH?...`` or ``hf:PATH`` (module docstring)."""
+    body, _, query = spec[len("hf:"):].partition("?")
+    try:
+        options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+    except ValueError:
+        raise PipeplanError(f"model {spec!r}: cannot read the options after '?' (expected key=value&...)") from None
+    ours = {k: options.pop(k) for k in ("seq", "microbatch") if k in options}
+    for key, raw in ours.items():
+        if not str(raw).isdigit() or int(raw) < 1:
+            raise PipeplanError(f"model {spec!r}: {key} must be an integer >= 1, got {raw!r}")
+    decoder = _decoder(spec, _config(spec, body.strip(), options), int(ours["seq"]) if "seq" in ours else None)
+    return build_graph(decoder, int(ours.get("microbatch", 1)))
