@@ -102,3 +102,25 @@ def test_timeline_invariants(plan):
         assert work[s] >= expected * (1 - 1e-9) - EPS
         if all(sp[plan.cluster.index[d]] == slow for d in plan.stages[s].devices):
             assert np.isclose(work[s], expected)
+
+
+def test_the_slowest_link_is_the_same_found_either_way(monkeypatch):
+    """sim/durations.py finds a group's slowest link by masking the whole link matrix (small
+    clusters) or among each candidate's own devices (large ones): the same numbers."""
+    import numpy as np
+
+    from pipeplan.cluster import Cluster
+    from pipeplan.cluster.model import Device
+    from pipeplan.sim import durations
+
+    rng = np.random.default_rng(0)
+    v = 12
+    bw, lat = rng.uniform(1e9, 1e10, (v, v)), rng.uniform(0, 1e-5, (v, v))
+    cl = Cluster("r", [Device(f"d{i}", "V100", 1e10, 1.0) for i in range(v)], bw, lat)
+    a, b = rng.random((20, v)) < 0.3, rng.random((20, v)) < 0.3
+    a[0], b[1] = False, False  # an empty side: inf and 0
+    dense = durations._slowest(a, b, cl)
+    monkeypatch.setattr(durations, "_DENSE_DEVICES", 0)
+    per_candidate = durations._slowest(a, b, cl)
+    assert np.array_equal(dense[0], per_candidate[0]) and np.array_equal(dense[1], per_candidate[1])
+    assert dense[0][0] == np.inf and dense[1][1] == 0.0
