@@ -13,7 +13,12 @@ compiled with numba: flat arrays, an array heap, channel queues as linked lists.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 from numba import njit
@@ -131,6 +136,8 @@ def run_tasks(dur: np.ndarray, ptr: np.ndarray, succ: np.ndarray, npred: np.ndar
               nchan: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Return (start, end, number of tasks completed). Task i's successors are
     ``succ[ptr[i]:ptr[i+1]]`` (CSR); ``chan[i]`` is its channel or -1."""
+    if not _ready():
+        _compile()
     n = dur.size
     start, end = np.empty(n), np.empty(n)
     done = _run(np.ascontiguousarray(dur, dtype=np.float64), ptr.astype(np.int64), succ.astype(np.int64),
@@ -154,6 +161,8 @@ def run_batch(table: np.ndarray, cls: np.ndarray, ptr: np.ndarray, succ: np.ndar
               chan: np.ndarray, nchan: int) -> tuple[np.ndarray, np.ndarray]:
     """Candidates share the dependencies and channels; task i of candidate b lasts
     ``table[b, cls[i]]``. Returns the end times (candidates x tasks) and tasks completed."""
+    if not _ready():
+        _compile()
     end = np.empty((table.shape[0], cls.size))
     done = np.empty(table.shape[0], dtype=np.int64)
     _run_rows(np.ascontiguousarray(table, dtype=np.float64), cls.astype(np.int64), ptr.astype(np.int64),
@@ -167,11 +176,44 @@ def warm_up() -> float:
     ``NUMBA_CACHE_DIR``), by running both entry points on two tasks; the seconds it took, 0
     when this process has done it already. Planners call it before timing their search, so
     that one-time set-up is reported apart from search."""
-    if _run.signatures and _run_rows.signatures:
+    if _ready():
         return 0.0
     t0 = time.perf_counter()
-    ptr, succ, npred, chan = np.array([0, 1, 1]), np.array([1]), np.array([0, 1]), np.array([-1, 0])
-    run_tasks(np.ones(2), ptr, succ, npred, chan, 1)
-    run_batch(np.ones((1, 2)), np.array([0, 1]), ptr, succ, npred, chan, 1)
+    _compile()
     return time.perf_counter() - t0
+
+
+def _ready() -> bool:
+    return bool(_run.signatures and _run_rows.signatures)
+
+
+def _compile() -> None:
+    """Run both kernels on two tasks, with the argument types every call has, Ctrl-C held."""
+    ptr, succ, npred, chan = (np.array(a, dtype=np.int64) for a in ([0, 1, 1], [1], [0, 1], [-1, 0]))
+    with sigint_deferred():
+        _run(np.ones(2), ptr, succ, npred, chan, 1, np.empty(2), np.empty(2), _workspace(2, 1))
+        _run_rows(np.ones((1, 2)), np.array([0, 1], dtype=np.int64), ptr, succ, npred, chan, 1, np.empty((1, 2)),
+                  np.empty(1, dtype=np.int64))
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that comes during the block and deliver it after: numba compiles
+    or loads the kernels through llvmlite's ctypes callbacks, where a KeyboardInterrupt is
+    swallowed ("Exception ignored on calling ctypes callback") and the command would run on.
+    Outside the main thread (no signal handlers there) it holds nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(*caught[0])  # Python's default handler raises KeyboardInterrupt
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)
 
