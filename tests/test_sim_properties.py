@@ -136,8 +136,13 @@ def test_ctrl_c_while_the_kernels_compile_is_held_then_delivered():
     from pipeplan.sim.engine import sigint_deferred
 
     reached = False
-    with pytest.raises(KeyboardInterrupt):
-        with sigint_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            reached = True  # not interrupted inside the block
-    assert reached and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own handler, as in a terminal (a run started in the background ignores SIGINT)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with sigint_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                reached = True  # not interrupted inside the block
+        assert reached and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, outer)
