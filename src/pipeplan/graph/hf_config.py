@@ -21,8 +21,9 @@ LLAMA_LIKE = ("llama", "mistral", "qwen2")
 DEFAULT_SEQ = 4096
 
 
-def _value(text: str):
-    """A query value as the config wants it: an integer, a number, true/false, else text."""
+def config_value(text: str) -> int | float | bool | str:
+    """A query value as a transformers config wants it: an integer, a number, true/false,
+    else text (also ``runtime/hf.py``'s)."""
     low = text.strip().lower()
     if low in ("true", "false"):
         return low == "true"
@@ -37,7 +38,7 @@ def _value(text: str):
 def _config(spec: str, body: str, options: dict[str, str]):
     from transformers import AutoConfig
 
-    kwargs = {k: _value(v) for k, v in options.items()}
+    kwargs = {k: config_value(v) for k, v in options.items()}
     path = Path(body)
     try:
         if path.is_dir() or path.suffix == ".json":

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import PipeplanError
+from ..graph.hf_config import config_value as _value
 from ..limits import check_built_parameters, check_input_bytes, check_layers
 
 _ARCHS = ("gpt2", "bert")
@@ -41,18 +42,6 @@ class GPT2Embed(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(ids.shape[1], device=ids.device)
         return self.drop(self.wte(ids) + self.wpe(pos))
-
-
-def _value(text: str) -> int | float | bool | str:
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
 
 
 def parse_spec(spec: str) -> tuple[str, dict, int, int]:
