@@ -72,7 +72,7 @@ import numpy as np
 from ..budget import Budget
 from ..cluster import Cluster
 from ..cluster.symmetry import device_classes
-from ..sim.formulas import state_bytes
+from ..sim.formulas import precision_of, state_bytes
 from ..errors import Infeasible, PipeplanError
 from ..graph import Graph, linearize
 from ..plan import Plan, Stage
@@ -290,7 +290,7 @@ class _Search:
         n = self.lin.n
         for end in range(layer + 1, n + 1):
             state = state_bytes(float(self.lin.params_cum[end] - self.lin.params_cum[layer]), self.options.optimizer,
-                                self.graph.meta.get("precision", "fp32"))
+                                precision_of(self.graph.meta))
             for counts in itertools.product(*[range(a + 1) for a in avail]):
                 if self.out_of_time():
                     return

@@ -183,17 +183,22 @@ def warm_up() -> float:
     return time.perf_counter() - t0
 
 
+_COMPILED = False  # both kernels compiled or loaded in this process (``_compile``)
+
+
 def _ready() -> bool:
-    return bool(_run.signatures and _run_rows.signatures)
+    return _COMPILED
 
 
 def _compile() -> None:
     """Run both kernels on two tasks, with the argument types every call has, Ctrl-C held."""
+    global _COMPILED
     ptr, succ, npred, chan = (np.array(a, dtype=np.int64) for a in ([0, 1, 1], [1], [0, 1], [-1, 0]))
     with sigint_deferred():
         _run(np.ones(2), ptr, succ, npred, chan, 1, np.empty(2), np.empty(2), _workspace(2, 1))
         _run_rows(np.ones((1, 2)), np.array([0, 1], dtype=np.int64), ptr, succ, npred, chan, 1, np.empty((1, 2)),
                   np.empty(1, dtype=np.int64))
+    _COMPILED = True
 
 
 @contextlib.contextmanager

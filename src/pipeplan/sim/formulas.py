@@ -62,6 +62,12 @@ def update_time(graph_meta: dict, cluster: Cluster, param_bytes, slowest_speed):
     return float(graph_meta.get("update_s_per_byte") or 0.0) * param_bytes / slowest_speed
 
 
+def precision_of(graph_meta: dict) -> str:
+    """How a graph counts its parameter bytes: ``bf16`` (mixed precision, 16-bit weights:
+    the decoder LLM graphs) or ``fp32`` (every other graph)."""
+    return str(graph_meta.get("precision", "fp32"))
+
+
 def state_bytes(param_bytes: float, optimizer: str = DEFAULT_OPTIMIZER, precision: str = "fp32") -> float:
     """Weights + gradients + optimizer state held for ``param_bytes`` of parameters: as many
     again for the gradients and ``OPTIMIZER_STATE`` times for the optimizer; with ``precision``

@@ -16,6 +16,7 @@ from ...errors import Infeasible, PipeplanError
 from ...graph import Graph, linearize
 from ...plan import Plan, Stage
 from ...sim import simulate
+from ...sim.formulas import precision_of
 from ..base import PlanOptions, register
 from .bounds import spp_bounds
 from ..ranking import rank_key
@@ -70,7 +71,7 @@ def plan_spp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
                             f"(min of {lin.n} layers and {len(cluster)} devices)")
     check_spp_size(lin.n, len(cluster), graph.name)
     order = device_order(cluster)
-    precision = graph.meta.get("precision", "fp32")
+    precision = precision_of(graph.meta)
     res = prm(lin, cluster, order, options.microbatches, options.optimizer, precision=precision)
     if all(parts is None for parts in res.stages):  # no partition fits: SPP's plan with memory ignored
         res = prm(lin, cluster.with_memory(float("inf")), order, options.microbatches, options.optimizer,
