@@ -121,6 +121,7 @@ def test_prefixed_options_reach_one_planner(capsys):
     assert len(rows["spp"]["plan"]["stages"]) == 2
 
 
+@pytest.mark.slow
 def test_compare_ends_with_the_command_that_reproduces_the_winner(tmp_path, capsys):
     import shlex
 
@@ -136,6 +137,7 @@ def test_compare_ends_with_the_command_that_reproduces_the_winner(tmp_path, caps
     assert json.loads((tmp_path / "again.json").read_text())["stages"] == best["stages"]
 
 
+@pytest.mark.slow
 def test_when_nothing_fits_the_computed_way_out_works(capsys):
     """T5-11B on 8 GTX 1080 Ti (11 GiB): no planner fits; compare exits 2 with one line that
     names a change, and planning with that change gives a plan that fits."""
@@ -221,6 +223,7 @@ def test_messages_quoting_user_text_stay_one_line(tmp_path, capsys):
     assert one_line("a\nb\x1b[2J\u2028µs") == "a\\nb\\x1b[2J\\u2028µs"
 
 
+@pytest.mark.slow
 def test_yaml_anchors_and_large_files_are_read_while_alias_bombs_are_not():
     """Aliases are counted by what they add once expanded, not the document's own size."""
     from pipeplan.cluster import cluster_from_dict

@@ -45,6 +45,7 @@ def test_compare_json_shape(capsys):
     assert flags == sorted(flags, reverse=True)  # plans that fit first
 
 
+@pytest.mark.slow
 def test_human_output(capsys, tmp_path):
     assert main(["compare", "--model", "zoo:alexnet", "--cluster", "v100x4", "--gantt", str(tmp_path / "g.png")]) == 0
     text = capsys.readouterr().out

@@ -152,6 +152,7 @@ def trained():
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_dqn_learns_the_fast_device(trained):
     env, res = trained
     assert res.episodes == EPISODES == len(res.rewards) == len(res.curve.points)

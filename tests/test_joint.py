@@ -214,6 +214,7 @@ def test_zoo_transformers_take_96_layers(model):
     assert len(g) >= 96 and len(set(g.ids)) == len(g) and blocks
 
 
+@pytest.mark.slow
 def test_hier_clusters_up_to_4096_devices_and_no_more():
     c = load_cluster("hier:servers=512,gpus=8,intra=300GB/s,inter=200Gbps")
     assert len(c) == 4096 and c.bandwidth.shape == (4096, 4096)

@@ -34,6 +34,7 @@ def _within(shown: list[str], printed: list[str]) -> bool:
     return all(any(c == p for p in rest) for c in shown)
 
 
+@pytest.mark.slow
 def test_what_would_fit_example(capsys):
     argv, shown = _example("pipeplan plan --model zoo:t5-11b")
     assert main(argv) == 0

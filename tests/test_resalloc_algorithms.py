@@ -233,6 +233,7 @@ def test_alg2_seeds_every_worker_with_the_strongest_devices():
     assert firsts == {1, 4, 2}                          # the two i7 laptops and the i5 laptop
 
 
+@pytest.mark.slow
 def test_local_search_close_to_brute_force_and_better_than_sorting():
     """200 random sets of the paper's three device kinds (pipeplan's device kinds), 4..10 devices,
     q = 4: ratio of the bottleneck cost to the optimum."""

@@ -32,6 +32,7 @@ def test_plans_every_depth_and_allocation_helps():
         assert sorted(n for s in with_lp.stages for n in s.nodes) == sorted(g.ids)
 
 
+@pytest.mark.slow
 def test_chooses_a_depth_on_mobile_4(capsys):
     assert main(["plan", "--model", str(profile_path("alexnet")), "--cluster", "mobile-4", "--planner",
                  "resalloc", "--microbatches", "8", "--json"]) == 0

@@ -49,6 +49,7 @@ def t5_milp() -> dict:
     return shard(ShardRequest("t5-tiny", 2, method="milp", **T5_EXAMPLES))
 
 
+@pytest.mark.slow
 def test_cost_optimum_of_t5_is_table3(t5_milp):
     assert_table3(t5_milp["parameters"])
     assert t5_milp["milp"]["optimal"]
@@ -56,6 +57,7 @@ def test_cost_optimum_of_t5_is_table3(t5_milp):
     assert all(p["partition_dim"] is None for p in t5_milp["inputs"])  # OPP: the data is not split
 
 
+@pytest.mark.slow
 def test_the_papers_reward_prefers_more_partitions_than_table3(t5_milp):
     """+0.4 a partitioned dimension: cutting the hidden dimension everywhere (layer norms
     included) scores higher than Table 3 and is predicted slower (docs/opp.md)."""
@@ -78,6 +80,7 @@ def test_dqn_finds_table3_on_t5(t5_milp):
 SLOW_PAIR = "hier:servers=1,gpus=2,intra=10Gbps"
 
 
+@pytest.mark.slow
 def test_a_plan_predicted_slower_than_replicated_is_not_returned(monkeypatch):
     """With the cost reward, a search whose best plan is predicted slower than everything
     replicated (here: the paper's objective standing in for a poor search) returns everything
@@ -131,6 +134,7 @@ def gpt2_milp() -> dict:
     return shard(ShardRequest("gpt2-tiny", 2, method="milp", **GPT2_EXAMPLES))
 
 
+@pytest.mark.slow
 def test_gpt2s_fused_qkv_is_cut_by_heads(gpt2_milp):
     """Each layer's c_attn (q | k | v in one [in, out] weight) cut block by block along its
     output columns, Megatron's pattern for the attention: c_proj by rows."""
@@ -144,6 +148,7 @@ def test_gpt2s_fused_qkv_is_cut_by_heads(gpt2_milp):
     assert not [n for n, p in params.items() if p["strided"] and "c_attn" not in n]  # plain cuts where they tie
 
 
+@pytest.mark.slow
 def test_dqn_cuts_gpt2s_fused_qkv_as_the_milp_does(gpt2_milp):
     out = shard(ShardRequest("gpt2-tiny", 2, method="dqn", episodes=40, **GPT2_EXAMPLES))
     cut = {p["name"]: (p["partition_dim"], p["strided"]) for p in out["parameters"] if "c_attn" in p["name"]}
@@ -170,6 +175,7 @@ VGG19_HYBRID_PLAN = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 0, "fc2.bias"
                      "predictions.bias": None}
 
 
+@pytest.mark.slow
 def test_vgg19_on_three_servers_is_table4_but_three_variables():
     """Convolutions replicated (data parallel: the batch split), the classifier partitioned:
     Table 4's pattern, with 3 of its 6 classifier variables cut differently."""
@@ -184,6 +190,7 @@ def test_vgg19_on_three_servers_is_table4_but_three_variables():
 @pytest.mark.parametrize("model, split", [
     pytest.param("t5-tiny", ("input_ids", "decoder_input_ids", "labels"), marks=pytest.mark.slow),
     ("vgg19-tiny", ("features", "labels"))])
+@pytest.mark.slow
 def test_adp_finds_the_batch_dimensions(model, split):
     out = shard(ShardRequest(model, 2, adp=True, reward="paper", budget_s=20))
     assert {p["name"]: p["partition_dim"] for p in out["inputs"]} == {n: 0 for n in split}

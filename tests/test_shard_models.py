@@ -22,6 +22,7 @@ def test_parameter_counts_match_the_published_ones(name):
     assert all(p.is_meta for p in model.module.parameters())
 
 
+@pytest.mark.slow
 def test_every_name_builds_and_its_loss_is_a_scalar():
     for name in SHARD_MODELS:
         meta = name not in TINY
@@ -60,6 +61,7 @@ def test_batch_and_seq_size_the_inputs():
     assert tuple(build("vgg19", batch=2, meta=True).inputs[0].shape) == (2, 3, 224, 224)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TINY)
 def test_export_gives_the_training_graph(name):
     model = build(name, batch=2, seq=8)

@@ -104,6 +104,7 @@ def priced_collectives(spec: str, placements: dict[str, int | None], devices: in
     return problem.cost.evaluate(dom).by_phase
 
 
+@pytest.mark.slow
 def test_megatron_mlp_on_two_workers_runs_the_priced_collectives():
     """Megatron's MLP on 2 gloo workers trains as one process does and runs exactly the
     collectives ``sharding.cost`` prices: the all-reduce of fc2's partial output and nothing in
