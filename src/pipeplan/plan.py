@@ -33,8 +33,18 @@ MAX_SEARCH_S = 3.2e7
 
 @dataclass
 class Stage:
+    """Graph nodes and the devices that hold them. ``tp`` > 1: tensor parallelism (Megatron-LM,
+    Shoeybi et al. 2019 §3): the devices, in order, form groups of ``tp`` that each hold the
+    stage's layers split over their ranks; the groups are the stage's data-parallel replicas."""
+
     nodes: list[str]
     devices: list[str]
+    tp: int = 1
+
+    @property
+    def tp_groups(self) -> list[list[str]]:
+        """The stage's tensor-parallel groups (its replicas), consecutive devices."""
+        return [self.devices[i:i + self.tp] for i in range(0, len(self.devices), self.tp)]
 
 
 @dataclass
@@ -53,6 +63,14 @@ class Plan:
     #: per stage: re-materialize activations (GPipe §2.3): keep only the stage inputs of the
     #: microbatches in flight, run the stage's forward again before each backward
     recompute: list[bool] | None = None
+    #: decoder LLM graphs: selective recomputation (Korthikanti et al. 2022 §5: the attention
+    #: core again in backward) on the stages that do not recompute fully
+    selective: bool = False
+    #: decoder LLM graphs: sequence parallelism in the tensor-parallel groups (Korthikanti §4.2.2)
+    sequence_parallel: bool = False
+    #: 1: ZeRO-1 / Megatron's distributed optimizer, the fp32 master weights and Adam states
+    #: sharded over a stage's data-parallel replicas (Rajbhandari et al. 2020)
+    zero: int = 0
     prediction: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -83,6 +101,15 @@ class Plan:
     def replication(self) -> list[int]:
         return [len(s.devices) for s in self.stages]
 
+    def recompute_mode(self, stage: int) -> str:
+        """``full``, ``selective`` or ``none`` (``graph.llm.RECOMPUTE``) for ``stage``."""
+        return "full" if self.recomputes(stage) else ("selective" if self.selective else "none")
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Some stage runs tensor-parallel."""
+        return any(s.tp > 1 for s in self.stages)
+
     # -- JSON ---------------------------------------------------------------------------
     @property
     def search_complete(self) -> bool:
@@ -105,7 +132,12 @@ class Plan:
             "microbatches": self.microbatches, "optimizer": self.optimizer, "replicas": self.replicas,
             **({"allocation": self.allocation} if self.allocation else {}),
             **({"recompute": list(self.recompute)} if self.recompute and any(self.recompute) else {}),
-            "stages": [{"nodes": list(s.nodes), "devices": list(s.devices)} for s in self.stages],
+            **({"selective_recompute": True} if self.selective else {}),
+            **({"sequence_parallel": True} if self.sequence_parallel else {}),
+            **({"zero": self.zero} if self.zero else {}),
+            "stages": [{"nodes": list(s.nodes), "devices": list(s.devices),
+                        **({"tp": s.tp} if self.tensor_parallel or is_decoder(self.graph) else {})}
+                       for s in self.stages],
             "iteration_s": self.prediction.get("iteration_s"), "search_s": self.search_s,
             "setup_s": self.setup_s,
         }
@@ -126,7 +158,13 @@ class Plan:
 
 
 _KNOWN_KEYS = {"format", "planner", "schedule", "microbatches", "optimizer", "replicas", "allocation", "recompute", "stages", "iteration_s",
-               "search_s", "setup_s", "prediction", "graph", "cluster", "search_complete"}
+               "search_s", "setup_s", "prediction", "graph", "cluster", "search_complete", "selective_recompute",
+               "sequence_parallel", "zero"}
+
+
+def is_decoder(graph: Graph) -> bool:
+    """A decoder LLM graph (``graph.llm``), whose costs follow from its dimensions."""
+    return "decoder" in graph.meta
 
 
 def plan_from_dict(d: Any, source: str = "plan") -> Plan:
@@ -143,7 +181,10 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
     for k, s in enumerate(d["stages"]):
         if not isinstance(s, dict) or not isinstance(s.get("nodes"), list) or not isinstance(s.get("devices"), list):
             raise PipeplanError(f"{source}: stages[{k}] needs lists 'nodes' and 'devices'")
-        stages.append(Stage([str(x) for x in s["nodes"]], [str(x) for x in s["devices"]]))
+        tp = s.get("tp", 1)
+        if isinstance(tp, bool) or not isinstance(tp, int):
+            raise PipeplanError(f"{source}: stages[{k}].tp must be an integer, got {tp!r}")
+        stages.append(Stage([str(x) for x in s["nodes"]], [str(x) for x in s["devices"]], tp))
     field = _typed_fields(d, source)
     microbatches = field("microbatches", int, None, "an integer")
     if microbatches is None:
@@ -157,6 +198,9 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
                 optimizer=field("optimizer", str, "adam", "a string"),
                 replicas=field("replicas", str, "split", "a string"), allocation=d.get("allocation"),
                 recompute=d.get("recompute"), prediction=field("prediction", dict, {}, "an object"),
+                selective=field("selective_recompute", bool, False, "true or false"),
+                sequence_parallel=field("sequence_parallel", bool, False, "true or false"),
+                zero=field("zero", int, 0, "0 or 1"),
                 extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS})
 
 
@@ -204,6 +248,25 @@ def _check_shared_devices(plan: Plan) -> None:
                                     "same devices, in the same order: virtual stages)")
 
 
+def _check_parallelism(plan: Plan) -> None:
+    """Tensor parallelism, selective recomputation, sequence parallelism and ZeRO-1 are
+    modelled for decoder LLM graphs; a stage's devices are whole groups of its ``tp``."""
+    if plan.zero not in (0, 1):
+        raise PipeplanError(f"plan: zero must be 0 or 1, got {plan.zero!r}")
+    for k, st in enumerate(plan.stages):
+        if isinstance(st.tp, bool) or not isinstance(st.tp, int) or st.tp < 1:
+            raise PipeplanError(f"plan: stage {k} has tp {st.tp!r} (must be an integer >= 1)")
+        if len(st.devices) % st.tp:
+            raise PipeplanError(f"plan: stage {k} has {len(st.devices)} devices, not a multiple of its tp {st.tp}")
+    decoder = is_decoder(plan.graph)
+    for what, used in (("tensor parallelism (tp > 1)", plan.tensor_parallel),
+                       ("selective recomputation", plan.selective),
+                       ("sequence parallelism", plan.sequence_parallel), ("zero", bool(plan.zero))):
+        if used and not decoder:
+            raise PipeplanError(f"plan: {what} is modelled for decoder LLM graphs only (zoo:gpt, zoo:llama3-*, "
+                                f"hf:), not {plan.graph.name!r}")
+
+
 def validate(plan: Plan) -> None:
     """Every node in exactly one stage; a device in several stages only when they have the same
     device list (``_check_shared_devices``); devices exist; no graph edge from a later stage to
@@ -225,6 +288,7 @@ def validate(plan: Plan) -> None:
             raise PipeplanError("plan: 'recompute' needs one true/false per stage")
     if plan.microbatches < 1:
         raise PipeplanError(f"plan: microbatches must be >= 1, got {plan.microbatches}")
+    _check_parallelism(plan)
     check_microbatches(plan.microbatches, "plan")
     owner = np.full(len(g), -1, dtype=np.int64)
     for k, st in enumerate(plan.stages):

@@ -39,16 +39,18 @@ def print_plan(plan: Plan, result: SimResult, console: Console | None = None, se
                         f"({plan.microbatches} microbatches, schedule {plan.schedule})")
     for col in ("stage", "layers", "#", "devices", "fwd+bwd / mb", "params", "peak memory", "util"):
         table.add_column(col, justify="right" if col not in ("layers", "devices") else "left")
-    by_dev = {d: k for k, d in enumerate(result.devices)}
+    by_dev = result.device_of()
+    grouped = result.extra.get("stage_s_per_microbatch")
     for s, st in enumerate(plan.stages):
-        ks = [by_dev[d] for d in st.devices]
+        ks = sorted({by_dev[d] for d in st.devices})
         mem = max(result.memory_bytes[k] for k in ks)
         over = any(result.memory_bytes[k] > result.memory_limit[k] for k in ks)
         speed = min(plan.cluster.devices[plan.cluster.index[d]].speed for d in st.devices)
-        per_mb = (costs.fwd[s] + costs.bwd[s]) / (len(st.devices) * speed)
+        per_mb = grouped[s] if grouped else (costs.fwd[s] + costs.bwd[s]) / (len(st.devices) * speed)
+        devices = ",".join(st.devices) if len(st.devices) <= 4 else f"{st.devices[0]} .. ({len(st.devices)})"
         table.add_row(str(s), _node_span(plan, st.nodes), str(len(st.nodes)),
-                      ",".join(st.devices) if len(st.devices) <= 4 else f"{st.devices[0]} .. ({len(st.devices)})",
-                      fmt_time(per_mb), fmt_bytes(costs.params[s]),
+                      devices + (f" TP {st.tp}" if st.tp > 1 else ""),
+                      fmt_time(per_mb), fmt_bytes(costs.params[s] / st.tp),
                       f"[red]{fmt_bytes(mem)} OVER[/red]" if over else fmt_bytes(mem),
                       f"{max(result.utilization[k] for k in ks):.0%}")
     console.print(table)
@@ -61,6 +63,27 @@ def print_plan(plan: Plan, result: SimResult, console: Console | None = None, se
         console.print("tied parameters kept in one stage: " + "; ".join(
             f"{name} (the planner's stages {lo}-{hi} merged)" for name, (lo, hi) in merged.items()))
     print_prediction(result, console, plan, searched)
+    print_parallelism(plan, result, console)
+
+
+def print_parallelism(plan: Plan, result: SimResult, console: Console) -> None:
+    """A decoder LLM plan's 3D configuration, per-GPU memory and throughput, and the
+    Megatron-LM arguments that run it."""
+    cfg = plan.extra.get("parallelism")
+    if "model_tflops_per_gpu" in result.extra:
+        x = result.extra
+        console.print(f"per GPU: peak memory {fmt_bytes(float(result.memory_bytes.max()))} of "
+                      f"{fmt_bytes(float(result.memory_limit.min()))}; model {x['model_tflops_per_gpu']:.0f} TFLOP/s "
+                      f"(MFU {x['mfu']:.1%}), hardware {x['hw_tflops_per_gpu']:.0f} TFLOP/s with recomputation")
+    if not isinstance(cfg, dict) or "megatron_args" not in cfg:
+        return
+    replica = cfg["global_batch"] // (cfg["dp"] * cfg["microbatch"])
+    console.print(f"3D: TP {cfg['tp']} x PP {cfg['pp']} x DP {cfg['dp']}"
+                  + (f", {cfg['virtual_stages']} virtual stages" if cfg["virtual_stages"] > 1 else "")
+                  + f"; microbatch {cfg['microbatch']} ({replica} a replica), global batch {cfg['global_batch']}; "
+                  f"recompute {cfg['recompute']}" + ("; sequence parallel" if cfg["sequence_parallel"] else "")
+                  + ("; ZeRO-1" if cfg["zero"] else "") + f"; schedule {cfg['schedule']}")
+    console.print(f"Megatron-LM: {escape(cfg['megatron_args'])}")
 
 
 def cut_summary(plan: Plan) -> str:

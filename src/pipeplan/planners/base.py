@@ -18,7 +18,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import PipeplanError
 from ..graph import Graph
-from ..plan import Plan
+from ..plan import Plan, is_decoder
 from ..sim import SimResult, simulate
 from ..sim.engine import warm_up
 from ..limits import check_microbatches
@@ -70,6 +70,7 @@ class PlannerInfo:
     estimate: Estimate | None = None  # seconds it may take on an instance (None: well under one)
     in_best: bool = True  # run by ``best`` and a compare without --planners
     after_others: bool = False  # compare runs it last, with the others' plans as ``known_plans``
+    own_batch: bool = False  # on decoder LLMs it picks the microbatch size itself (``register``)
 
     def describe(self) -> dict[str, Any]:
         """What ``pipeplan planners`` lists."""
@@ -82,13 +83,15 @@ REGISTRY: dict[str, PlannerInfo] = {}
 
 def register(name: str, description: str, default_schedule: str, options: type | None = None,
              memory_variants: bool = True, estimate: Estimate | None = None, in_best: bool = True,
-             after_others: bool = False):
+             after_others: bool = False, own_batch: bool = False):
     """Register ``fn(graph, cluster, PlanOptions) -> Plan`` under ``name``; ``options``: the
     frozen dataclass of its ``-O`` options (None: it takes none); ``estimate``: how many
     seconds it may take on an instance, for progress bars (None: well under a second);
     ``in_best``: False for planners run only when named (a yardstick, a learning agent);
     ``after_others``: it starts from other planners' plans, so ``compare`` runs it last and
-    hands it theirs (``PlanOptions.known_plans``) instead of having it plan them again."""
+    hands it theirs (``PlanOptions.known_plans``) instead of having it plan them again;
+    ``own_batch``: on decoder LLM graphs it chooses the microbatch size for ``--global-batch``
+    and keeps memory within bounds itself (no split loop, no ``fit_memory`` rework)."""
     if options is not None and not is_dataclass(options):
         raise TypeError(f"planner {name!r}: options must be a dataclass, got {options!r}")
     cls = options or NoOptions
@@ -96,7 +99,7 @@ def register(name: str, description: str, default_schedule: str, options: type |
 
     def deco(fn: Callable[[Graph, Cluster, PlanOptions], Plan]):
         REGISTRY[name] = PlannerInfo(name, description, default_schedule, fn, cls, memory_variants, estimate,
-                                     in_best, after_others)
+                                     in_best, after_others, own_batch)
         return fn
     return deco
 
@@ -144,7 +147,8 @@ def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions)
     info = get_planner(name)
     setup_s = warm_up()  # the simulator's kernels compiled or loaded: set-up, not search
     t0 = time.perf_counter()
-    if options.global_batch is not None:
+    own_batch = info.own_batch and is_decoder(graph)
+    if options.global_batch is not None and not own_batch:
         plan = keep_tied_together(plan_for_global_batch(info.fn, graph, cluster, options, options.global_batch,
                                                         memory_variants=info.memory_variants))
         plan.planner, plan.setup_s = name, setup_s
@@ -153,7 +157,8 @@ def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions)
     plan.search_s = time.perf_counter() - t0
     plan.planner = name
     result = evaluate(plan)
-    if result.over_memory and info.memory_variants and not options.allow_over_memory:
+    reworkable = info.memory_variants and not own_batch
+    if result.over_memory and reworkable and not options.allow_over_memory:
         fitted = fit_memory(plan)  # its fastest variant that fits (planning time too)
         if fitted is not plan:
             fitted.search_s, fitted.planner = time.perf_counter() - t0, name

@@ -19,16 +19,21 @@ two chunks (``zb-v``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from ..cluster import Cluster
 from ..errors import PipeplanError
 from ..graph import Graph, linearize
 from ..graph.linearize import Linearization
-from ..plan import Plan, Stage
+from ..plan import Plan, Stage, is_decoder
 from ..schedule import SCHEDULES
 from ..schedule.layout import placement_positions
+from ..graph.llm import RECOMPUTE
 from ..sim import simulate
+from ..sim.tensor_groups import has_rates
+from . import llm3d
 from .base import PlanOptions, register
 
 #: The most model chunks per device the sweep tries.
@@ -97,18 +102,67 @@ def chunk_counts(layers: int, depth: int, schedule: str | None) -> list[int]:
     return {"single": [1], "loop": interleaved, "v": [2] if layers % (2 * depth) == 0 else []}[placement]
 
 
-@register("megatron", "Megatron-LM as practitioners configure it (no tensor parallelism): equal layers per "
-          "stage, identical data-parallel pipelines, 1F1B or interleaved 1F1B; depth and chunks swept", "1f1b")
+@dataclass(frozen=True)
+class MegatronOptions:
+    """Pinned dimensions of a decoder LLM's 3D configuration (``llm3d``); unpinned ones follow
+    Megatron-LM's rules of thumb. Other graphs take only ``recompute`` none/full (not pinned:
+    only where the plan does not fit)."""
+
+    tp: int | None = field(default=None, metadata={"min": 1, "help": "tensor-parallel degree (decoder LLMs)"})
+    pp: int | None = field(default=None, metadata={"min": 1, "help": "pipeline-parallel degree (decoder LLMs)"})
+    vpp: int | None = field(default=None, metadata={"min": 1, "help": "model chunks per GPU, interleaved 1F1B "
+                                                                       "when > 1 (decoder LLMs)"})
+    microbatch: int | None = field(default=None, metadata={"min": 1, "help": "samples per microbatch "
+                                                                              "(decoder LLMs)"})
+    recompute: str | None = field(default=None, metadata={"choices": RECOMPUTE, "help": (
+        "activation recomputation: none, selective (attention core, decoder LLMs) or full")})
+    zero: int | None = field(default=None, metadata={"min": 0, "max": 1, "help": (
+        "1: distributed optimizer (ZeRO-1) over the data-parallel replicas (decoder LLMs)")})
+    sp: bool | None = field(default=None, metadata={"help": "sequence parallelism with TP (decoder LLMs; "
+                                                            "default: on where TP > 1)"})
+
+
+def _decoder_plan(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
+    """Megatron-LM's configuration of a decoder LLM: the pinned dimensions, the rest by its
+    rules of thumb (``llm3d.rule_of_thumb``)."""
+    o = options.settings_of(MegatronOptions)
+    pins = llm3d.Pins(o.tp, o.pp, o.vpp, o.microbatch, o.recompute, o.zero, o.sp, options.schedule)
+    batch = llm3d.global_batch_of(graph, options.global_batch, options.microbatches)
+    cfg = llm3d.rule_of_thumb(llm3d.spec_of(graph), cluster, batch, pins, options.optimizer)
+    return llm3d.plan_of(graph, cluster, cfg, batch, options.optimizer)
+
+
+def _refuse_llm_options(graph: Graph, options: PlanOptions) -> bool:
+    """The old graphs' recomputation setting: True/False pinned, None swept; a decoder-only
+    option on another graph is one line."""
+    o = options.settings_of(MegatronOptions)
+    only = [k for k in ("tp", "pp", "vpp", "microbatch", "zero", "sp") if getattr(o, k) is not None]
+    if only or o.recompute == "selective":
+        raise PipeplanError(f"planner 'megatron': option {(only or ['recompute=selective'])[0]} is for decoder LLM "
+                            f"graphs (zoo:gpt, zoo:llama3-*, hf:), not {graph.name!r}")
+    return None if o.recompute is None else o.recompute == "full"
+
+
+@register("megatron", "Megatron-LM as practitioners configure it: on decoder LLMs tensor x pipeline x data "
+          "parallelism by its rules of thumb (-O tp= pp= vpp= microbatch= recompute= zero= pin them); on other "
+          "graphs equal layers per stage, identical data-parallel pipelines, 1F1B or interleaved 1F1B, depth and "
+          "chunks swept", "1f1b", options=MegatronOptions, own_batch=True)
 def plan_megatron(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
-    """The fastest fitting plan over the depths of ``depths`` x the chunks of
-    ``chunk_counts``, each with recomputation only when it does not fit without (the fastest
-    overall when none fits)."""
+    """A decoder LLM: ``_decoder_plan``. Another graph: the fastest fitting plan over the
+    depths of ``depths`` x the chunks of ``chunk_counts``, each with recomputation only when it
+    does not fit without (the fastest overall when none fits)."""
+    if is_decoder(graph) and has_rates(cluster):
+        return _decoder_plan(graph, cluster, options)
+    return _plan_layers(graph, cluster, options, _refuse_llm_options(graph, options))
+
+
+def _plan_layers(graph: Graph, cluster: Cluster, options: PlanOptions, pinned: bool | None = None) -> Plan:
     best, best_key = None, None
     lin = linearize(graph)
     layers = int(np.count_nonzero(layer_mask(graph, lin)))
     for p in depths(lin.n, len(cluster)):
         for v in chunk_counts(layers, p, options.schedule):
-            for recompute in (False, True):
+            for recompute in ((False, True) if pinned is None else (pinned,)):
                 plan = megatron_plan(graph, cluster, options, p, recompute, v)
                 r = simulate(plan, timeline=False)
                 over = bool(r.over_memory) and not options.allow_over_memory

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..cluster import Cluster
+from ..errors import PipeplanError
 from ..graph import Graph, linearize
 from ..plan import REPLICA_MODES, Plan, Stage
 from ..sim import simulate
@@ -36,8 +37,13 @@ def plan_dp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
              for m in (("round-robin", "split") if mode == "auto" else (mode,))]
     if len(plans) == 1:
         return plans[0]
-
-    return min(plans, key=lambda p: rank_key(simulate(p, timeline=False), options.allow_over_memory))  # ties: round-robin
+    ranked = []
+    for i, p in enumerate(plans):  # ties: round-robin
+        try:
+            ranked.append((rank_key(simulate(p, timeline=False), options.allow_over_memory), i, p))
+        except PipeplanError:  # a decoder LLM's microbatch does not split into whole samples
+            continue
+    return min(ranked)[2] if ranked else plans[0]
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,11 @@ def _row_ids(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     one integer key per row where the columns' ranges allow (much faster)."""
     if not rows.size:
         return np.zeros(0, dtype=np.int64), np.zeros(rows.shape[0], dtype=np.int64)
+    if rows.dtype == bool and rows.shape[1] >= 62:  # which groups share a microbatch: a byte string a row
+        packed = np.ascontiguousarray(np.packbits(rows, axis=1))
+        keys = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
+        _, first, ids = np.unique(keys, return_index=True, return_inverse=True)
+        return first, ids.ravel()
     rows = rows.astype(np.int64) - rows.min(axis=0)
     span = rows.max(axis=0) + 1
     if np.prod(span.astype(float)) >= 2.0 ** 62:

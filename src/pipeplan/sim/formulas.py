@@ -68,19 +68,28 @@ def precision_of(graph_meta: dict) -> str:
     return str(graph_meta.get("precision", "fp32"))
 
 
-def state_bytes(param_bytes: float, optimizer: str = DEFAULT_OPTIMIZER, precision: str = "fp32") -> float:
+def optimizer_shards(graph_meta: dict) -> int:
+    """Over how many data-parallel replicas the optimizer state is sharded (ZeRO-1,
+    ``sim.tensor_groups``); 1 without."""
+    return int(graph_meta.get("optimizer_shards", 1))
+
+
+def state_bytes(param_bytes: float, optimizer: str = DEFAULT_OPTIMIZER, precision: str = "fp32",
+                shards: int = 1) -> float:
     """Weights + gradients + optimizer state held for ``param_bytes`` of parameters: as many
     again for the gradients and ``OPTIMIZER_STATE`` times for the optimizer; with ``precision``
     ``bf16`` (mixed precision: 16-bit weights, ``param_bytes`` counts them) also fp32 gradients,
     fp32 master weights and fp32 optimizer state, Megatron-LM's 18 bytes a parameter with Adam
-    (2 + 4 + 4 + 8; its distributed-optimizer guide)."""
+    (2 + 4 + 4 + 8; its distributed-optimizer guide). ZeRO-1 over ``shards`` replicas (Megatron's
+    distributed optimizer) keeps 1 / shards of the master weights and optimizer state: 6 + 12 / d
+    bytes a parameter in mixed precision."""
     try:
         factor = OPTIMIZER_STATE[optimizer]
     except KeyError:
         raise PipeplanError(f"unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZER_STATE)})") from None
     if precision == "bf16":
-        return param_bytes * (1.0 + 2.0 + 2.0 + 2.0 * factor)
-    return param_bytes * (2.0 + factor)
+        return param_bytes * (1.0 + 2.0 + (2.0 + 2.0 * factor) / shards)
+    return param_bytes * (2.0 + factor / shards)
 
 
 def _slowest_pair(cluster: Cluster, a: Sequence[int], b: Sequence[int]) -> tuple[str, str]:

@@ -21,7 +21,7 @@ from .compile import TaskGraph, mat
 from .stage_costs import StageCosts
 from .durations import Layout, durations
 from .engine import run_batch, run_tasks
-from .formulas import precision_of
+from .formulas import optimizer_shards, precision_of
 from .memory import GroupWalk, device_memory
 from .steady import period, steady_iteration
 
@@ -134,6 +134,6 @@ def run_layouts(sh: Shape, lay: Layout, c: StageCosts, cl: Cluster, meta: dict, 
         fs, bs = fs * scale, bs * scale
     out = _run(sh, lay, c, cl, meta, fs, bs, starts)
     out.memory = device_memory(sh.tg, sh.walks, lay, c, optimizer, fs, sh.steady is not None,
-                               precision_of(meta))
+                               precision_of(meta), optimizer_shards(meta))
     out.scale = scale
     return out

@@ -68,7 +68,7 @@ def walks(tg: TaskGraph) -> list[GroupWalk]:
 
 
 def device_memory(tg: TaskGraph, walk: list[GroupWalk], lay: Layout, c: StageCosts, optimizer: str,
-                  fs: np.ndarray, steady: bool, precision: str = "fp32") -> np.ndarray:
+                  fs: np.ndarray, steady: bool, precision: str = "fp32", shards: int = 1) -> np.ndarray:
     """(candidates, devices): peak bytes, 0 for a device that runs no program."""
     share = class_shares(tg, lay, fs)
     params = mat(c.params, tg.group_stages.T)  # (candidates, groups)
@@ -80,6 +80,6 @@ def device_memory(tg: TaskGraph, walk: list[GroupWalk], lay: Layout, c: StageCos
             per = np.where(sh > 0, 1.0 / sh, 0.0)
         x = np.concatenate([c.kept[:, w.stage] * per, extra[:, w.stage] * per], axis=1)
         peak = mat(x, w.counts).max(axis=1, initial=0.0)
-        fixed = state_bytes(params[:, gi], optimizer, precision) + (max(w.in_flight - 1, 0) * params[:, gi] if steady else 0.0)
+        fixed = state_bytes(params[:, gi], optimizer, precision, shards) + (max(w.in_flight - 1, 0) * params[:, gi] if steady else 0.0)
         mem += lay.groups[:, gi] * (fixed[:, None] + fs * peak[:, None])
     return mem

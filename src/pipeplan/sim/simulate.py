@@ -21,6 +21,7 @@ from .stage_costs import StageCosts, plan_costs
 from .durations import Layout, pass_speeds
 from .iteration import Outcome, Shape, run_layouts
 from .memory import walks
+from .tensor_groups import lower, needs_lowering, throughput
 from .timeline import Timeline, build_timeline
 
 
@@ -40,6 +41,12 @@ class SimResult:
     extra: dict = field(default_factory=dict)
     #: every stage each device holds (several: model chunks); empty: ``stage_of_device`` alone
     device_stages: list[list[int]] = field(default_factory=list)
+    #: a device that stands for a tensor-parallel group -> its GPUs (``sim.tensor_groups``)
+    members: dict[str, list[str]] = field(default_factory=dict)
+
+    def device_of(self) -> dict[str, int]:
+        """Each plan device (a GPU of a tensor-parallel group too) -> its index in ``devices``."""
+        return {m: k for k, d in enumerate(self.devices) for m in self.members.get(d, [d])}
 
     def stages_of(self, i: int) -> list[int]:
         """The stages device i (of ``devices``) holds."""
@@ -181,6 +188,8 @@ def compiled(plan: Plan, sched: Schedule, crossing: np.ndarray) -> tuple[Shape, 
 def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True) -> SimResult:
     """Run the plan's iteration; ``timeline=False`` skips building the timeline (searches).
     The batched evaluator's pipeline (``iteration.run_layouts``) with a batch of one."""
+    if needs_lowering(plan):
+        return _simulate_groups(plan, schedule, timeline)
     sched = schedule_of(plan, schedule)
     cl = plan.cluster
     costs = plan_costs(plan)
@@ -191,6 +200,25 @@ def simulate(plan: Plan, schedule: Schedule | None = None, timeline: bool = True
     if not out.done[0]:
         _refuse(plan, tg, costs, out, sched.name)
     return _result(plan, sched, tg, out, timeline)
+
+
+def _simulate_groups(plan: Plan, schedule: Schedule | None, timeline: bool) -> SimResult:
+    """A decoder LLM plan simulated on its tensor-parallel groups (``sim.tensor_groups``);
+    memory per GPU (a group's / its size), throughput in TFLOP/s per GPU."""
+    if schedule is not None and plan.tensor_parallel:
+        raise PipeplanError("a schedule given by hand runs on devices, not on tensor-parallel groups: "
+                            "give the plan's schedule by name")
+    low = lower(plan)
+    r = simulate(low.plan, schedule, timeline)
+    size = np.array([len(low.groups[low.plan.cluster.index[d]]) for d in r.devices], dtype=float)
+    r.memory_bytes, r.memory_limit = r.memory_bytes / size, r.memory_limit / size
+    r.members = {d: low.groups[low.plan.cluster.index[d]] for d in r.devices}
+    r.extra.update(throughput(plan, r.iteration_s))
+    costs, speed = plan_costs(low.plan), [float(low.plan.cluster.speed[g].min()) for g in low.plan.stage_devices()]
+    share = [len(g) if plan.replicas == "split" else 1 for g in low.plan.stage_devices()]
+    r.extra["stage_s_per_microbatch"] = [float((costs.fwd[0, s] + costs.bwd[0, s]) / (speed[s] * share[s]))
+                                         for s in range(plan.num_stages)]
+    return r
 
 
 def _result(plan: Plan, sched: Schedule, tg: TaskGraph, out: Outcome, timeline: bool) -> SimResult:

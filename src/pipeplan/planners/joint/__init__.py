@@ -26,7 +26,9 @@ from ...budget import Budget
 from ...cluster import Cluster
 from ...errors import PipeplanError
 from ...graph import Graph, linearize
-from ...plan import Plan
+from ...plan import Plan, is_decoder
+from ...sim.tensor_groups import has_rates
+from .. import llm3d
 from ...schedule import SCHEDULES
 from ...sim import SimResult, simulate
 from ..base import PlanOptions, register
@@ -59,6 +61,8 @@ EXHAUSTIVE_SHARE = 0.5
 #: Evaluations per second the progress bar expects (the batched evaluator on this project's
 #: 2-core machine, benchmarks/joint/speed.py).
 EVALUATIONS_PER_S = 4000.0
+#: Decoder LLMs: configurations simulated after the closed-form screening (``llm3d.search``)
+LLM_SIMULATIONS = 8
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,9 @@ class JointOptions:
     patience: int = field(default=16, metadata={"help": "kicks in a row without improvement before the "
                                                         "local search stops", "min": 1})
     seed: int = field(default=0, metadata={**SEED_RANGE, "help": "seed of the local search's kicks"})
+    simulations: int = field(default=LLM_SIMULATIONS, metadata={"min": 1, "help": (
+        "decoder LLMs: 3D configurations simulated, the best by the closed-form estimate of all of them, "
+        "Megatron-LM's rule-of-thumb configuration besides")})
 
 
 def search_schedules(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -175,11 +182,32 @@ def _search(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOpt
     return plans, facts
 
 
+def _plan_decoder(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOptions) -> Plan:
+    """A decoder LLM: TP x PP x DP x microbatch x schedule x recomputation x ZeRO, every
+    realizable configuration screened in closed form, the best ``opts.simulations`` and
+    Megatron-LM's rule of thumb simulated (``llm3d.search``)."""
+    batch = llm3d.global_batch_of(graph, options.global_batch, options.microbatches)
+    pins = llm3d.Pins(schedule=options.schedule)
+    spec = llm3d.spec_of(graph)
+    try:
+        baseline: tuple[llm3d.Config, ...] = (llm3d.rule_of_thumb(spec, cluster, batch, pins, options.optimizer),)
+    except PipeplanError:
+        baseline = ()
+    plan = llm3d.search(graph, cluster, batch, pins, options.optimizer, opts.simulations, options.allow_over_memory,
+                        baseline)
+    facts = plan.extra.pop("llm3d")
+    plan.extra["joint"] = {**facts, "evaluations": len(facts["simulated"])}
+    return plan
+
+
 @register("joint", "joint search over partition, replication, device subsets, replica mode, recomputation and "
           "schedule, from the other planners' plans (exhaustive on small instances, then local search; symmetric "
-          "plans on large clusters)", "1f1b", options=JointOptions, estimate=_estimate_s, after_others=True)
+          "plans on large clusters); on decoder LLMs over TP x PP x DP x microbatch x schedule x recomputation x "
+          "ZeRO", "1f1b", options=JointOptions, estimate=_estimate_s, after_others=True, own_batch=True)
 def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     opts = options.settings_of(JointOptions)
+    if is_decoder(graph) and has_rates(cluster):
+        return _plan_decoder(graph, cluster, options, opts)
     schedules, chunk_schedules = search_schedules(opts.schedules)
     budget = _budget(opts, _splits(graph, cluster, options))
     seeds = seed_plans(graph, cluster, options, budget,

@@ -1,0 +1,215 @@
+"""A plan of a decoder LLM as the simulator runs it (docs/llm.md, "Tensor parallelism"): each
+tensor-parallel group becomes one device of a derived cluster, and each node costs what one
+rank of its stage's group spends on it, from the decoder's dimensions and the GPUs' own bf16
+rates (``sim.llm_costs``), tensor-parallel collectives included.
+
+- A group of t GPUs: their kind and least speed, t x the least memory (the per-GPU figures
+  ``simulate`` reports are the group's / t: Megatron divides weights, gradients, optimizer
+  state and activations evenly but for the few tensors Korthikanti's count keeps whole).
+- A link between two groups: the pipeline hands over the hidden state with Megatron's
+  scatter/gather (Narayanan et al. 2021 §4.1): each of the min(t_a, t_b) rank pairs sends its
+  share over its own link, so the bandwidth is that many x the slowest pair's, the latency the
+  largest. The data-parallel all-reduce of a stage's replicas then moves the group's
+  parameter bytes at t x one rank's rail: each rank all-reduces its 1/t.
+- Node costs on stage s (t ranks, r replicas; each replica gets whole samples: the
+  microbatch in turn with ``round-robin``, b / r of it with ``split``, refused unless whole):
+  forward = compute + collectives, backward = compute + recomputation + collectives, times the
+  kind's speed (graph times are reference seconds) and, with ``split``, r (the simulator
+  divides a split microbatch over the r groups); activation bytes kept = a rank's x t (x r).
+- ZeRO-1: the optimizer state is sharded over the stage's replicas (``memory_shards``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..cluster import Cluster, Device
+from ..cluster.kinds import KINDS
+from ..errors import PipeplanError
+from ..graph import Graph
+from ..graph.llm import BF16, DecoderSpec, embedding_compute_s, head_compute_s
+from ..plan import Plan, Stage, is_decoder
+from .collectives import collective_s, group_links
+from .llm_costs import layer_cost, rates_of
+
+
+#: graph meta key of a graph costed on groups already
+LOWERED = "costed_on_groups"
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """``plan`` on the group cluster; ``groups[v]``: the GPU names of its device v."""
+
+    plan: Plan
+    groups: list[list[str]]
+
+
+def has_rates(cluster: Cluster, devices: list[int] | None = None) -> bool:
+    """Every device (of ``devices``, default all) is of a kind with measured bf16 rates."""
+    kinds = {cluster.devices[d].kind.lower() for d in (range(len(cluster)) if devices is None else devices)}
+    return all(k in KINDS and KINDS[k].gemm_efficiency > 0 for k in kinds)
+
+
+def needs_lowering(plan: Plan) -> bool:
+    """A decoder graph on GPUs with bf16 rates is always costed per group; elsewhere only the
+    old per-node costs exist, which know no tensor parallelism (refused with one line)."""
+    if not is_decoder(plan.graph) or plan.graph.meta.get(LOWERED):
+        return False
+    if has_rates(plan.cluster, [d for devs in plan.stage_devices() for d in devs]):
+        return True
+    if plan.tensor_parallel or plan.selective or plan.sequence_parallel or plan.zero:
+        raise PipeplanError("plan: tensor parallelism, selective recomputation, sequence parallelism and zero are "
+                            "priced with a GPU kind's bf16 rates (A100-40GB, A100-80GB, H100-SXM); this cluster "
+                            "has other kinds")
+    return False
+
+
+def _groups(plan: Plan) -> tuple[list[list[int]], list[list[int]]]:
+    """Distinct TP groups (GPU indices) and, per stage, the indices of its groups."""
+    cl, index, groups, of_stage = plan.cluster, {}, [], []
+    owner: dict[int, int] = {}
+    for k, st in enumerate(plan.stages):
+        mine = []
+        for g in st.tp_groups:
+            idx = tuple(cl.device_indices(g, where=f"plan stage {k}"))
+            if idx not in index:
+                clash = [owner[d] for d in idx if d in owner]
+                if clash:
+                    raise PipeplanError(f"plan: stage {k} puts {cl.devices[idx[0]].name!r} in a tensor-parallel "
+                                        "group that differs from its group in an earlier stage")
+                index[idx] = len(groups)
+                groups.append(list(idx))
+                owner.update({d: index[idx] for d in idx})
+            mine.append(index[idx])
+        of_stage.append(mine)
+    return groups, of_stage
+
+
+def _name(cl: Cluster, g: list[int]) -> str:
+    return cl.devices[g[0]].name if len(g) == 1 else f"{cl.devices[g[0]].name}..{cl.devices[g[-1]].name}"
+
+
+def group_cluster(cl: Cluster, groups: list[list[int]]) -> Cluster:
+    """The cluster whose devices are ``groups`` (module docstring)."""
+    devices = []
+    for g in groups:
+        first = cl.devices[g[0]]
+        devices.append(Device(_name(cl, g), first.kind, float(cl.memory[g].min()) * len(g),
+                              float(cl.speed[g].min()), first.server))
+    n = len(groups)
+    bw, lat = np.full((n, n), np.inf), np.zeros((n, n))
+    sizes = np.array([len(g) for g in groups])
+    for rails in np.unique(sizes):
+        # rank pairs i < min(t_a, t_b): groups of at least ``rails`` ranks, rank i of each
+        at_least = np.flatnonzero(sizes >= rails)
+        pair = np.minimum(sizes[at_least][:, None], sizes[at_least][None, :]) == rails
+        slow, late = np.full(pair.shape, np.inf), np.zeros(pair.shape)
+        for i in range(rails):
+            idx = np.array([groups[a][i] for a in at_least])
+            slow = np.minimum(slow, cl.bandwidth[np.ix_(idx, idx)])
+            late = np.maximum(late, cl.latency[np.ix_(idx, idx)])
+        sub = np.ix_(at_least, at_least)
+        bw[sub] = np.where(pair, rails * slow, bw[sub])
+        lat[sub] = np.where(pair, late, lat[sub])
+    return Cluster(f"{cl.name} (tensor-parallel groups)", devices, bw, lat, dict(cl.meta))
+
+
+def _comm(kinds: tuple[tuple[str, int], ...], nbytes: float, t: int, links: tuple[float, float]) -> float:
+    return sum(n * collective_s(k, nbytes, t, *links) for k, n in kinds)
+
+
+def node_costs(spec: DecoderSpec, role: str, kind, samples: int, t: int, sp: bool, mode: str,
+                links: tuple[float, float]) -> tuple[float, float, float]:
+    """(forward s, backward s, bytes kept) of one rank for one node (``embed``, ``layer``,
+    ``head``): the embedding's output and the head's input cross the group as Megatron's f
+    and g operators do (an all-reduce, or a reduce-scatter / all-gather with sequence
+    parallelism)."""
+    rates = rates_of(kind)
+    hidden = BF16 * samples * spec.seq * spec.hidden
+    if role == "layer":
+        lc = layer_cost(spec, kind, samples, t, sp, mode, *links)
+        return (lc.fwd_s + lc.fwd_comm_s, lc.bwd_s + lc.recompute_s + lc.bwd_comm_s, lc.activation_bytes)
+    if role == "embed":
+        f, b = embedding_compute_s(spec, rates, samples)
+        fc = _comm(((("reduce_scatter" if sp else "all_reduce"), 1),), hidden, t, links) if t > 1 else 0.0
+        bc = _comm((("all_gather", 1),), hidden, t, links) if t > 1 and sp else 0.0
+        return f + fc, b + bc, 0.0
+    f, b = head_compute_s(spec, rates, samples, t)
+    fc = _comm((("all_gather", 1),), hidden, t, links) if t > 1 and sp else 0.0
+    bc = _comm(((("reduce_scatter" if sp else "all_reduce"), 1),), hidden, t, links) if t > 1 else 0.0
+    kept = 4.0 * samples * spec.seq * spec.vocab / t + hidden / (t if sp else 1)  # fp32 logits, the input
+    return f + fc, b + bc, kept
+
+
+def _role(nid: str) -> str:
+    role = "layer" if nid.startswith("layer") else nid
+    if role not in ("embed", "layer", "head"):
+        raise PipeplanError(f"plan: node {nid!r} of a decoder graph is not embed, layer<i> or head")
+    return role
+
+
+def _samples(plan: Plan, k: int, replicas: int) -> int:
+    b = int(plan.graph.meta.get("microbatch", 1))
+    if plan.replicas == "round-robin" or replicas == 1:
+        return b
+    if b % replicas:
+        raise PipeplanError(f"plan: stage {k} splits a microbatch of {b} sample(s) over {replicas} data-parallel "
+                            "replicas: not whole samples (a multiple of the replicas, or replicas round-robin)")
+    return b // replicas
+
+
+def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
+    """The plan's graph with each node's costs on its stage's groups (module docstring)."""
+    g, cl = plan.graph, plan.cluster
+    spec = DecoderSpec(**g.meta["decoder"])
+    fwd, bwd, saved = g.fwd.copy(), g.bwd.copy(), g.saved.copy()
+    for k, (st, idx, devs) in enumerate(zip(plan.stages, plan.stage_nodes(), plan.stage_devices())):
+        kind = KINDS[cl.devices[devs[0]].kind.lower()]
+        r = len(of_stage[k])
+        samples = _samples(plan, k, r)
+        links = group_links(cl, devs[:st.tp]) if st.tp > 1 else (0.0, 0.0)
+        speed = float(cl.speed[devs].min())
+        scale = r if plan.replicas == "split" else 1
+        for i in idx:
+            f, b, kept = node_costs(spec, _role(g.ids[i]), kind, samples, st.tp, plan.sequence_parallel,
+                                     plan.recompute_mode(k), links)
+            fwd[i], bwd[i], saved[i] = f * speed * scale, b * speed * scale, kept * st.tp * scale
+    meta = {**{k: v for k, v in g.meta.items() if k != "fixed_s"}, LOWERED: True}
+    if plan.zero:
+        meta["optimizer_shards"] = min(len(s) for s in of_stage)
+    return replace(g, fwd=fwd, bwd=bwd, saved=saved, meta=meta)
+
+
+def lower(plan: Plan) -> Lowered:
+    """``plan`` with its tensor-parallel groups as devices and its nodes costed on them."""
+    if plan.zero and len({len(s.tp_groups) for s in plan.stages}) > 1:
+        raise PipeplanError("plan: zero shards the optimizer over the data-parallel replicas, which must be as "
+                            "many on every stage")
+    groups, of_stage = _groups(plan)
+    cl = group_cluster(plan.cluster, groups)
+    names = cl.names
+    stages = [Stage(list(st.nodes), [names[v] for v in of_stage[k]]) for k, st in enumerate(plan.stages)]
+    low = Plan(group_graph(plan, of_stage), cl, stages, plan.microbatches, schedule=plan.schedule,
+               planner=plan.planner, optimizer=plan.optimizer, replicas=plan.replicas)
+    return Lowered(low, [[plan.cluster.devices[d].name for d in g] for g in groups])
+
+
+def throughput(plan: Plan, iteration_s: float) -> dict:
+    """Per GPU: model TFLOP/s (forward + backward, the MFU convention), hardware TFLOP/s (with
+    what recomputation runs again, Megatron's Eq. 3 convention) and MFU against the kind's bf16
+    peak, for one iteration of ``iteration_s``."""
+    spec = DecoderSpec(**plan.graph.meta["decoder"])
+    samples = int(plan.graph.meta.get("microbatch", 1)) * plan.microbatches
+    gpus = sorted({d for devs in plan.stage_devices() for d in devs})
+    again = 0.0
+    for k, idx in enumerate(plan.stage_nodes()):
+        layers = sum(1 for i in idx if plan.graph.ids[i].startswith("layer"))
+        mode = plan.recompute_mode(k)
+        again += layers * {"none": 0.0, "selective": spec.attention_core_flops(1), "full": spec.layer_flops(1)}[mode]
+    model = spec.model_flops_per_sample() * samples / (iteration_s * len(gpus)) / 1e12
+    hw = model + again * samples / (iteration_s * len(gpus)) / 1e12
+    peak = min(KINDS[plan.cluster.devices[d].kind.lower()].bf16_flops for d in gpus)
+    return {"model_tflops_per_gpu": model, "hw_tflops_per_gpu": hw, "mfu": model * 1e12 / peak}
