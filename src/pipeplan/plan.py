@@ -198,10 +198,18 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
                 optimizer=field("optimizer", str, "adam", "a string"),
                 replicas=field("replicas", str, "split", "a string"), allocation=d.get("allocation"),
                 recompute=d.get("recompute"), prediction=field("prediction", dict, {}, "an object"),
-                selective=field("selective_recompute", bool, False, "true or false"),
-                sequence_parallel=field("sequence_parallel", bool, False, "true or false"),
+                selective=_flag(d, "selective_recompute", source),
+                sequence_parallel=_flag(d, "sequence_parallel", source),
                 zero=field("zero", int, 0, "0 or 1"),
                 extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS})
+
+
+def _flag(d: dict, key: str, source: str) -> bool:
+    """A plan's true/false under ``key`` (false when absent)."""
+    v = d.get(key, False)
+    if not isinstance(v, bool):
+        raise PipeplanError(f"{source}: {key} must be true or false, got {v!r}")
+    return v
 
 
 def _seconds(value: float, key: str, source: str) -> float:

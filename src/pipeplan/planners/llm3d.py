@@ -110,7 +110,11 @@ def _divisors(n: int) -> list[int]:
 
 
 def configs(spec: DecoderSpec, cluster: Cluster, global_batch: int, pins: Pins = Pins()) -> list[Config]:
-    """Every realizable configuration that agrees with ``pins`` (module docstring)."""
+    """Every realizable configuration that agrees with ``pins`` (module docstring), less the
+    dominated ones unless pinned: without ZeRO-1 where there are replicas (the same time,
+    more memory: its reduce-scatter and all-gather move what the all-reduce does), without
+    sequence parallelism under TP (the same collectives' bytes, more memory and memory-bound
+    time), zero-bubble H1 on a one-stage pipeline (1F1B's program)."""
     out = []
     pick = lambda pinned, choices: [pinned] if pinned is not None else choices  # noqa: E731
     for t in pick(pins.tp, tp_degrees(spec, cluster)):
@@ -126,7 +130,7 @@ def configs(spec: DecoderSpec, cluster: Cluster, global_batch: int, pins: Pins =
                 m = global_batch // (d * b)
                 for v, sched in _schedules(spec, p, m, pins):
                     for rc in pick(pins.recompute, list(RECOMPUTE)):
-                        for z in pick(pins.zero, [0, 1] if d > 1 else [0]):
+                        for z in pick(pins.zero, [1] if d > 1 else [0]):
                             sp = (t > 1) if pins.sp is None else (pins.sp and t > 1)
                             out.append(Config(t, p, d, v, b, rc, z, sp, sched))
     return out
@@ -138,7 +142,8 @@ def _schedules(spec: DecoderSpec, pp: int, m: int, pins: Pins) -> list[tuple[int
     out = []
     for v in ([pins.vpp] if pins.vpp is not None else range(1, MAX_CHUNKS + 1)):
         if v == 1:
-            out += [(1, s) for s in ("1f1b", "zb-h1") if pins.schedule in (None, s)]
+            out += [(1, s) for s in ("1f1b", "zb-h1") if pins.schedule in (None, s) and (pp > 1 or s == "1f1b"
+                                                                                          or pins.schedule == s)]
         elif pp >= 2 and spec.layers % (pp * v) == 0 and m % pp == 0 and pins.schedule in (None, "interleaved-1f1b"):
             out.append((v, "interleaved-1f1b"))
     return out
@@ -211,9 +216,9 @@ def estimate(spec: DecoderSpec, cluster: Cluster, cfg: Config, global_batch: int
     bubble = (cfg.pp - 1) / cfg.vpp / (3.0 if cfg.schedule == "zb-h1" else 1.0)
     params = 2.0 * (per_pos * spec.layer_params() + max(spec.embedding_params(), spec.head_params()))
     ar = 0.0
-    if cfg.dp > 1:
-        rail = float(cluster.bandwidth[0, cfg.tp]) * float(cluster.meta.get("allreduce_efficiency", 1.0))
-        ar = 2.0 * (cfg.dp - 1) / cfg.dp * params / cfg.tp / rail
+    if cfg.dp > 1:  # rank 0 of each replica of the first position: the slowest link of their ring
+        rail = cluster.group_min_bandwidth(range(0, cfg.dp * cfg.tp, cfg.tp))
+        ar = 2.0 * (cfg.dp - 1) / cfg.dp * params / cfg.tp / (rail * float(cluster.meta.get("allreduce_efficiency", 1.0)))
     iteration = (m + bubble) * slowest + ar
     flight = min(cfg.pp, m) * (1.0 + (cfg.pp - 1) / (cfg.pp * cfg.vpp) if cfg.vpp > 1 else 1.0)
     state = state_bytes(params, optimizer, "bf16", cfg.dp if cfg.zero else 1) / cfg.tp
@@ -255,15 +260,16 @@ def rule_of_thumb(spec: DecoderSpec, cluster: Cluster, global_batch: int, pins: 
                 return rows[0][0]
     cands = configs(spec, cluster, global_batch, base)
     if not cands:
-        raise PipeplanError(f"{spec.name} on {len(cluster)} GPUs, global batch {global_batch}: no configuration "
-                            f"agrees with the pinned dimensions ({_pins_text(pins)}): TP must divide a server's "
-                            f"{server_size(cluster)} GPUs and the heads, TP x PP the GPUs, DP the global batch")
+        raise _none_agree(spec, cluster, global_batch, pins)
     return screened(spec, cluster, cands, global_batch, optimizer)[0][0]
 
 
-def _pins_text(pins: Pins) -> str:
-    said = [f"{k}={v}" for k, v in pins.__dict__.items() if v is not None]
-    return ", ".join(said) or "none"
+def _none_agree(spec: DecoderSpec, cluster: Cluster, global_batch: int, pins: Pins) -> PipeplanError:
+    said = ", ".join(f"{k}={v}" for k, v in pins.__dict__.items() if v is not None) or "none"
+    return PipeplanError(f"{spec.name} on {len(cluster)} GPUs, global batch {global_batch}: no configuration "
+                         f"agrees with the pinned dimensions ({said}): TP must divide a server's "
+                         f"{server_size(cluster)} GPUs and the heads, TP x PP the GPUs and PP be at most the "
+                         "layers, DP the global batch")
 
 
 def simulated(graph: Graph, cluster: Cluster, cfgs: list[Config], global_batch: int, optimizer: str,
@@ -293,9 +299,7 @@ def search(graph: Graph, cluster: Cluster, global_batch: int, pins: Pins, optimi
     spec = spec_of(graph)
     cands = configs(spec, cluster, global_batch, pins)
     if not cands:
-        raise PipeplanError(f"{spec.name} on {len(cluster)} GPUs, global batch {global_batch}: no configuration "
-                            f"agrees with {_pins_text(pins)} (TP divides a server's {server_size(cluster)} GPUs and "
-                            "the heads, TP x PP the GPUs, DP the global batch)")
+        raise _none_agree(spec, cluster, global_batch, pins)
     rows = screened(spec, cluster, cands, global_batch, optimizer)
     chosen = [c for c, _ in rows[:simulations]]
     chosen += [c for c in also if c not in chosen]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import Infeasible, PipeplanError
-from ..plan import Plan, Stage
+from ..plan import Plan, Stage, is_decoder
 
 
 def _spans(plan: Plan) -> list[tuple[int, int, list[str]]]:
@@ -46,7 +46,11 @@ def _merged_stages(plan: Plan, spans: list[tuple[int, int, list[str]]]) -> tuple
 
 def keep_tied_together(plan: Plan) -> Plan:
     """``plan`` if no tied group spans two stages; else the plan with those stages merged,
-    the merge recorded in ``extra["tied"]`` (parameter -> the stages it joined)."""
+    the merge recorded in ``extra["tied"]`` (parameter -> the stages it joined). A decoder LLM
+    runs as Megatron-LM runs it instead: the last stage holds a copy of the tied embedding
+    (``sim.tensor_groups``) whose gradient it all-reduces with the first."""
+    if is_decoder(plan.graph):
+        return plan
     spans = _spans(plan)
     if not spans:
         return plan

@@ -54,6 +54,15 @@ class LayerCost:
     params: float
 
 
+#: The share of the kernel-level compute rate (the GEMM, attention and memory-bound op times
+#: above: one layer as Korthikanti et al. measured it, GEMMs as a lent H100 timed them) that a
+#: training run keeps end to end: gaps between kernels, the optimizer step, loss scaling, data
+#: loading and logging, which Megatron-LM SC'21 Table 1's per-GPU figures include. The one
+#: constant calibrated on published end-to-end throughput (benchmarks/published/calibrate.py,
+#: docs/llm.md); the simulator divides a node's compute by it (``sim.tensor_groups``).
+END_TO_END = 0.888
+
+
 def rates_of(kind: Kind) -> Rates:
     """A kind's bf16 rates (``graph.llm.Rates``); refused for a kind without measured GEMMs."""
     if kind.gemm_efficiency <= 0:

@@ -13,7 +13,8 @@ rates (``sim.llm_costs``), tensor-parallel collectives included.
   parameter bytes at t x one rank's rail: each rank all-reduces its 1/t.
 - Node costs on stage s (t ranks, r replicas; each replica gets whole samples: the
   microbatch in turn with ``round-robin``, b / r of it with ``split``, refused unless whole):
-  forward = compute + collectives, backward = compute + recomputation + collectives, times the
+  forward = compute + collectives, backward = compute + recomputation + collectives (compute
+  over ``llm_costs.END_TO_END``, the share of the kernel rate a run keeps), times the
   kind's speed (graph times are reference seconds) and, with ``split``, r (the simulator
   divides a split microbatch over the r groups); activation bytes kept = a rank's x t (x r).
 - ZeRO-1: the optimizer state is sharded over the stage's replicas (``memory_shards``).
@@ -32,6 +33,7 @@ from ..graph import Graph
 from ..graph.llm import BF16, DecoderSpec, embedding_compute_s, head_compute_s
 from ..plan import Plan, Stage, is_decoder
 from .collectives import collective_s, group_links
+from . import llm_costs
 from .llm_costs import layer_cost, rates_of
 
 
@@ -127,21 +129,22 @@ def node_costs(spec: DecoderSpec, role: str, kind, samples: int, t: int, sp: boo
     ``head``): the embedding's output and the head's input cross the group as Megatron's f
     and g operators do (an all-reduce, or a reduce-scatter / all-gather with sequence
     parallelism)."""
-    rates = rates_of(kind)
+    rates, run = rates_of(kind), 1.0 / llm_costs.END_TO_END  # compute as a training run spends it
     hidden = BF16 * samples * spec.seq * spec.hidden
     if role == "layer":
         lc = layer_cost(spec, kind, samples, t, sp, mode, *links)
-        return (lc.fwd_s + lc.fwd_comm_s, lc.bwd_s + lc.recompute_s + lc.bwd_comm_s, lc.activation_bytes)
+        return (lc.fwd_s * run + lc.fwd_comm_s, (lc.bwd_s + lc.recompute_s) * run + lc.bwd_comm_s,
+                lc.activation_bytes)
     if role == "embed":
         f, b = embedding_compute_s(spec, rates, samples)
         fc = _comm(((("reduce_scatter" if sp else "all_reduce"), 1),), hidden, t, links) if t > 1 else 0.0
         bc = _comm((("all_gather", 1),), hidden, t, links) if t > 1 and sp else 0.0
-        return f + fc, b + bc, 0.0
+        return f * run + fc, b * run + bc, 0.0
     f, b = head_compute_s(spec, rates, samples, t)
     fc = _comm((("all_gather", 1),), hidden, t, links) if t > 1 and sp else 0.0
     bc = _comm(((("reduce_scatter" if sp else "all_reduce"), 1),), hidden, t, links) if t > 1 else 0.0
     kept = 4.0 * samples * spec.seq * spec.vocab / t + hidden / (t if sp else 1)  # fp32 logits, the input
-    return f + fc, b + bc, kept
+    return f * run + fc, b * run + bc, kept
 
 
 def _role(nid: str) -> str:
@@ -177,10 +180,16 @@ def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
             f, b, kept = node_costs(spec, _role(g.ids[i]), kind, samples, st.tp, plan.sequence_parallel,
                                      plan.recompute_mode(k), links)
             fwd[i], bwd[i], saved[i] = f * speed * scale, b * speed * scale, kept * st.tp * scale
+    params = g.params.copy()
+    owner = plan.stage_of_node()
+    if spec.tied and owner[g.index["embed"]] != owner[g.index["head"]]:
+        # Megatron-LM: the last stage keeps a copy of the tied embedding (its gradient all-reduce
+        # with the first stage, once an iteration, is not priced: docs/llm.md)
+        params[g.index["head"]] += BF16 * spec.vocab * spec.hidden
     meta = {**{k: v for k, v in g.meta.items() if k != "fixed_s"}, LOWERED: True}
     if plan.zero:
         meta["optimizer_shards"] = min(len(s) for s in of_stage)
-    return replace(g, fwd=fwd, bwd=bwd, saved=saved, meta=meta)
+    return replace(g, fwd=fwd, bwd=bwd, saved=saved, params=params, meta=meta, tied={})
 
 
 def lower(plan: Plan) -> Lowered:

@@ -185,7 +185,8 @@ def _search(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOpt
 def _plan_decoder(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOptions) -> Plan:
     """A decoder LLM: TP x PP x DP x microbatch x schedule x recomputation x ZeRO, every
     realizable configuration screened in closed form, the best ``opts.simulations`` and
-    Megatron-LM's rule of thumb simulated (``llm3d.search``)."""
+    Megatron-LM's rule of thumb simulated (``llm3d.search``); the other planners' plans, when
+    ``compare`` hands them over, win where they are better."""
     batch = llm3d.global_batch_of(graph, options.global_batch, options.microbatches)
     pins = llm3d.Pins(schedule=options.schedule)
     spec = llm3d.spec_of(graph)
@@ -193,10 +194,15 @@ def _plan_decoder(graph: Graph, cluster: Cluster, options: PlanOptions, opts: Jo
         baseline: tuple[llm3d.Config, ...] = (llm3d.rule_of_thumb(spec, cluster, batch, pins, options.optimizer),)
     except PipeplanError:
         baseline = ()
-    plan = llm3d.search(graph, cluster, batch, pins, options.optimizer, opts.simulations, options.allow_over_memory,
-                        baseline)
-    facts = plan.extra.pop("llm3d")
-    plan.extra["joint"] = {**facts, "evaluations": len(facts["simulated"])}
+    found = llm3d.search(graph, cluster, batch, pins, options.optimizer, opts.simulations, options.allow_over_memory,
+                         baseline)
+    answers: dict[str, tuple[Plan, SimResult]] = {"search": (found, simulate(found, timeline=False))}
+    answers.update((f"seed:{name}", pr) for name, pr in (options.known_plans or {}).items())
+    source = min(answers, key=lambda k: rank_key(answers[k][1], options.allow_over_memory))
+    chosen = answers[source][0]
+    plan = replace(chosen, extra={k: v for k, v in chosen.extra.items() if k != "llm3d"}, prediction={})
+    facts = found.extra["llm3d"]
+    plan.extra["joint"] = {**facts, "evaluations": len(facts["simulated"]), "from": source}
     return plan
 
 

@@ -1,0 +1,230 @@
+"""Tensor x pipeline x data parallelism of decoder LLMs (docs/llm.md): plans with ``tp`` per
+stage, costed on their tensor-parallel groups, against closed forms from the decoder's
+dimensions and Megatron-LM's formulas."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeplan.cluster import load_cluster
+from pipeplan.errors import PipeplanError
+from pipeplan.graph import load_graph
+from pipeplan.graph.llm import gpt
+from pipeplan.plan import Plan, Stage, plan_from_dict
+from pipeplan.planners import llm3d
+from pipeplan.sim import llm_costs, simulate
+from pipeplan.sim.collectives import group_links
+from pipeplan.sim.formulas import state_bytes
+from pipeplan.sim.tensor_groups import group_cluster, node_costs
+
+from pipeplan.cluster.kinds import kind
+
+SMALL = "zoo:gpt?hidden=1024&layers=4&heads=16&seq=512&vocab=8192"
+H100 = kind("H100-SXM")
+
+
+def one_stage(graph, cluster, tp, devices=None, microbatches=4, **kw) -> Plan:
+    devices = devices or cluster.names[:tp]
+    return Plan(graph, cluster, [Stage(list(graph.ids), devices, tp)], microbatches, replicas="round-robin", **kw)
+
+
+def test_one_tensor_parallel_group_runs_each_microbatch_in_the_layers_closed_form_time():
+    """One stage on one TP group of 8: the iteration is M x (embed + layers + head) of one rank,
+    each the kernel-level compute over END_TO_END plus Megatron's collectives."""
+    g, c = load_graph(SMALL + "&microbatch=2"), load_cluster("dgx-h100x1")
+    spec = llm3d.spec_of(g)
+    links = group_links(c, range(8))
+    layer = llm_costs.layer_cost(spec, H100, 2, 8, False, "none", *links)
+    per_layer = (layer.fwd_s + layer.bwd_s) / llm_costs.END_TO_END + layer.fwd_comm_s + layer.bwd_comm_s
+    ends = sum(sum(node_costs(spec, role, H100, 2, 8, False, "none", links)[:2]) for role in ("embed", "head"))
+    r = simulate(one_stage(g, c, 8), timeline=False)
+    assert r.iteration_s == pytest.approx(4 * (spec.layers * per_layer + ends), rel=1e-9)
+    assert r.devices == ["s0g0..s0g7"] and r.members == {"s0g0..s0g7": c.names}
+
+
+def test_per_gpu_memory_is_the_state_over_tp_plus_what_one_microbatch_keeps():
+    """1F1B on one stage keeps one microbatch in flight: 18 bytes a parameter / t plus the
+    layers' activations per rank (Korthikanti's count) and the head's."""
+    g, c = load_graph(SMALL + "&microbatch=2"), load_cluster("dgx-h100x1")
+    spec = llm3d.spec_of(g)
+    r = simulate(one_stage(g, c, 4), timeline=False)
+    state = state_bytes(2.0 * spec.total_params(), "adam", "bf16") / 4
+    kept = spec.layers * spec.layer_activation_bytes(2, 4, False, "none") \
+        + node_costs(spec, "head", H100, 2, 4, False, "none", group_links(c, range(4)))[2]
+    assert r.memory_bytes[0] == pytest.approx(state + kept, rel=0.02)
+    assert r.memory_limit[0] == c.memory[0]
+
+
+def test_zero1_shards_master_weights_and_adam_states_over_the_replicas():
+    """ZeRO-1 over d replicas saves 12 (1 - 1/d) bytes a parameter per rank: 18 -> 6 + 12/d."""
+    g, c = load_graph(SMALL), load_cluster("dgx-h100x1")
+    base = simulate(one_stage(g, c, 2, devices=c.names), timeline=False)
+    zero = simulate(one_stage(g, c, 2, devices=c.names, zero=1), timeline=False)
+    params = llm3d.spec_of(g).total_params()
+    assert base.memory_bytes[0] - zero.memory_bytes[0] == pytest.approx(12 * params * (1 - 1 / 4) / 2, rel=1e-9)
+    assert base.iteration_s == zero.iteration_s
+
+
+def test_a_microbatch_split_into_fractions_of_a_sample_is_refused():
+    g, c = load_graph(SMALL), load_cluster("dgx-h100x1")
+    plan = Plan(g, c, [Stage(list(g.ids), c.names[:4], 2)], 4, replicas="split")
+    with pytest.raises(PipeplanError, match="not whole samples"):
+        simulate(plan)
+    ok = Plan(load_graph(SMALL + "&microbatch=2"), c, [Stage(list(g.ids), c.names[:4], 2)], 4, replicas="split")
+    assert simulate(ok, timeline=False).iteration_s > 0
+
+
+def test_group_links_are_the_rails_of_their_rank_pairs():
+    """Two groups of 8 on two DGX servers: 8 InfiniBand rails; inside one server, NVLink."""
+    c = load_cluster("dgx-h100x2")
+    gc = group_cluster(c, [list(range(8)), list(range(8, 16))])
+    assert gc.bandwidth[0, 1] == 8 * c.bandwidth[0, 8] and gc.latency[0, 1] == c.latency[0, 8]
+    gc = group_cluster(c, [[0, 1], [2, 3], [8, 9, 10, 11]])
+    assert gc.bandwidth[0, 1] == 2 * c.bandwidth[0, 2] and gc.bandwidth[1, 2] == 2 * c.bandwidth[2, 8]
+    assert gc.memory.tolist() == [2 * c.memory[0], 2 * c.memory[0], 4 * c.memory[0]]
+
+
+@pytest.mark.parametrize("h, layers, heads, batch", [(2304, 24, 24, 512), (12288, 96, 96, 1536)])
+def test_hardware_flops_with_full_recomputation_are_megatrons_eq3(h, layers, heads, batch):
+    """Narayanan et al. 2021 Eq. 3: 96 B s l h^2 (1 + s / 6h + V / 16lh) a iteration."""
+    g, c = load_graph(f"zoo:gpt?hidden={h}&layers={layers}&heads={heads}"), load_cluster("dgx-a100x2")
+    cfg = llm3d.Config(8, 2, 1, 1, 1, "full", 0, False, "1f1b")
+    plan = llm3d.plan_of(g, c, cfg, batch // 8)
+    r = simulate(plan, timeline=False)
+    s, v, b = 2048, 51200, batch // 8
+    eq3 = 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    assert r.extra["hw_tflops_per_gpu"] * 1e12 * r.iteration_s * 16 == pytest.approx(eq3, rel=0.01)
+    spec = llm3d.spec_of(g)  # the layers' forward again; the head is not recomputed
+    again = layers * spec.layer_flops(1) / (3 * (layers * spec.layer_flops(1) + spec.head_flops(1)))
+    assert r.extra["hw_tflops_per_gpu"] / r.extra["model_tflops_per_gpu"] == pytest.approx(1 + again, rel=1e-9)
+    assert r.extra["mfu"] == pytest.approx(r.extra["model_tflops_per_gpu"] * 1e12 / 312e12)
+
+
+def test_plan_json_round_trips_the_parallelism_and_refuses_it_elsewhere(tmp_path):
+    g, c = load_graph(SMALL), load_cluster("dgx-h100x1")
+    plan = one_stage(g, c, 4, devices=c.names, selective=True, sequence_parallel=True, zero=1)
+    back = plan_from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert [s.tp for s in back.stages] == [4] and back.selective and back.sequence_parallel and back.zero == 1
+    d = plan.to_dict()
+    d["stages"][0]["tp"] = 3
+    with pytest.raises(PipeplanError, match="not a multiple of its tp 3"):
+        plan_from_dict(d)
+    d["stages"][0]["tp"] = "8"
+    with pytest.raises(PipeplanError, match="tp must be an integer"):
+        plan_from_dict(d)
+    chain = load_graph("zoo:vgg16")
+    with pytest.raises(PipeplanError, match="decoder LLM graphs only"):
+        Plan(chain, c, [Stage(list(chain.ids), c.names[:2], 2)], 4)
+
+
+def test_tensor_parallelism_on_gpus_without_bf16_rates_is_refused():
+    g = load_graph(SMALL)
+    c = load_cluster("hier:servers=1,gpus=4,intra=100Gbps,inter=10Gbps")
+    with pytest.raises(PipeplanError, match="bf16 rates"):
+        simulate(one_stage(g, c, 2, devices=c.names))
+
+
+def test_every_configuration_is_realizable():
+    spec, c = gpt("g", 4096, 24, 32), load_cluster("dgx-a100x4")
+    cfgs = llm3d.configs(spec, c, 256)
+    assert cfgs and len(set(cfgs)) == len(cfgs)
+    for cfg in cfgs:
+        assert 8 % cfg.tp == 0 and spec.heads % cfg.tp == 0 and cfg.tp * cfg.pp * cfg.dp == 32
+        assert 256 % (cfg.dp * cfg.microbatch) == 0 and cfg.pp <= spec.layers
+        if cfg.vpp > 1:
+            assert cfg.schedule == "interleaved-1f1b" and spec.layers % (cfg.pp * cfg.vpp) == 0
+            assert (256 // (cfg.dp * cfg.microbatch)) % cfg.pp == 0
+    assert {cfg.tp for cfg in cfgs} == {1, 2, 4, 8} and {cfg.recompute for cfg in cfgs} == {"none", "selective", "full"}
+
+
+def test_the_screening_estimate_is_near_the_simulation():
+    """The closed form screens; it stays within 15% of the simulated iteration on uniform plans."""
+    g, c = load_graph("zoo:gpt?hidden=4096&layers=32&heads=32"), load_cluster("dgx-a100x4")
+    spec = llm3d.spec_of(g)
+    for cfg in (llm3d.Config(8, 4, 1, 1, 1, "selective", 0, True, "1f1b"),
+                llm3d.Config(4, 2, 4, 2, 2, "full", 1, True, "interleaved-1f1b"),
+                llm3d.Config(2, 1, 16, 1, 4, "none", 1, True, "1f1b")):
+        est = llm3d.estimate(spec, c, cfg, 256)
+        r = simulate(llm3d.plan_of(g, c, cfg, 256), timeline=False)
+        assert est.iteration_s == pytest.approx(r.iteration_s, rel=0.15)
+        assert est.memory_bytes == pytest.approx(float(r.memory_bytes.max()), rel=0.15)
+
+
+@pytest.mark.slow
+def test_joint_is_the_best_of_every_configuration_simulated():
+    """With a budget for all of them, joint's 3D plan is the fastest fitting configuration of
+    an independent brute force over the configurations, each simulated."""
+    from pipeplan.planners.base import PlanOptions, planner_settings, run_planner
+
+    g, c = load_graph(SMALL), load_cluster("dgx-h100x1")
+    cfgs = llm3d.configs(llm3d.spec_of(g), c, 32)
+    times = []
+    for cfg in cfgs:
+        r = simulate(llm3d.plan_of(g, c, cfg, 32), timeline=False)
+        if not r.over_memory:
+            times.append(r.iteration_s)
+    settings = planner_settings(["joint"], [("simulations", str(len(cfgs)))])
+    plan, res = run_planner("joint", g, c, PlanOptions(global_batch=32, settings=settings))
+    assert plan.extra["joint"]["complete"] and plan.extra["joint"]["configurations"] == len(cfgs)
+    assert res.iteration_s == pytest.approx(min(times), rel=1e-12)
+
+
+def test_megatron_pins_every_dimension_and_takes_its_rules_for_the_rest(capsys):
+    from pipeplan.cli import main
+
+    assert main(["plan", "--model", "zoo:gpt?hidden=4096&layers=32&heads=32", "--cluster", "dgx-a100x4",
+                 "--global-batch", "256", "--planner", "megatron", "-O", "tp=4", "-O", "pp=2", "-O", "vpp=2",
+                 "-O", "microbatch=2", "-O", "recompute=selective", "-O", "zero=1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    p = out["parallelism"]
+    assert (p["tp"], p["pp"], p["dp"], p["virtual_stages"], p["microbatch"], p["recompute"], p["zero"]) == \
+        (4, 2, 4, 2, 2, "selective", 1)
+    assert all(s["tp"] == 4 for s in out["stages"]) and len(out["stages"]) == 4
+    assert out["microbatches"] * 2 == 256
+    assert "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2" in p["megatron_args"]
+    for key in ("model_tflops_per_gpu", "hw_tflops_per_gpu", "mfu"):
+        assert out["prediction"][key] > 0
+    assert main(["plan", "--model", "zoo:gpt?hidden=4096&layers=32&heads=32", "--cluster", "dgx-a100x4",
+                 "--global-batch", "256", "--planner", "megatron", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)["parallelism"]
+    assert (p["tp"], p["microbatch"], p["sequence_parallel"], p["zero"]) == (8, 1, True, 1)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["-O", "tp=3"], "no configuration agrees with the pinned dimensions (tp=3)"),
+    (["-O", "pp=64"], "no configuration agrees with the pinned dimensions (pp=64"),
+    (["-O", "recompute=some"], "recompute"),
+])
+def test_megatron_pins_that_cannot_run_are_one_line(argv, words, capsys):
+    from pipeplan.cli import main
+
+    assert main(["plan", "--model", "zoo:gpt?hidden=4096&layers=32&heads=32", "--cluster", "dgx-a100x4",
+                 "--global-batch", "256", "--planner", "megatron", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1
+
+
+def test_megatron_llm_options_on_another_graph_are_refused(capsys):
+    from pipeplan.cli import main
+
+    assert main(["plan", "--model", "zoo:vgg16", "--cluster", "hier:servers=1,gpus=4,intra=100Gbps,inter=10Gbps",
+                 "--planner", "megatron", "-O", "tp=2"]) == 2
+    assert "for decoder LLM graphs" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_llama3_70b_plan_on_512_h100s_shows_3d_memory_bubble_and_megatron_arguments(capsys):
+    """The issue's command: a TP x PP x DP plan, per-GPU memory that fits, the bubble, and
+    Megatron-LM's arguments."""
+    from pipeplan.cli import main
+
+    assert main(["plan", "--model", "zoo:llama3-70b", "--cluster", "dgx-h100x64", "--global-batch", "1024",
+                 "--planner", "joint"]) == 0
+    out = capsys.readouterr().out
+    assert "3D: TP " in out and " x PP " in out and " x DP " in out
+    assert "per GPU: peak memory" in out and "bubble" in out and "MFU" in out
+    assert "Megatron-LM: --tensor-model-parallel-size" in out and "--micro-batch-size" in out
+    assert "OVER" not in out

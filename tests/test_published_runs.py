@@ -1,0 +1,45 @@
+"""Megatron-LM SC'21 Table 1 (benchmarks/published/megatron_sc21.yaml) re-run small: the
+published configurations of the smaller rows predicted within the benchmark's targets, and
+joint never slower than them (benchmarks/published/megatron_sc21.py runs every row)."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "published"))
+from _runs import joint, load_rows, pairs_in_order, predict  # noqa: E402
+
+HEAD, ROWS = load_rows()
+
+
+def test_the_data_file_cites_its_source_and_every_row_is_whole():
+    assert "Narayanan et al. 2021" in HEAD["source"] and "Table 1" in HEAD["source"]
+    assert "run_table_1.sh" in HEAD["source"]
+    for r in ROWS:
+        assert r.gpus % (r.tp * r.pp) == 0 and r.global_batch % (r.dp * r.microbatch) == 0
+        assert r.layers % (r.pp * r.virtual_stages) == 0 and r.heads % r.tp == 0
+
+
+def test_the_smaller_published_runs_are_predicted_within_the_targets():
+    """The first five rows (32 to 512 GPUs): each within 20%, their median within 10%, and
+    pairs more than 10% apart in the published order."""
+    rows = ROWS[:5]
+    pred = [predict(HEAD, r).extra["hw_tflops_per_gpu"] for r in rows]
+    errors = [abs(p / r.tflops_per_gpu - 1) for p, r in zip(pred, rows)]
+    assert max(errors) <= 0.20 and statistics.median(errors) <= 0.10
+    good, total = pairs_in_order([r.tflops_per_gpu for r in rows], pred, 0.10)
+    assert good == total
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", [0, 4])
+def test_joint_is_never_slower_than_the_published_configuration(index):
+    r = ROWS[index]
+    published = predict(HEAD, r)
+    cfg, res, _ = joint(HEAD, r, 4)
+    assert res.iteration_s <= published.iteration_s and not res.over_memory
+    assert cfg.tp <= HEAD["servers_of"] and r.heads % cfg.tp == 0 and r.global_batch % (cfg.dp * cfg.microbatch) == 0
