@@ -103,3 +103,22 @@ def test_plan_files(tmp_path, capsys, path, value):
     p = tmp_path / "p.json"
     p.write_text(json.dumps(mutate(json.loads(base.read_text()), path, value), allow_nan=True))
     run(["simulate", str(p), "--trace", str(tmp_path / "t.json")], tmp_path / "t.json", capsys)
+
+
+@SETTINGS
+@given(path=st.lists(st.one_of(st.sampled_from(["tp", "zero", "selective_recompute", "sequence_parallel", "stages",
+                                                "devices", "nodes", "microbatches", "replicas", "recompute", "graph",
+                                                "meta", "decoder", "microbatch", "heads", "hidden", "kv_heads",
+                                                "cluster", "kind"]), st.integers(0, 3)), min_size=1, max_size=4),
+       value=values)
+def test_tensor_parallel_plan_files(tmp_path, capsys, path, value):
+    """A decoder LLM's 3D plan (TP groups, selective recomputation, ZeRO-1) mutated anywhere."""
+    base = tmp_path / "base.json"
+    if not base.exists():
+        assert main(["plan", "--model", "zoo:gpt?hidden=512&layers=4&heads=8&seq=256&vocab=4096", "--cluster",
+                     "dgx-h100x1", "--planner", "megatron", "-O", "tp=2", "-O", "pp=2", "-O", "recompute=selective",
+                     "-O", "zero=1", "--global-batch", "8", "--out", str(base)]) == 0
+        capsys.readouterr()
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(mutate(json.loads(base.read_text()), path, value), allow_nan=True))
+    run(["simulate", str(p), "--trace", str(tmp_path / "t.json")], tmp_path / "t.json", capsys)

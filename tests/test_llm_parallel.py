@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from pipeplan.cluster import load_cluster
@@ -228,3 +227,31 @@ def test_the_llama3_70b_plan_on_512_h100s_shows_3d_memory_bubble_and_megatron_ar
     assert "per GPU: peak memory" in out and "bubble" in out and "MFU" in out
     assert "Megatron-LM: --tensor-model-parallel-size" in out and "--micro-batch-size" in out
     assert "OVER" not in out
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d["graph"]["meta"].__setitem__("decoder", {"foo": 1}), "unknown key 'foo'"),
+    (lambda d: d["graph"]["meta"].__setitem__("decoder", "x"), "must be an object"),
+    (lambda d: d["graph"]["meta"]["decoder"].__setitem__("gated", "no"), "'gated' must be true or false"),
+    (lambda d: d["graph"]["meta"]["decoder"].pop("hidden"), "lacks 'hidden'"),
+    (lambda d: d["graph"]["meta"]["decoder"].__setitem__("heads", 3), "not a multiple of heads 3"),
+    (lambda d: d["stages"][0].__setitem__("tp", 0), "tp 0"),
+    (lambda d: d.__setitem__("zero", 2), "zero must be 0 or 1"),
+    (lambda d: d.__setitem__("selective_recompute", "yes"), "selective_recompute must be true or false"),
+    (lambda d: d["cluster"]["devices"][0].__setitem__("kind", "V100"), "bf16 rates"),
+])
+def test_hostile_tensor_parallel_plans_are_one_line(tmp_path, capsys, edit, words):
+    from pipeplan.cli import main
+
+    base = tmp_path / "base.json"
+    assert main(["plan", "--model", "zoo:gpt?hidden=512&layers=4&heads=8&seq=256&vocab=4096", "--cluster",
+                 "dgx-h100x1", "--planner", "megatron", "-O", "tp=2", "-O", "pp=2", "--global-batch", "8",
+                 "--out", str(base)]) == 0
+    d = json.loads(base.read_text())
+    edit(d)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    capsys.readouterr()
+    assert main(["simulate", str(bad), "--trace", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1 and not (tmp_path / "t.json").exists()

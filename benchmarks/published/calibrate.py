@@ -17,7 +17,6 @@ import argparse
 import math
 import sys
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 from scipy.optimize import minimize_scalar

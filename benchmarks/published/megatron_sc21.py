@@ -89,7 +89,7 @@ def versus_joint(head: dict, rows: list, accuracy_rows: list[dict], simulations:
 
 
 def markdown(head: dict, acc: list[dict], summary: dict, vs: list[dict]) -> str:
-    lines = [f"# Megatron-LM SC'21 Table 1: published vs predicted\n", f"Source: {head['source']}.\n",
+    lines = ["# Megatron-LM SC'21 Table 1: published vs predicted\n", f"Source: {head['source']}.\n",
              f"End-to-end share of the kernel rate (the one calibrated constant): {llm_costs.END_TO_END}.\n",
              "| model | GPUs | TP | PP | DP | v | microbatch | published TFLOP/s | predicted | error |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -181,8 +181,12 @@ def print_compare(rows: list[dict], title: str, console: Console | None = None) 
             notes.append(f"{r['planner']}: search incomplete: {r.get('incomplete') or 'its budget ran out'}")
             incomplete = f", incomplete ({len(notes)})"
         mode = f" {r['plan']['replicas']}" if max(rep) > 1 else ""
+        tps = [st.get("tp", 1) for st in r["plan"]["stages"]]
+        tp = "" if max(tps) == 1 else f"TP {tps[0] if len(set(tps)) == 1 else '-'.join(map(str, tps))} x "
+        rep = [n // t for n, t in zip(rep, tps)]  # replicas: tensor-parallel groups
         table.add_row(str(k), f"{r['planner']} ({r['plan']['schedule']}{incomplete})", str(len(rep)),
-                      ("-".join(map(str, rep)) if len(rep) <= 12 else f"{'-'.join(map(str, rep[:12]))}-..") + mode,
+                      tp + ("-".join(map(str, rep)) if len(rep) <= 12 else f"{'-'.join(map(str, rep[:12]))}-..")
+                      + mode,
                       fmt_time_in(r["iteration_s"], it_unit),
                       "-" if r.get("speedup_vs_dp") is None else f"{r['speedup_vs_dp']:.2f}x",
                       f"{r['efficiency']:.1%}",

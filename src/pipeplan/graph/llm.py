@@ -24,7 +24,7 @@ parameters, FLOPs and activation bytes per layer, in closed form (docs/llm.md).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from ..errors import PipeplanError
 from ..limits import check_layers
@@ -177,6 +177,26 @@ class DecoderSpec:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def decoder_of(meta: dict, where: str = "model") -> DecoderSpec:
+    """The ``DecoderSpec`` a graph's ``meta["decoder"]`` records, or one line on what is wrong."""
+    d = meta.get("decoder")
+    if not isinstance(d, dict):
+        raise PipeplanError(f"{where}: meta 'decoder' must be an object of a decoder's dimensions, got {d!r}")
+    known = {f.name: f.type for f in fields(DecoderSpec)}
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise PipeplanError(f"{where}: meta 'decoder' has unknown key {unknown[0]!r}")
+    missing = [k for k in ("name", "hidden", "layers", "heads", "seq", "vocab", "ffn", "kv_heads") if k not in d]
+    if missing:
+        raise PipeplanError(f"{where}: meta 'decoder' lacks {missing[0]!r}")
+    for key, kind in known.items():
+        want = {"bool": bool, "str": str}.get(str(kind))
+        if key in d and want is not None and not isinstance(d[key], want):
+            raise PipeplanError(f"{where}: meta 'decoder' {key!r} must be {'true or false' if want is bool else 'a string'}"
+                                f", got {d[key]!r}")
+    return DecoderSpec(**d)
 
 
 def _recompute(value: str) -> str:

@@ -27,7 +27,7 @@ from ..cluster import Cluster
 from ..cluster.kinds import KINDS
 from ..errors import PipeplanError
 from ..graph import Graph
-from ..graph.llm import RECOMPUTE, DecoderSpec
+from ..graph.llm import RECOMPUTE, DecoderSpec, decoder_of
 from ..graph.scale import with_microbatch
 from ..plan import Plan, Stage
 from ..sim.collectives import group_links
@@ -91,7 +91,7 @@ class Pins:
 
 
 def spec_of(graph: Graph) -> DecoderSpec:
-    return DecoderSpec(**graph.meta["decoder"])
+    return decoder_of(graph.meta, f"model {graph.name!r}")
 
 
 def server_size(cluster: Cluster) -> int:

@@ -1,5 +1,9 @@
-"""The configuration a practitioner writes for Megatron-LM (Narayanan et al. 2021, §2-3),
-tensor parallelism left out: a pipeline of p stages with equal numbers of layers, replicated
+"""The configuration a practitioner writes for Megatron-LM (Narayanan et al. 2021, §2-3).
+
+A decoder LLM on GPUs with bf16 rates gets tensor x pipeline x data parallelism by Megatron's
+rules of thumb, any dimension pinned with ``-O`` (``llm3d.rule_of_thumb``, docs/llm.md).
+
+Any other graph, tensor parallelism left out: a pipeline of p stages with equal numbers of layers, replicated
 d = V / p times for data parallelism (identical pipelines, each taking whole microbatches in
 turn), ranks laid out as Megatron does (data-parallel rank fastest, pipeline rank slowest:
 pipeline position s on devices s*d ... s*d + d - 1 of the cluster's order), 1F1B or the
@@ -132,14 +136,15 @@ def _decoder_plan(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     return llm3d.plan_of(graph, cluster, cfg, batch, options.optimizer)
 
 
-def _refuse_llm_options(graph: Graph, options: PlanOptions) -> bool:
+def _refuse_llm_options(graph: Graph, options: PlanOptions) -> bool | None:
     """The old graphs' recomputation setting: True/False pinned, None swept; a decoder-only
-    option on another graph is one line."""
+    option on another graph (or on GPUs without bf16 rates) is one line."""
     o = options.settings_of(MegatronOptions)
     only = [k for k in ("tp", "pp", "vpp", "microbatch", "zero", "sp") if getattr(o, k) is not None]
     if only or o.recompute == "selective":
-        raise PipeplanError(f"planner 'megatron': option {(only or ['recompute=selective'])[0]} is for decoder LLM "
-                            f"graphs (zoo:gpt, zoo:llama3-*, hf:), not {graph.name!r}")
+        what = (f"needs GPUs with bf16 rates (A100-40GB, A100-80GB, H100-SXM) for {graph.name!r}"
+                if is_decoder(graph) else f"is for decoder LLM graphs (zoo:gpt, zoo:llama3-*, hf:), not {graph.name!r}")
+        raise PipeplanError(f"planner 'megatron': option {(only or ['recompute=selective'])[0]} {what}")
     return None if o.recompute is None else o.recompute == "full"
 
 
@@ -148,15 +153,16 @@ def _refuse_llm_options(graph: Graph, options: PlanOptions) -> bool:
           "graphs equal layers per stage, identical data-parallel pipelines, 1F1B or interleaved 1F1B, depth and "
           "chunks swept", "1f1b", options=MegatronOptions, own_batch=True)
 def plan_megatron(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
-    """A decoder LLM: ``_decoder_plan``. Another graph: the fastest fitting plan over the
-    depths of ``depths`` x the chunks of ``chunk_counts``, each with recomputation only when it
-    does not fit without (the fastest overall when none fits)."""
+    """A decoder LLM: ``_decoder_plan``. Another graph: ``_plan_layers``."""
     if is_decoder(graph) and has_rates(cluster):
         return _decoder_plan(graph, cluster, options)
     return _plan_layers(graph, cluster, options, _refuse_llm_options(graph, options))
 
 
 def _plan_layers(graph: Graph, cluster: Cluster, options: PlanOptions, pinned: bool | None = None) -> Plan:
+    """The fastest fitting plan over the depths of ``depths`` x the chunks of ``chunk_counts``,
+    each with recomputation only when it does not fit without (the fastest overall when none
+    fits); ``pinned``: recomputation fixed on (True) or off (False) by ``-O recompute``."""
     best, best_key = None, None
     lin = linearize(graph)
     layers = int(np.count_nonzero(layer_mask(graph, lin)))

@@ -30,7 +30,7 @@ from ..cluster import Cluster, Device
 from ..cluster.kinds import KINDS
 from ..errors import PipeplanError
 from ..graph import Graph
-from ..graph.llm import BF16, DecoderSpec, embedding_compute_s, head_compute_s
+from ..graph.llm import BF16, DecoderSpec, decoder_of, embedding_compute_s, head_compute_s
 from ..plan import Plan, Stage, is_decoder
 from .collectives import collective_s, group_links
 from . import llm_costs
@@ -167,7 +167,7 @@ def _samples(plan: Plan, k: int, replicas: int) -> int:
 def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
     """The plan's graph with each node's costs on its stage's groups (module docstring)."""
     g, cl = plan.graph, plan.cluster
-    spec = DecoderSpec(**g.meta["decoder"])
+    spec = decoder_of(g.meta, f"model {g.name!r}")
     fwd, bwd, saved = g.fwd.copy(), g.bwd.copy(), g.saved.copy()
     for k, (st, idx, devs) in enumerate(zip(plan.stages, plan.stage_nodes(), plan.stage_devices())):
         kind = KINDS[cl.devices[devs[0]].kind.lower()]
@@ -210,7 +210,7 @@ def throughput(plan: Plan, iteration_s: float) -> dict:
     """Per GPU: model TFLOP/s (forward + backward, the MFU convention), hardware TFLOP/s (with
     what recomputation runs again, Megatron's Eq. 3 convention) and MFU against the kind's bf16
     peak, for one iteration of ``iteration_s``."""
-    spec = DecoderSpec(**plan.graph.meta["decoder"])
+    spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
     samples = int(plan.graph.meta.get("microbatch", 1)) * plan.microbatches
     gpus = sorted({d for devs in plan.stage_devices() for d in devs})
     again = 0.0
