@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/gpu/gemm_efficiency.py
 	$(BIN)/python benchmarks/published/calibrate.py
 	$(BIN)/python benchmarks/published/megatron_sc21.py
+	$(BIN)/python benchmarks/llm/scale.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis

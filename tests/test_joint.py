@@ -215,8 +215,12 @@ def test_zoo_transformers_take_96_layers(model):
 
 
 @pytest.mark.slow
-def test_hier_clusters_up_to_4096_devices_and_no_more():
+def test_hier_clusters_are_dense_up_to_4096_devices_held_by_server_beyond_and_refused_over_65536():
+    from pipeplan.cluster.links import ServerLinks
+
     c = load_cluster("hier:servers=512,gpus=8,intra=300GB/s,inter=200Gbps")
-    assert len(c) == 4096 and c.bandwidth.shape == (4096, 4096)
-    with pytest.raises(PipeplanError, match="at most 4,096"):
-        load_cluster("hier:servers=513,gpus=8,intra=300GB/s,inter=200Gbps")
+    assert len(c) == 4096 and isinstance(c.bandwidth, np.ndarray) and c.bandwidth.shape == (4096, 4096)
+    big = load_cluster("hier:servers=513,gpus=8,intra=300GB/s,inter=200Gbps")
+    assert isinstance(big.bandwidth, ServerLinks) and big.bandwidth.shape == (4104, 4104)
+    with pytest.raises(PipeplanError, match="at most 65,536"):
+        load_cluster("hier:servers=8193,gpus=8,intra=300GB/s,inter=200Gbps")

@@ -9,6 +9,10 @@ from .errors import PipeplanError
 #: Devices in one cluster: the link matrices are devices^2 and the planners' searches grow
 #: with them (a 4,096-GPU cluster is 128 MiB of links before any planning).
 MAX_DEVICES = 4096
+#: Devices in a cluster whose links are uniform per server (DGX presets, ``hier:`` specs): held
+#: by server, not as dense matrices (``cluster.links``), planned by the 3D planners of decoder
+#: LLMs (Llama 3 405B trained on 16,384 H100s).
+MAX_SERVER_DEVICES = 65536
 #: Layers (nodes) in one model graph.
 MAX_LAYERS = 20000
 #: The largest figures a model file may give one layer (one microbatch on the reference
@@ -30,10 +34,14 @@ MAX_BUDGET_S = 30 * 86400.0
 MAX_MICROBATCHES = 65536
 
 
-def check_devices(count: int, where: str) -> None:
-    if count > MAX_DEVICES:
-        raise PipeplanError(f"{where}: {count:,} devices; pipeplan plans for at most {MAX_DEVICES:,} "
-                            "(group identical servers, or plan one data-parallel replica's pipeline)")
+def check_devices(count: int, where: str, by_server: bool = False) -> None:
+    """At most ``MAX_DEVICES`` devices, or ``MAX_SERVER_DEVICES`` for a cluster whose links
+    are uniform per server (``by_server``)."""
+    most = MAX_SERVER_DEVICES if by_server else MAX_DEVICES
+    if count > most:
+        raise PipeplanError(f"{where}: {count:,} devices; pipeplan plans for at most {most:,}"
+                            + ("" if by_server else f" with links given device by device ({MAX_SERVER_DEVICES:,} "
+                               "with uniform links per server: a hier: spec or a dgx preset)"))
 
 
 def check_layers(count: int, where: str) -> None:

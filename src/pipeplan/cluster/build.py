@@ -8,31 +8,42 @@ from typing import Any
 import numpy as np
 
 from ..errors import PipeplanError
-from ..limits import check_devices
+from ..limits import MAX_DEVICES, check_devices
 from ..readers import check_keys, name_field
 from ..units import parse_bandwidth, parse_bytes, parse_time
 from .kinds import kind as lookup_kind
+from .links import ServerLinks
 from .model import Cluster, Device, Resource
 
 
 def hierarchical(name: str, servers: int, gpus: int, intra: float, inter: float,
-                 kind: str = "V100", latency: float = 0.0, memory: float | None = None,
+                 kind: str = "V100", latency: float | tuple[float, float] = 0.0, memory: float | None = None,
                  speed: float | None = None, meta: dict | None = None) -> Cluster:
     """``servers`` x ``gpus`` devices named ``s{i}g{j}``; ``intra`` bandwidth inside a server,
-    ``inter`` between servers (bytes/s), the same ``latency`` on every link."""
+    ``inter`` between servers (bytes/s), the same ``latency`` on every link or (inside,
+    between)."""
     if servers < 1 or gpus < 1:
         raise PipeplanError(f"cluster {name!r}: servers and gpus must be >= 1")
-    check_devices(servers * gpus, f"cluster {name!r}")
+    check_devices(servers * gpus, f"cluster {name!r}", by_server=True)
     k = lookup_kind(kind)
     devices = [Device(name=f"s{s}g{g}", kind=k.name, memory=k.memory if memory is None else memory,
                       speed=k.speed if speed is None else speed, server=f"s{s}",
                       resources=k.resources if speed is None else ())
                for s in range(servers) for g in range(gpus)]
+    lat = latency if isinstance(latency, tuple) else (latency, latency)
+    return Cluster(name, devices, *server_links(servers, gpus, (intra, inter), lat), meta=dict(meta or {}))
+
+
+def server_links(servers: int, gpus: int, bandwidth: tuple[float, float],
+                 latency: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """Bandwidth and latency matrices of ``servers`` x ``gpus`` devices, (inside a server,
+    between servers) each: dense up to ``MAX_DEVICES`` devices, held by server beyond."""
     server_of = np.repeat(np.arange(servers), gpus)
+    if server_of.size > MAX_DEVICES:
+        return (ServerLinks(server_of, *map(float, bandwidth), np.inf),
+                ServerLinks(server_of, *map(float, latency), 0.0))
     same = server_of[:, None] == server_of[None, :]
-    bw = np.where(same, intra, inter).astype(float)
-    lat = np.full(bw.shape, float(latency))
-    return Cluster(name, devices, bw, lat, meta=dict(meta or {}))
+    return np.where(same, *bandwidth).astype(float), np.where(same, *latency).astype(float)
 
 
 _TOP_KEYS = {"name", "devices", "servers", "bandwidth", "latency", "intra", "inter", "links",
@@ -202,7 +213,29 @@ def _links_to_dict(c: Cluster, bw: np.ndarray) -> dict:
     return {"bandwidth_matrix": bw.tolist(), "latency_matrix": c.latency.tolist()}
 
 
+def _links_by_server(d: dict, devices: list[Device]) -> tuple[np.ndarray, np.ndarray]:
+    """``links_by_server``: (inside a server, between servers) for bandwidth and latency."""
+    s = check_keys(d["links_by_server"], {"bandwidth", "latency"}, "links_by_server")
+    pairs = []
+    for key in ("bandwidth", "latency"):
+        v = s.get(key)
+        if not isinstance(v, list) or len(v) != 2 or any(isinstance(x, bool) or not isinstance(x, (int, float))
+                                                         for x in v):
+            raise PipeplanError(f"links_by_server: {key} must be [inside a server, between servers], got {v!r}")
+        pairs.append((float(v[0]), float(v[1])))
+    check_devices(len(devices), "links_by_server", by_server=True)
+    rank = {name: i for i, name in enumerate(dict.fromkeys(x.server for x in devices))}
+    server_of = np.array([rank[x.server] for x in devices])
+    if len(devices) > MAX_DEVICES:
+        return ServerLinks(server_of, *pairs[0], np.inf), ServerLinks(server_of, *pairs[1], 0.0)
+    same = server_of[:, None] == server_of[None, :]
+    return np.where(same, *pairs[0]), np.where(same, *pairs[1])
+
+
 def _links_from_dict(d: dict, devices: list[Device]) -> tuple[np.ndarray, np.ndarray]:
+    if "links_by_server" in d:
+        return _links_by_server(d, devices)
+    check_devices(len(devices), "cluster")
     if "server_links" not in d:
         return np.array(d["bandwidth_matrix"], dtype=float), np.array(d["latency_matrix"], dtype=float)
     s = check_keys(d["server_links"], {"bandwidth", "latency", "self_bandwidth", "self_latency"}, "server_links")
@@ -224,8 +257,13 @@ def _links_from_dict(d: dict, devices: list[Device]) -> tuple[np.ndarray, np.nda
 
 def cluster_to_dict(c: Cluster) -> dict:
     """Self-contained form (used inside plan JSON): explicit devices and the links, as full
-    matrices or, when uniform between every pair of servers, per pair of servers."""
-    bw = np.where(np.isinf(c.bandwidth), 0.0, c.bandwidth)
+    matrices or, when uniform between every pair of servers, per pair of servers; a cluster
+    held by server (``links.ServerLinks``) as its two numbers each (``links_by_server``)."""
+    if isinstance(c.bandwidth, ServerLinks):
+        links = {"links_by_server": {"bandwidth": [c.bandwidth.inside, c.bandwidth.between],
+                                     "latency": [c.latency.inside, c.latency.between]}}
+    else:
+        links = _links_to_dict(c, np.where(np.isinf(c.bandwidth), 0.0, c.bandwidth))
     return {"name": c.name,
             "devices": [{"name": d.name, "kind": d.kind, "memory": d.memory, "speed": d.speed,
                          "server": d.server,
@@ -233,11 +271,11 @@ def cluster_to_dict(c: Cluster) -> dict:
                                            for r in d.resources]} if d.resources else {}),
                          **({"solo_speed": d.solo_speed} if d.solo_speed else {})}
                         for d in c.devices],
-            **{k: c.meta[k] for k in (*CALIBRATED, "duplex") if k in c.meta},
-            **_links_to_dict(c, bw)}
+            **{k: c.meta[k] for k in (*CALIBRATED, "duplex") if k in c.meta}, **links}
 
 
-_FULL_KEYS = {"name", "devices", "bandwidth_matrix", "latency_matrix", "server_links", *CALIBRATED, "duplex"}
+_FULL_KEYS = {"name", "devices", "bandwidth_matrix", "latency_matrix", "server_links", "links_by_server",
+              *CALIBRATED, "duplex"}
 
 
 def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:

@@ -1,7 +1,8 @@
 """Devices and links (DESIGN.md): the cluster a plan runs on.
 
-Bandwidth and latency are dense V x V matrices (bytes/s and s) over ordered device pairs;
-the diagonal is infinite bandwidth and zero latency (no transfer to oneself).
+Bandwidth and latency are V x V matrices (bytes/s and s) over ordered device pairs: dense, or
+held by server (``links.ServerLinks``) on clusters beyond ``limits.MAX_DEVICES``; the diagonal
+is infinite bandwidth and zero latency (no transfer to oneself).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 
 from ..errors import PipeplanError
 from ..limits import MAX_SPEED
+from .links import ServerLinks
 
 #: The longest link latency a cluster may have (an hour): more is a typo, and would overflow
 #: the simulator's sums.
@@ -60,7 +62,7 @@ class Device:
 class Cluster:
     name: str
     devices: list[Device]
-    bandwidth: np.ndarray
+    bandwidth: np.ndarray  # or ServerLinks (beyond limits.MAX_DEVICES)
     latency: np.ndarray
     meta: dict = field(default_factory=dict)
 
@@ -86,22 +88,31 @@ class Cluster:
             if not (d.memory > 0):
                 raise PipeplanError(f"{where}: device {d.name!r} has memory {d.memory!r} (must be > 0)")
             self.index[d.name] = i
-        self.bandwidth = np.array(self.bandwidth, dtype=float)
-        self.latency = np.array(self.latency, dtype=float)
-        for arr, what in ((self.bandwidth, "bandwidth"), (self.latency, "latency")):
-            if arr.shape != (v, v):
-                raise PipeplanError(f"{where}: {what} matrix is {arr.shape}, expected {(v, v)}")
-        np.fill_diagonal(self.bandwidth, np.inf)
-        np.fill_diagonal(self.latency, 0.0)
-        if np.any(np.isnan(self.bandwidth) | (self.bandwidth < 0)) or not np.all(np.isfinite(self.latency)) \
-                or np.any(self.latency < 0):
-            raise PipeplanError(f"{where}: a link's bandwidth or latency is negative or not a number")
-        if np.any(self.latency > MAX_LATENCY_S):
-            raise PipeplanError(f"{where}: a link's latency is over {MAX_LATENCY_S:g} s")
+        self._links(v, where)
         self.speed = np.array([d.speed for d in self.devices])
         self.fspeed = np.array([d.fwd_speed for d in self.devices])
         self.bspeed = np.array([d.bwd_speed for d in self.devices])
         self.memory = np.array([d.memory for d in self.devices])
+
+    def _links(self, v: int, where: str) -> None:
+        """Check the link matrices (dense ones get their diagonal set)."""
+        if isinstance(self.bandwidth, ServerLinks) and isinstance(self.latency, ServerLinks):
+            bw, lat = np.array(self.bandwidth.off_diagonal()), np.array(self.latency.off_diagonal())
+            if self.bandwidth.shape != (v, v) or self.latency.shape != (v, v):
+                raise PipeplanError(f"{where}: links for {self.bandwidth.shape[0]} devices, expected {v}")
+        else:
+            self.bandwidth = np.array(self.bandwidth, dtype=float)
+            self.latency = np.array(self.latency, dtype=float)
+            for arr, what in ((self.bandwidth, "bandwidth"), (self.latency, "latency")):
+                if arr.shape != (v, v):
+                    raise PipeplanError(f"{where}: {what} matrix is {arr.shape}, expected {(v, v)}")
+            np.fill_diagonal(self.bandwidth, np.inf)
+            np.fill_diagonal(self.latency, 0.0)
+            bw, lat = self.bandwidth, self.latency
+        if np.any(np.isnan(bw) | (bw < 0)) or not np.all(np.isfinite(lat)) or np.any(lat < 0):
+            raise PipeplanError(f"{where}: a link's bandwidth or latency is negative or not a number")
+        if np.any(lat > MAX_LATENCY_S):
+            raise PipeplanError(f"{where}: a link's latency is over {MAX_LATENCY_S:g} s")
 
     def __len__(self) -> int:
         return len(self.devices)
@@ -169,8 +180,12 @@ class Cluster:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Cluster):
             return NotImplemented
-        return (self.name == other.name and self.devices == other.devices
-                and np.array_equal(self.bandwidth, other.bandwidth)
-                and np.array_equal(self.latency, other.latency))
+        if isinstance(self.bandwidth, ServerLinks) or isinstance(other.bandwidth, ServerLinks):
+            # held by server only beyond the dense limit, so a dense cluster is never the same
+            same = (isinstance(self.bandwidth, ServerLinks) and isinstance(other.bandwidth, ServerLinks)
+                    and self.bandwidth == other.bandwidth and self.latency == other.latency)
+        else:
+            same = np.array_equal(self.bandwidth, other.bandwidth) and np.array_equal(self.latency, other.latency)
+        return self.name == other.name and self.devices == other.devices and bool(same)
 
     __hash__ = None  # type: ignore[assignment]

@@ -109,11 +109,9 @@ DGX_PATTERN = re.compile(r"dgx-(a100|h100)x(\d+)")
 def dgx(gpu: str, servers: int) -> Cluster:
     """``dgx-a100xN`` / ``dgx-h100xN``: N DGX servers of 8 GPUs (``DGX``)."""
     kind, nvlink, ib = DGX[gpu]
-    c = hierarchical(f"dgx-{gpu}x{servers}", servers, 8, nvlink, ib, kind=kind,
-                     meta={"source": f"NVIDIA DGX {gpu.upper()}: NVSwitch inside, one InfiniBand adapter per GPU",
-                           "allreduce_efficiency": DGX_NCCL_EFFICIENCY})
-    same = np.equal.outer(np.arange(len(c)) // 8, np.arange(len(c)) // 8)
-    return Cluster(c.name, c.devices, c.bandwidth, np.where(same, *DGX_LATENCY), meta=c.meta)
+    return hierarchical(f"dgx-{gpu}x{servers}", servers, 8, nvlink, ib, kind=kind, latency=DGX_LATENCY,
+                        meta={"source": f"NVIDIA DGX {gpu.upper()}: NVSwitch inside, one InfiniBand adapter per GPU",
+                              "allreduce_efficiency": DGX_NCCL_EFFICIENCY})
 
 
 #: Presets named with a count N: name -> (devices, description)

@@ -7,7 +7,7 @@ batch of one. It never looks at a schedule's name: what to evaluate is in the IR
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from .stage_costs import StageCosts, plan_costs
 from .durations import Layout, pass_speeds
 from .iteration import Outcome, Shape, run_layouts
 from .memory import walks
-from .tensor_groups import lower, needs_lowering, throughput
+from .tensor_groups import Lowered, lower, needs_lowering, throughput
 from .timeline import Timeline, build_timeline
 
 
@@ -209,16 +209,29 @@ def _simulate_groups(plan: Plan, schedule: Schedule | None, timeline: bool) -> S
         raise PipeplanError("a schedule given by hand runs on devices, not on tensor-parallel groups: "
                             "give the plan's schedule by name")
     low = lower(plan)
-    r = simulate(low.plan, schedule, timeline)
-    size = np.array([len(low.groups[low.plan.cluster.index[d]]) for d in r.devices], dtype=float)
-    r.memory_bytes, r.memory_limit = r.memory_bytes / size, r.memory_limit / size
-    r.members = {d: low.groups[low.plan.cluster.index[d]] for d in r.devices}
+    r = _per_group(simulate(low.plan, schedule, timeline), low)
+    if "replicas" in low.plan.extra:
+        r.extra["replicas_simulated"] = low.plan.extra["replicas"]
     r.extra.update(throughput(plan, r.iteration_s))
     costs, speed = plan_costs(low.plan), [float(low.plan.cluster.speed[g].min()) for g in low.plan.stage_devices()]
     share = [len(g) if plan.replicas == "split" else 1 for g in low.plan.stage_devices()]
     r.extra["stage_s_per_microbatch"] = [float((costs.fwd[0, s] + costs.bwd[0, s]) / (speed[s] * share[s]))
                                          for s in range(plan.num_stages)]
     return r
+
+
+def _per_group(r: SimResult, low: Lowered) -> SimResult:
+    """``r`` (on the lowered plan's devices) for every tensor-parallel group of the plan, each
+    as the device it runs as: memory per GPU (a group's / its size)."""
+    row = {d: i for i, d in enumerate(r.devices)}
+    rows = [row[low.plan.cluster.names[g.runs_as]] for g in low.groups]
+    size = np.array([len(g.gpus) for g in low.groups], dtype=float)
+    stages = [r.stages_of(i) for i in rows]
+    return replace(r, devices=[g.name for g in low.groups], stage_of_device=[r.stage_of_device[i] for i in rows],
+                   busy_s=r.busy_s[rows], memory_bytes=r.memory_bytes[rows] / size,
+                   memory_limit=r.memory_limit[rows] / size,
+                   device_stages=stages if any(len(st) > 1 for st in stages) else [],
+                   members={g.name: g.gpus for g in low.groups})
 
 
 def _result(plan: Plan, sched: Schedule, tg: TaskGraph, out: Outcome, timeline: bool) -> SimResult:

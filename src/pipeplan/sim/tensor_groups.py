@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
 
 from ..cluster import Cluster, Device
 from ..cluster.kinds import KINDS
@@ -35,6 +34,7 @@ from ..plan import Plan, Stage, is_decoder
 from .collectives import collective_s, group_links
 from . import llm_costs
 from .llm_costs import layer_cost, rates_of
+from .replicas import as_two, between_groups, ring_links, symmetric_count
 
 
 #: graph meta key of a graph costed on groups already
@@ -42,11 +42,21 @@ LOWERED = "costed_on_groups"
 
 
 @dataclass(frozen=True)
+class Group:
+    """A tensor-parallel group of the plan: its name, its GPUs and the device of the lowered
+    plan that runs as it does (itself, or replica 0's or 1's where replicas run as two)."""
+
+    name: str
+    gpus: list[str]
+    runs_as: int
+
+
+@dataclass(frozen=True)
 class Lowered:
-    """``plan`` on the group cluster; ``groups[v]``: the GPU names of its device v."""
+    """``plan`` on the group cluster and every group of the original plan, in order of use."""
 
     plan: Plan
-    groups: list[list[str]]
+    groups: list[Group]
 
 
 def has_rates(cluster: Cluster, devices: list[int] | None = None) -> bool:
@@ -101,21 +111,7 @@ def group_cluster(cl: Cluster, groups: list[list[int]]) -> Cluster:
         first = cl.devices[g[0]]
         devices.append(Device(_name(cl, g), first.kind, float(cl.memory[g].min()) * len(g),
                               float(cl.speed[g].min()), first.server))
-    n = len(groups)
-    bw, lat = np.full((n, n), np.inf), np.zeros((n, n))
-    sizes = np.array([len(g) for g in groups])
-    for rails in np.unique(sizes):
-        # rank pairs i < min(t_a, t_b): groups of at least ``rails`` ranks, rank i of each
-        at_least = np.flatnonzero(sizes >= rails)
-        pair = np.minimum(sizes[at_least][:, None], sizes[at_least][None, :]) == rails
-        slow, late = np.full(pair.shape, np.inf), np.zeros(pair.shape)
-        for i in range(rails):
-            idx = np.array([groups[a][i] for a in at_least])
-            slow = np.minimum(slow, cl.bandwidth[np.ix_(idx, idx)])
-            late = np.maximum(late, cl.latency[np.ix_(idx, idx)])
-        sub = np.ix_(at_least, at_least)
-        bw[sub] = np.where(pair, rails * slow, bw[sub])
-        lat[sub] = np.where(pair, late, lat[sub])
+    bw, lat = between_groups(cl, groups, groups)
     return Cluster(f"{cl.name} (tensor-parallel groups)", devices, bw, lat, dict(cl.meta))
 
 
@@ -198,12 +194,37 @@ def lower(plan: Plan) -> Lowered:
         raise PipeplanError("plan: zero shards the optimizer over the data-parallel replicas, which must be as "
                             "many on every stage")
     groups, of_stage = _groups(plan)
-    cl = group_cluster(plan.cluster, groups)
-    names = cl.names
-    stages = [Stage(list(st.nodes), [names[v] for v in of_stage[k]]) for k, st in enumerate(plan.stages)]
-    low = Plan(group_graph(plan, of_stage), cl, stages, plan.microbatches, schedule=plan.schedule,
-               planner=plan.planner, optimizer=plan.optimizer, replicas=plan.replicas)
-    return Lowered(low, [[plan.cluster.devices[d].name for d in g] for g in groups])
+    graph = group_graph(plan, of_stage)
+    r = symmetric_count(plan, groups, of_stage)
+    named = [(_name(plan.cluster, g), [plan.cluster.devices[d].name for d in g]) for g in groups]
+    if r is None:
+        cl = group_cluster(plan.cluster, groups)
+        stages = [Stage(list(st.nodes), [cl.names[v] for v in of_stage[k]]) for k, st in enumerate(plan.stages)]
+        return Lowered(Plan(graph, cl, stages, plan.microbatches, schedule=plan.schedule, planner=plan.planner,
+                            optimizer=plan.optimizer, replicas=plan.replicas),
+                       [Group(n, gpus, v) for v, (n, gpus) in enumerate(named)])
+    return _as_two_replicas(plan, graph, groups, of_stage, r, named)
+
+
+def _as_two_replicas(plan: Plan, graph: Graph, groups: list[list[int]], of_stage: list[list[int]], r: int,
+                     named: list[tuple[str, list[str]]]) -> Lowered:
+    """The plan's replicas 0 and 1 with 2M / r microbatches, the link between them pricing
+    each stage's all-reduce as over all r (``sim.replicas``); replica k > 1 runs as replica 0."""
+    kept = list(dict.fromkeys(g for s in of_stage for g in s[:2]))
+    at = {g: i for i, g in enumerate(kept)}
+    cl = group_cluster(plan.cluster, [groups[g] for g in kept])
+    for ring in {tuple(s) for s in of_stage}:
+        a, b = at[ring[0]], at[ring[1]]
+        bw, lat = as_two(r, *ring_links(plan.cluster, [groups[g] for g in ring]))
+        cl.bandwidth[a, b] = cl.bandwidth[b, a] = bw
+        cl.latency[a, b] = cl.latency[b, a] = lat
+    stages = [Stage(list(st.nodes), [cl.names[at[g]] for g in of_stage[k][:2]]) for k, st in enumerate(plan.stages)]
+    low = Plan(graph, cl, stages, 2 * plan.microbatches // r, schedule=plan.schedule, planner=plan.planner,
+               optimizer=plan.optimizer, replicas=plan.replicas)
+    runs_as = {g: at[s[1] if k == 1 else s[0]] for s in of_stage for k, g in enumerate(s)}
+    low.extra["replicas"] = {"simulated": 2, "of": r}
+    order = dict.fromkeys(g for s in of_stage for g in s)
+    return Lowered(low, [Group(*named[g], runs_as[g]) for g in order])
 
 
 def throughput(plan: Plan, iteration_s: float) -> dict:
