@@ -266,6 +266,7 @@ def wide_linears():
         torch.randn(256, 512)
 
 
+@pytest.mark.slow
 def test_backward_splits_into_measured_input_and_weight_gradients(profiles):
     """``torch.autograd.grad`` w.r.t. the inputs, then w.r.t. the parameters, layer by layer:
     the first layer (its input is data) has no input gradient; a matmul between two layers has
