@@ -5,8 +5,10 @@ the command a user types (a fresh process: imports, model and cluster included):
 - Llama 3 405B on 16,384 H100s (``dgx-h100x2048``), global batch 2,048: target under 30 s and
   2 GiB.
 
-Each command runs ``--runs`` times (default 3); the slowest wall time and the largest peak
-resident memory (``getrusage`` of the child) are held against the targets. The search's budget
+Each command runs once to warm up (on a fresh checkout that run compiles the simulator's numba
+kernels into their on-disk cache and writes Python's bytecode: one-time set-up, recorded as
+``first_run_s``), then ``--runs`` times (default 3); the slowest wall time of those and the
+largest peak resident memory (``getrusage`` of the child) are held against the targets. The search's budget
 is counted in simulations (joint's ``-O simulations``), so the plan is the same on a loaded
 machine; only the seconds change.
 
@@ -57,7 +59,8 @@ def main() -> int:
     args = parser.parse_args()
     rows, met = [], True
     for case in CASES:
-        walls, peaks = [], []
+        first_s, first_peak, _ = run_once(case)
+        walls, peaks = [], [first_peak]
         for _ in range(args.runs):
             wall, peak, plan = run_once(case)
             walls.append(wall)
@@ -65,10 +68,11 @@ def main() -> int:
         p, pred = plan["parallelism"], plan["prediction"]
         ok = max(walls) < case["wall_s"] and (case["rss_bytes"] is None or max(peaks) < case["rss_bytes"])
         met &= ok
-        rows.append({**case, "walls_s": walls, "peak_rss_bytes": max(peaks), "search_s": plan["search_s"],
+        rows.append({**case, "first_run_s": first_s, "walls_s": walls, "peak_rss_bytes": max(peaks), "search_s": plan["search_s"],
                      "plan": p, "iteration_s": pred["iteration_s"], "mfu": pred["mfu"],
                      "fits": not pred["over_memory"], "met": ok})
-        print(f"{case['name']}: slowest of {args.runs} {max(walls):.1f} s (target {case['wall_s']:.0f} s), peak "
+        print(f"{case['name']}: slowest of {args.runs} {max(walls):.1f} s (target {case['wall_s']:.0f} s; the first "
+              f"run {first_s:.1f} s), peak "
               f"{max(peaks) / 2**30:.2f} GiB; TP {p['tp']} x PP {p['pp']} x DP {p['dp']} v {p['virtual_stages']} "
               f"mb {p['microbatch']} {p['recompute']}: {pred['iteration_s']:.2f} s an iteration, MFU "
               f"{pred['mfu']:.1%}, fits {not pred['over_memory']}; met {ok}", flush=True)
