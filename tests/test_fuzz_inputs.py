@@ -106,7 +106,8 @@ def test_plan_files(tmp_path, capsys, path, value):
 
 
 @SETTINGS
-@given(path=st.lists(st.one_of(st.sampled_from(["tp", "zero", "selective_recompute", "sequence_parallel", "stages",
+@given(path=st.lists(st.one_of(st.sampled_from(["tp", "zero", "selective_recompute", "sequence_parallel",
+                                                "overlap_grad_reduce", "stages",
                                                 "devices", "nodes", "microbatches", "replicas", "recompute", "graph",
                                                 "meta", "decoder", "microbatch", "heads", "hidden", "kv_heads",
                                                 "cluster", "kind"]), st.integers(0, 3)), min_size=1, max_size=4),

@@ -67,6 +67,22 @@ def test_zero1_shards_master_weights_and_adam_states_over_the_replicas():
     assert base.iteration_s == zero.iteration_s
 
 
+def test_overlapping_the_gradient_all_reduce_hides_up_to_the_last_backward():
+    """One stage, 4 replicas of TP 2: the iteration is 2 microbatches' forward and backward and
+    the all-reduce; overlapped, only what outlasts one microbatch's backward remains."""
+    g, c = load_graph(SMALL), load_cluster("dgx-h100x1")
+    spec = llm3d.spec_of(g)
+    links = group_links(c, range(2))
+    per = [node_costs(spec, role, H100, 1, 2, False, "none", links)
+           for role in ["embed"] + ["layer"] * spec.layers + ["head"]]
+    fwd, bwd = sum(p[0] for p in per), sum(p[1] for p in per)
+    base = simulate(one_stage(g, c, 2, devices=c.names, microbatches=8), timeline=False)
+    ar = base.iteration_s - 2 * (fwd + bwd)
+    assert ar > 0
+    over = simulate(one_stage(g, c, 2, devices=c.names, microbatches=8, overlap_grad_reduce=True), timeline=False)
+    assert over.iteration_s == pytest.approx(base.iteration_s - min(ar, bwd), rel=1e-9)
+
+
 def test_a_microbatch_split_into_fractions_of_a_sample_is_refused():
     g, c = load_graph(SMALL), load_cluster("dgx-h100x1")
     plan = Plan(g, c, [Stage(list(g.ids), c.names[:4], 2)], 4, replicas="split")
@@ -107,6 +123,7 @@ def test_plan_json_round_trips_the_parallelism_and_refuses_it_elsewhere(tmp_path
     plan = one_stage(g, c, 4, devices=c.names, selective=True, sequence_parallel=True, zero=1)
     back = plan_from_dict(json.loads(json.dumps(plan.to_dict())))
     assert [s.tp for s in back.stages] == [4] and back.selective and back.sequence_parallel and back.zero == 1
+    assert not back.overlap_grad_reduce
     d = plan.to_dict()
     d["stages"][0]["tp"] = 3
     with pytest.raises(PipeplanError, match="not a multiple of its tp 3"):

@@ -61,8 +61,9 @@ def cluster_of(head: dict, row: Row) -> Cluster:
 
 
 def published_config(head: dict, row: Row) -> Config:
-    """The row's configuration as Megatron-LM ran it: no sequence parallelism and no
-    distributed optimizer (both came later), the header's recomputation."""
+    """The row's configuration as Megatron-LM ran it: no sequence parallelism, no distributed
+    optimizer and no overlap of the gradient all-reduce (all came later), the header's
+    recomputation."""
     schedule = "interleaved-1f1b" if row.virtual_stages > 1 else "1f1b"
     return Config(row.tp, row.pp, row.dp, row.virtual_stages, row.microbatch, head["recompute"], 0, False, schedule)
 
@@ -82,7 +83,7 @@ def joint(head: dict, row: Row, simulations: int) -> tuple[Config, SimResult, di
     plan = llm3d.search(graph, cluster, row.global_batch, Pins(), "adam", simulations, False, base)
     p = plan.extra["parallelism"]
     cfg = Config(p["tp"], p["pp"], p["dp"], p["virtual_stages"], p["microbatch"], p["recompute"], p["zero"],
-                 p["sequence_parallel"], p["schedule"])
+                 p["sequence_parallel"], p["schedule"], p["overlap_grad_reduce"])
     return cfg, simulate(plan, timeline=False), plan.extra["llm3d"]
 
 

@@ -71,6 +71,9 @@ class Plan:
     #: 1: ZeRO-1 / Megatron's distributed optimizer, the fp32 master weights and Adam states
     #: sharded over a stage's data-parallel replicas (Rajbhandari et al. 2020)
     zero: int = 0
+    #: decoder LLM graphs: each stage's data-parallel all-reduce overlaps the backward of its
+    #: last microbatch (Megatron-LM's ``--overlap-grad-reduce``)
+    overlap_grad_reduce: bool = False
     prediction: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -135,6 +138,7 @@ class Plan:
             **({"selective_recompute": True} if self.selective else {}),
             **({"sequence_parallel": True} if self.sequence_parallel else {}),
             **({"zero": self.zero} if self.zero else {}),
+            **({"overlap_grad_reduce": True} if self.overlap_grad_reduce else {}),
             "stages": [{"nodes": list(s.nodes), "devices": list(s.devices),
                         **({"tp": s.tp} if self.tensor_parallel or is_decoder(self.graph) else {})}
                        for s in self.stages],
@@ -159,7 +163,7 @@ class Plan:
 
 _KNOWN_KEYS = {"format", "planner", "schedule", "microbatches", "optimizer", "replicas", "allocation", "recompute", "stages", "iteration_s",
                "search_s", "setup_s", "prediction", "graph", "cluster", "search_complete", "selective_recompute",
-               "sequence_parallel", "zero"}
+               "sequence_parallel", "zero", "overlap_grad_reduce"}
 
 
 def is_decoder(graph: Graph) -> bool:
@@ -200,6 +204,7 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
                 recompute=d.get("recompute"), prediction=field("prediction", dict, {}, "an object"),
                 selective=_flag(d, "selective_recompute", source),
                 sequence_parallel=_flag(d, "sequence_parallel", source),
+                overlap_grad_reduce=_flag(d, "overlap_grad_reduce", source),
                 zero=field("zero", int, 0, "0 or 1"),
                 extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS})
 
@@ -269,7 +274,8 @@ def _check_parallelism(plan: Plan) -> None:
     decoder = is_decoder(plan.graph)
     for what, used in (("tensor parallelism (tp > 1)", plan.tensor_parallel),
                        ("selective recomputation", plan.selective),
-                       ("sequence parallelism", plan.sequence_parallel), ("zero", bool(plan.zero))):
+                       ("sequence parallelism", plan.sequence_parallel), ("zero", bool(plan.zero)),
+                       ("overlap_grad_reduce", plan.overlap_grad_reduce)):
         if used and not decoder:
             raise PipeplanError(f"plan: {what} is modelled for decoder LLM graphs only (zoo:gpt, zoo:llama3-*, "
                                 f"hf:), not {plan.graph.name!r}")

@@ -82,7 +82,9 @@ def print_parallelism(plan: Plan, result: SimResult, console: Console) -> None:
                   + (f", {cfg['virtual_stages']} virtual stages" if cfg["virtual_stages"] > 1 else "")
                   + f"; microbatch {cfg['microbatch']} ({replica} a replica), global batch {cfg['global_batch']}; "
                   f"recompute {cfg['recompute']}" + ("; sequence parallel" if cfg["sequence_parallel"] else "")
-                  + ("; ZeRO-1" if cfg["zero"] else "") + f"; schedule {cfg['schedule']}")
+                  + ("; ZeRO-1" if cfg["zero"] else "")
+                  + ("; gradient all-reduce overlapped" if cfg.get("overlap_grad_reduce") else "")
+                  + f"; schedule {cfg['schedule']}")
     console.print(f"Megatron-LM: {escape(cfg['megatron_args'])}")
 
 

@@ -53,6 +53,7 @@ class Config:
     zero: int
     sp: bool
     schedule: str
+    overlap: bool = False
 
     def megatron_args(self, spec: DecoderSpec, global_batch: int) -> str:
         """Megatron-LM's command-line arguments for this configuration."""
@@ -68,12 +69,14 @@ class Config:
             args.append("--sequence-parallel")
         if self.zero:
             args.append("--use-distributed-optimizer")
+        if self.overlap:
+            args.append("--overlap-grad-reduce")
         return " ".join(args)
 
     def as_dict(self) -> dict:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "virtual_stages": self.vpp,
                 "microbatch": self.microbatch, "recompute": self.recompute, "zero": self.zero,
-                "sequence_parallel": self.sp, "schedule": self.schedule}
+                "sequence_parallel": self.sp, "schedule": self.schedule, "overlap_grad_reduce": self.overlap}
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class Pins:
     zero: int | None = None
     sp: bool | None = None
     schedule: str | None = None
+    overlap: bool | None = None
 
 
 def spec_of(graph: Graph) -> DecoderSpec:
@@ -113,6 +117,7 @@ def configs(spec: DecoderSpec, cluster: Cluster, global_batch: int, pins: Pins =
     """Every realizable configuration that agrees with ``pins`` (module docstring), less the
     dominated ones unless pinned: without ZeRO-1 where there are replicas (the same time,
     more memory: its reduce-scatter and all-gather move what the all-reduce does), without
+    overlapping the gradient all-reduce with the last backward where there are replicas, without
     sequence parallelism under TP (the same collectives' bytes, more memory and memory-bound
     time), zero-bubble H1 on a one-stage pipeline (1F1B's program)."""
     out = []
@@ -132,7 +137,8 @@ def configs(spec: DecoderSpec, cluster: Cluster, global_batch: int, pins: Pins =
                     for rc in pick(pins.recompute, list(RECOMPUTE)):
                         for z in pick(pins.zero, [1] if d > 1 else [0]):
                             sp = (t > 1) if pins.sp is None else (pins.sp and t > 1)
-                            out.append(Config(t, p, d, v, b, rc, z, sp, sched))
+                            ov = (d > 1) if pins.overlap is None else (pins.overlap and d > 1)
+                            out.append(Config(t, p, d, v, b, rc, z, sp, sched, ov))
     return out
 
 
@@ -179,7 +185,8 @@ def plan_of(graph: Graph, cluster: Cluster, cfg: Config, global_batch: int, opti
         stages.append(Stage(nodes, names[s * width:(s + 1) * width], cfg.tp))
     plan = Plan(g, cluster, stages, global_batch // cfg.microbatch, schedule=cfg.schedule, optimizer=optimizer,
                 replicas="round-robin", recompute=[cfg.recompute == "full"] * count,
-                selective=cfg.recompute == "selective", sequence_parallel=cfg.sp, zero=cfg.zero)
+                selective=cfg.recompute == "selective", sequence_parallel=cfg.sp, zero=cfg.zero,
+                overlap_grad_reduce=cfg.overlap)
     plan.extra["parallelism"] = {**cfg.as_dict(), "global_batch": global_batch,
                                  "megatron_args": cfg.megatron_args(spec, global_batch)}
     return plan
@@ -195,20 +202,21 @@ class Estimate:
 
 @lru_cache(maxsize=4096)
 def _per_microbatch(spec: DecoderSpec, kind_name: str, b: int, t: int, sp: bool, rc: str,
-                    links: tuple[float, float]) -> tuple[float, float, float, float, float]:
-    """(layer f+b seconds, layer bytes kept, embed f+b, head f+b, head bytes kept) of one rank."""
+                    links: tuple[float, float]) -> tuple[float, float, float, float, float, float]:
+    """(layer f+b seconds, layer bytes kept, embed f+b, head f+b, head bytes kept, layer b) of
+    one rank."""
     kind = KINDS[kind_name]
     lf, lb, lkept = node_costs(spec, "layer", kind, b, t, sp, rc, links)
     ef, eb, _ = node_costs(spec, "embed", kind, b, t, sp, rc, links)
     hf, hb, hkept = node_costs(spec, "head", kind, b, t, sp, rc, links)
-    return lf + lb, lkept, ef + eb, hf + hb, hkept
+    return lf + lb, lkept, ef + eb, hf + hb, hkept, lb
 
 
 def estimate(spec: DecoderSpec, cluster: Cluster, cfg: Config, global_batch: int, optimizer: str = "adam") -> Estimate:
     """The screening estimate of ``cfg`` (module docstring)."""
     kind = cluster.devices[0].kind.lower()
     links = group_links(cluster, list(range(cfg.tp))) if cfg.tp > 1 else (0.0, 0.0)
-    layer, kept, embed, head, head_kept = _per_microbatch(spec, kind, cfg.microbatch, cfg.tp, cfg.sp,
+    layer, kept, embed, head, head_kept, layer_bwd = _per_microbatch(spec, kind, cfg.microbatch, cfg.tp, cfg.sp,
                                                           cfg.recompute, links)
     per_pos = math.ceil(spec.layers / cfg.pp)
     m = global_batch // (cfg.dp * cfg.microbatch)
@@ -219,6 +227,8 @@ def estimate(spec: DecoderSpec, cluster: Cluster, cfg: Config, global_batch: int
     if cfg.dp > 1:  # rank 0 of each replica of the first position: the slowest link of their ring
         rail = cluster.group_min_bandwidth(range(0, cfg.dp * cfg.tp, cfg.tp))
         ar = 2.0 * (cfg.dp - 1) / cfg.dp * params / cfg.tp / (rail * float(cluster.meta.get("allreduce_efficiency", 1.0)))
+    if cfg.overlap:  # all but what outlasts the last microbatch's backward on the first position
+        ar = max(ar - per_pos * layer_bwd, 0.0)
     iteration = (m + bubble) * slowest + ar
     flight = min(cfg.pp, m) * (1.0 + (cfg.pp - 1) / (cfg.pp * cfg.vpp) if cfg.vpp > 1 else 1.0)
     state = state_bytes(params, optimizer, "bf16", cfg.dp if cfg.zero else 1) / cfg.tp

@@ -124,13 +124,16 @@ class MegatronOptions:
         "1: distributed optimizer (ZeRO-1) over the data-parallel replicas (decoder LLMs)")})
     sp: bool | None = field(default=None, metadata={"help": "sequence parallelism with TP (decoder LLMs; "
                                                             "default: on where TP > 1)"})
+    overlap: bool | None = field(default=None, metadata={"help": (
+        "overlap each stage's gradient all-reduce with its last backward, --overlap-grad-reduce (decoder LLMs; "
+        "default: on where DP > 1)")})
 
 
 def _decoder_plan(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """Megatron-LM's configuration of a decoder LLM: the pinned dimensions, the rest by its
     rules of thumb (``llm3d.rule_of_thumb``)."""
     o = options.settings_of(MegatronOptions)
-    pins = llm3d.Pins(o.tp, o.pp, o.vpp, o.microbatch, o.recompute, o.zero, o.sp, options.schedule)
+    pins = llm3d.Pins(o.tp, o.pp, o.vpp, o.microbatch, o.recompute, o.zero, o.sp, options.schedule, o.overlap)
     batch = llm3d.global_batch_of(graph, options.global_batch, options.microbatches)
     cfg = llm3d.rule_of_thumb(llm3d.spec_of(graph), cluster, batch, pins, options.optimizer)
     return llm3d.plan_of(graph, cluster, cfg, batch, options.optimizer)
@@ -140,7 +143,7 @@ def _refuse_llm_options(graph: Graph, options: PlanOptions) -> bool | None:
     """The old graphs' recomputation setting: True/False pinned, None swept; a decoder-only
     option on another graph (or on GPUs without bf16 rates) is one line."""
     o = options.settings_of(MegatronOptions)
-    only = [k for k in ("tp", "pp", "vpp", "microbatch", "zero", "sp") if getattr(o, k) is not None]
+    only = [k for k in ("tp", "pp", "vpp", "microbatch", "zero", "sp", "overlap") if getattr(o, k) is not None]
     if only or o.recompute == "selective":
         what = (f"needs GPUs with bf16 rates (A100-40GB, A100-80GB, H100-SXM) for {graph.name!r}"
                 if is_decoder(graph) else f"is for decoder LLM graphs (zoo:gpt, zoo:llama3-*, hf:), not {graph.name!r}")

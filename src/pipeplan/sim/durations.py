@@ -32,6 +32,12 @@ _F, _B, _I, _W = int(Kind.F), int(Kind.B), int(Kind.I), int(Kind.W)
 _AR, _UP, _SF, _SB = int(Kind.AR), int(Kind.UPDATE), int(Kind.SEND_F), int(Kind.SEND_B)
 
 
+#: graph meta key: each stage's all-reduce overlaps its last microbatch's backward (bucketed
+#: gradients reduced as they are ready, Megatron-LM's ``--overlap-grad-reduce``); its value is
+#: the plan's replica mode
+OVERLAP = "overlap_grad_reduce"
+
+
 @dataclass(frozen=True)
 class Layout:
     """Per candidate b: ``groups[b, g, v]``: device v runs group g's program;
@@ -103,7 +109,10 @@ def _allreduce_classes(tg: TaskGraph) -> list[tuple[int, int]]:
     return [(t, int(tg.stage[tg.rep[t]])) for t in tg.of_kinds(_AR).tolist()]
 
 
-def _allreduce(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, dur: np.ndarray, bad: np.ndarray) -> None:
+def _allreduce(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, dur: np.ndarray, bad: np.ndarray,
+               overlap: str | None) -> None:
+    """Ring all-reduce of each stage; with ``overlap`` (``OVERLAP``: the plan's replica mode)
+    only what outlasts the backward of the stage's last microbatch stays after it."""
     eff = float(cl.meta.get("allreduce_efficiency", 1.0))  # measured by calibrate
     for t, s in tg.memo(_allreduce_classes):
         m = lay.stages[:, s]
@@ -113,6 +122,10 @@ def _allreduce(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, dur: np.n
         bad[:, t] = live & (bw <= 0)
         with np.errstate(divide="ignore", invalid="ignore"):
             dur[:, t] = np.where(live, 2.0 * (k - 1) / k * c.params[:, s] / (bw * eff) + 2 * (k - 1) * lat, 0.0)
+        if overlap:  # a microbatch's backward: on one replica in turn, or split over all of them
+            speed = (np.where(m, cl.speed[None], 0.0).sum(axis=1) if overlap == "split"
+                     else np.where(m, cl.speed[None], np.inf).min(axis=1))
+            dur[:, t] = np.maximum(dur[:, t] - c.bwd[:, s] / speed, 0.0)
 
 
 def _links(gmask: np.ndarray, ga: int, gb: int, cl: Cluster) -> tuple[np.ndarray, np.ndarray]:
@@ -192,7 +205,7 @@ def durations(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, graph_meta
     dur = np.zeros((fs.shape[0], tg.rep.size))
     bad = np.zeros(dur.shape, dtype=bool)
     _compute(tg, lay, c, fs, bs, float(cl.meta.get("action_overhead_s", 0.0)), dur)
-    _allreduce(tg, lay, c, cl, dur, bad)
+    _allreduce(tg, lay, c, cl, dur, bad, graph_meta.get(OVERLAP))
     _transfers(tg, lay, c, cl, dur, bad)
     _updates(tg, lay, c, cl, graph_meta, dur)
     return dur, bad

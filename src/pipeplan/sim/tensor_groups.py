@@ -34,6 +34,7 @@ from ..plan import Plan, Stage, is_decoder
 from .collectives import collective_s, group_links
 from . import llm_costs
 from .llm_costs import layer_cost, rates_of
+from .durations import OVERLAP
 from .replicas import as_two, between_groups, ring_links, symmetric_count
 
 
@@ -72,7 +73,7 @@ def needs_lowering(plan: Plan) -> bool:
         return False
     if has_rates(plan.cluster, [d for devs in plan.stage_devices() for d in devs]):
         return True
-    if plan.tensor_parallel or plan.selective or plan.sequence_parallel or plan.zero:
+    if plan.tensor_parallel or plan.selective or plan.sequence_parallel or plan.zero or plan.overlap_grad_reduce:
         raise PipeplanError("plan: tensor parallelism, selective recomputation, sequence parallelism and zero are "
                             "priced with a GPU kind's bf16 rates (A100-40GB, A100-80GB, H100-SXM); this cluster "
                             "has other kinds")
@@ -185,6 +186,8 @@ def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
     meta = {**{k: v for k, v in g.meta.items() if k != "fixed_s"}, LOWERED: True}
     if plan.zero:
         meta["optimizer_shards"] = min(len(s) for s in of_stage)
+    if plan.overlap_grad_reduce:
+        meta[OVERLAP] = plan.replicas
     return replace(g, fwd=fwd, bwd=bwd, saved=saved, params=params, meta=meta, tied={})
 
 
