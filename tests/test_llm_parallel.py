@@ -12,6 +12,7 @@ from pipeplan.cluster import load_cluster
 from pipeplan.errors import PipeplanError
 from pipeplan.graph import load_graph
 from pipeplan.graph.llm import gpt
+from pipeplan.layouts import layer_counts
 from pipeplan.plan import Plan, Stage, plan_from_dict
 from pipeplan.planners import llm3d
 from pipeplan.sim import llm_costs, simulate
@@ -150,10 +151,24 @@ def test_every_configuration_is_realizable():
     for cfg in cfgs:
         assert 8 % cfg.tp == 0 and spec.heads % cfg.tp == 0 and cfg.tp * cfg.pp * cfg.dp == 32
         assert 256 % (cfg.dp * cfg.microbatch) == 0 and cfg.pp <= spec.layers
+        counts = layer_counts(spec.layers, cfg.pp, cfg.vpp)  # Megatron's rule, checked independently:
+        assert counts is not None and sum(counts) == spec.layers  # equal, or first = last, middle equal
+        assert len(set(counts)) == 1 or (cfg.vpp == 1 and (cfg.pp == 2 or (counts[0] == counts[-1]
+                                                                            and len(set(counts[1:-1])) == 1)))
         if cfg.vpp > 1:
             assert cfg.schedule == "interleaved-1f1b" and spec.layers % (cfg.pp * cfg.vpp) == 0
             assert (256 // (cfg.dp * cfg.microbatch)) % cfg.pp == 0
     assert {cfg.tp for cfg in cfgs} == {1, 2, 4, 8} and {cfg.recompute for cfg in cfgs} == {"none", "selective", "full"}
+
+
+@pytest.mark.parametrize("layers, pp, vpp, counts", [
+    (126, 16, 1, [7] + [8] * 14 + [7]),  # Llama 3 405B's split (Dubey et al. 2024 §3.3.2)
+    (30, 4, 1, [7, 8, 8, 7]), (7, 2, 1, [4, 3]), (80, 4, 5, [4] * 20),
+    (13, 4, 1, None),  # 13 - 2f is odd: no first = last with an equal middle (Megatron refuses the rest)
+    (30, 4, 2, None),  # interleaving needs equal chunks
+])
+def test_layer_splits_are_the_ones_megatron_accepts(layers, pp, vpp, counts):
+    assert layer_counts(layers, pp, vpp) == counts
 
 
 def test_the_screening_estimate_is_near_the_simulation():
@@ -200,7 +215,7 @@ def test_megatron_pins_every_dimension_and_takes_its_rules_for_the_rest(capsys):
         (4, 2, 4, 2, 2, "selective", 1)
     assert all(s["tp"] == 4 for s in out["stages"]) and len(out["stages"]) == 4
     assert out["microbatches"] * 2 == 256
-    assert "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2" in p["megatron_args"]
+    assert "global_batch" in p and "megatron_args" not in p  # the arguments come from engines.megatron
     for key in ("model_tflops_per_gpu", "hw_tflops_per_gpu", "mfu"):
         assert out["prediction"][key] > 0
     assert main(["plan", "--model", "zoo:gpt?hidden=4096&layers=32&heads=32", "--cluster", "dgx-a100x4",

@@ -262,6 +262,17 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def cmd_export_plan(args) -> int:
+    """A plan as an engine's configuration (docs/engines.md): Megatron-LM's arguments, printed."""
+    from ..engines import megatron
+    from ..plan import load_plan
+
+    plan = load_plan(args.plan)
+    lines = megatron.arguments(plan)
+    print("pretrain_gpt.py \\\n" + " \\\n".join(f"    {a}" for a in lines))
+    return 0
+
+
 def cmd_compare(args) -> int:
     from ..planners.compare import best_row, compare, default_planners
     from .report import print_compare
@@ -678,6 +689,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--gantt", help="write a Gantt chart (PNG, SVG or PDF) here")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_simulate)
+
+    sp = sub.add_parser("export-plan", help="a plan as an engine's configuration (Megatron-LM's arguments)")
+    sp.add_argument("plan", help="plan JSON written by 'pipeplan plan --out'")
+    sp.add_argument("--to", required=True, choices=("megatron",), help="the engine")
+    sp.set_defaults(fn=cmd_export_plan)
 
     sp = sub.add_parser("compare", help="run several planners on the same inputs and rank them")
     _model_cluster(sp)

@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..engines import megatron
+from ..errors import PipeplanError
 from ..plan import Plan
 from ..sim import SimResult
 from ..sim.stage_costs import stage_costs
@@ -75,7 +77,7 @@ def print_parallelism(plan: Plan, result: SimResult, console: Console) -> None:
         console.print(f"per GPU: peak memory {fmt_bytes(float(result.memory_bytes.max()))} of "
                       f"{fmt_bytes(float(result.memory_limit.min()))}; model {x['model_tflops_per_gpu']:.0f} TFLOP/s "
                       f"(MFU {x['mfu']:.1%}), hardware {x['hw_tflops_per_gpu']:.0f} TFLOP/s with recomputation")
-    if not isinstance(cfg, dict) or "megatron_args" not in cfg:
+    if not isinstance(cfg, dict) or "tp" not in cfg:
         return
     replica = cfg["global_batch"] // (cfg["dp"] * cfg["microbatch"])
     console.print(f"3D: TP {cfg['tp']} x PP {cfg['pp']} x DP {cfg['dp']}"
@@ -85,7 +87,10 @@ def print_parallelism(plan: Plan, result: SimResult, console: Console) -> None:
                   + ("; ZeRO-1" if cfg["zero"] else "")
                   + ("; gradient all-reduce overlapped" if cfg.get("overlap_grad_reduce") else "")
                   + f"; schedule {cfg['schedule']}")
-    console.print(f"Megatron-LM: {escape(cfg['megatron_args'])}")
+    try:
+        console.print(f"Megatron-LM: {escape(' '.join(megatron.parallel_arguments(plan)))}")
+    except PipeplanError as e:
+        console.print(f"Megatron-LM: {escape(str(e))}")
 
 
 def cut_summary(plan: Plan) -> str:

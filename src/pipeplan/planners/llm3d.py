@@ -4,7 +4,8 @@ microbatch size, schedule, recomputation and ZeRO-1 as Megatron-LM runs them (Na
 to screen them, and the plan of one.
 
 - Realizable only: TP divides the GPUs of a server and the heads (and key/value heads, or is
-  a multiple of them); PP divides the rest and is at most the layers; interleaving (v model
+  a multiple of them); PP divides the rest and the layers split over it as Megatron can set
+  them (``layouts.layer_counts``: equal, or first and last apart); interleaving (v model
   chunks) needs the layers divisible by PP x v and the microbatches of a replica by PP; every
   replica gets whole samples (the global batch = microbatch x microbatches x DP).
 - Ranks as Megatron lays them out: TP fastest, then DP, then PP: pipeline position s holds
@@ -29,7 +30,8 @@ from ..errors import PipeplanError
 from ..graph import Graph
 from ..graph.llm import RECOMPUTE, DecoderSpec, decoder_of
 from ..graph.scale import with_microbatch
-from ..plan import Plan, Stage
+from ..layouts import layer_counts, megatron_stages
+from ..plan import Plan
 from ..sim.collectives import group_links
 from ..sim.formulas import state_bytes
 from ..sim.tensor_groups import node_costs
@@ -54,24 +56,6 @@ class Config:
     sp: bool
     schedule: str
     overlap: bool = False
-
-    def megatron_args(self, spec: DecoderSpec, global_batch: int) -> str:
-        """Megatron-LM's command-line arguments for this configuration."""
-        args = [f"--tensor-model-parallel-size {self.tp}", f"--pipeline-model-parallel-size {self.pp}"]
-        if self.vpp > 1:
-            args.append(f"--num-layers-per-virtual-pipeline-stage {spec.layers // (self.pp * self.vpp)}")
-        args += [f"--micro-batch-size {self.microbatch}", f"--global-batch-size {global_batch}"]
-        if self.recompute == "selective":
-            args.append("--recompute-granularity selective")
-        elif self.recompute == "full":
-            args.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
-        if self.sp:
-            args.append("--sequence-parallel")
-        if self.zero:
-            args.append("--use-distributed-optimizer")
-        if self.overlap:
-            args.append("--overlap-grad-reduce")
-        return " ".join(args)
 
     def as_dict(self) -> dict:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "virtual_stages": self.vpp,
@@ -124,7 +108,7 @@ def configs(spec: DecoderSpec, cluster: Cluster, global_batch: int, pins: Pins =
     pick = lambda pinned, choices: [pinned] if pinned is not None else choices  # noqa: E731
     for t in pick(pins.tp, tp_degrees(spec, cluster)):
         for p in pick(pins.pp, [p for p in _divisors(len(cluster) // t) if p <= spec.layers]):
-            if (len(cluster) % (t * p)) or p > spec.layers:
+            if (len(cluster) % (t * p)) or layer_counts(spec.layers, p) is None:
                 continue
             d = len(cluster) // (t * p)
             if global_batch % d:
@@ -156,39 +140,16 @@ def _schedules(spec: DecoderSpec, pp: int, m: int, pins: Pins) -> list[tuple[int
 
 
 # -- the plan of a configuration ----------------------------------------------------------------
-def chunk_layers(layers: int, count: int) -> list[range]:
-    """``count`` runs of consecutive layers, as equal as they go (the first ones longer)."""
-    base, extra = divmod(layers, count)
-    out, start = [], 0
-    for j in range(count):
-        n = base + (1 if j < extra else 0)
-        out.append(range(start, start + n))
-        start += n
-    return out
-
-
 def plan_of(graph: Graph, cluster: Cluster, cfg: Config, global_batch: int, optimizer: str = "adam") -> Plan:
-    """The plan Megatron-LM runs for ``cfg`` (module docstring), its graph at ``cfg.microbatch``."""
+    """The plan Megatron-LM runs for ``cfg`` (``layouts.megatron_stages``), its graph at
+    ``cfg.microbatch``."""
     spec = spec_of(graph)
-    if cfg.tp * cfg.pp * cfg.dp != len(cluster):
-        raise PipeplanError(f"3D configuration TP {cfg.tp} x PP {cfg.pp} x DP {cfg.dp} needs "
-                            f"{cfg.tp * cfg.pp * cfg.dp} GPUs; the cluster has {len(cluster)}")
-    count = cfg.pp * cfg.vpp
-    if spec.layers < count:
-        raise PipeplanError(f"{spec.layers} layers cannot fill {count} pipeline stages")
-    g = with_microbatch(graph, cfg.microbatch)
-    names, width = cluster.names, cfg.dp * cfg.tp
-    stages = []
-    for j, run in enumerate(chunk_layers(spec.layers, count)):
-        nodes = (["embed"] if j == 0 else []) + [f"layer{i}" for i in run] + (["head"] if j == count - 1 else [])
-        s = j % cfg.pp
-        stages.append(Stage(nodes, names[s * width:(s + 1) * width], cfg.tp))
-    plan = Plan(g, cluster, stages, global_batch // cfg.microbatch, schedule=cfg.schedule, optimizer=optimizer,
-                replicas="round-robin", recompute=[cfg.recompute == "full"] * count,
-                selective=cfg.recompute == "selective", sequence_parallel=cfg.sp, zero=cfg.zero,
-                overlap_grad_reduce=cfg.overlap)
-    plan.extra["parallelism"] = {**cfg.as_dict(), "global_batch": global_batch,
-                                 "megatron_args": cfg.megatron_args(spec, global_batch)}
+    stages = megatron_stages(cluster.names, spec.layers, cfg.tp, cfg.pp, cfg.dp, cfg.vpp)
+    plan = Plan(with_microbatch(graph, cfg.microbatch), cluster, stages, global_batch // cfg.microbatch,
+                schedule=cfg.schedule, optimizer=optimizer, replicas="round-robin",
+                recompute=[cfg.recompute == "full"] * len(stages), selective=cfg.recompute == "selective",
+                sequence_parallel=cfg.sp, zero=cfg.zero, overlap_grad_reduce=cfg.overlap)
+    plan.extra["parallelism"] = {**cfg.as_dict(), "global_batch": global_batch}
     return plan
 
 
@@ -218,7 +179,7 @@ def estimate(spec: DecoderSpec, cluster: Cluster, cfg: Config, global_batch: int
     links = group_links(cluster, list(range(cfg.tp))) if cfg.tp > 1 else (0.0, 0.0)
     layer, kept, embed, head, head_kept, layer_bwd = _per_microbatch(spec, kind, cfg.microbatch, cfg.tp, cfg.sp,
                                                           cfg.recompute, links)
-    per_pos = math.ceil(spec.layers / cfg.pp)
+    per_pos = max(layer_counts(spec.layers, cfg.pp, cfg.vpp) or [math.ceil(spec.layers / cfg.pp)]) * cfg.vpp
     m = global_batch // (cfg.dp * cfg.microbatch)
     slowest = per_pos * layer + max(embed, head)
     bubble = (cfg.pp - 1) / cfg.vpp / (3.0 if cfg.schedule == "zb-h1" else 1.0)

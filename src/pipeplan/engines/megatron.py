@@ -1,0 +1,197 @@
+"""A decoder LLM's plan as Megatron-LM's ``pretrain_gpt.py`` arguments (docs/engines.md).
+
+Megatron expresses a plan whose every stage has one tensor-parallel degree t and one number
+of data-parallel replicas d, laid out as ``layouts.megatron_stages`` lays it out (tensor-
+parallel groups of consecutive GPUs inside a server; chunk j on pipeline position j mod PP),
+with the embedding in the first chunk and the LM head in the last, equal layers per chunk but
+for the first and last stage of a pipeline without interleaving, the schedule 1F1B (or
+interleaved 1F1B with chunks), and one recomputation setting for every stage. Anything else
+is refused with one line naming why and what the nearest plan Megatron can run (the same
+shape in its layout, even layers, its schedule, one recomputation setting) is predicted to
+cost, against the plan's own prediction.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from ..errors import PipeplanError
+from ..graph.llm import DecoderSpec, decoder_of
+from ..layouts import megatron_stages
+from ..plan import Plan, is_decoder
+from ..sim import simulate
+
+
+@dataclass(frozen=True)
+class View:
+    """What Megatron is told: the degrees, chunks, layers of the first and last pipeline stage
+    where they differ from the rest (None: equal), batch sizes and the switches."""
+
+    tp: int
+    pp: int
+    dp: int
+    vpp: int
+    first: int | None
+    last: int | None
+    layers_per_chunk: int
+    micro: int
+    global_batch: int
+    recompute: str
+    zero: bool
+    sp: bool
+    overlap: bool
+
+
+def _positions(plan: Plan) -> list[tuple[str, ...]]:
+    return list(dict.fromkeys(tuple(s.devices) for s in plan.stages))
+
+
+def _layer_counts(plan: Plan) -> list[int]:
+    return [sum(1 for n in s.nodes if n.startswith("layer")) for s in plan.stages]
+
+
+def _shape(plan: Plan) -> tuple[int, int, int, int]:
+    """(TP, PP, DP, chunks) read off the plan: the most common degree and replica count."""
+    positions = _positions(plan)
+    tp = Counter(s.tp for s in plan.stages).most_common(1)[0][0]
+    world = len({d for s in plan.stages for d in s.devices})
+    pp = len(positions)
+    vpp = len(plan.stages) // pp if len(plan.stages) % pp == 0 else 1
+    return tp, pp, max(world // (tp * pp), 1), vpp
+
+
+def _why_not(plan: Plan, spec: DecoderSpec) -> str | None:
+    """The first thing Megatron cannot express, in words; None when it can express it all."""
+    tp, pp, dp, vpp = _shape(plan)
+    if len({s.tp for s in plan.stages}) > 1:
+        return f"its stages have different tensor-parallel degrees ({sorted({s.tp for s in plan.stages})})"
+    if len({len(s.tp_groups) for s in plan.stages}) > 1:
+        return "its stages have different numbers of data-parallel replicas"
+    if len(plan.stages) != pp * vpp or any(tuple(s.devices) != _positions(plan)[j % pp]
+                                           for j, s in enumerate(plan.stages)):
+        return "its model chunks do not sit on pipeline position j mod PP"
+    servers = {d.name: d.server or d.name for d in plan.cluster.devices}
+    if any(len({servers[g] for g in group}) > 1 for s in plan.stages for group in s.tp_groups):
+        return "a tensor-parallel group spans servers (Megatron's groups are consecutive ranks of one node)"
+    if "embed" not in plan.stages[0].nodes or "head" not in plan.stages[-1].nodes:
+        return "the embedding is not in the first stage or the LM head not in the last"
+    counts = _layer_counts(plan)
+    if vpp > 1 and len(set(counts)) > 1:
+        return f"its model chunks have unequal layer counts ({counts}); with interleaving Megatron takes equal ones"
+    if vpp == 1 and pp > 2 and len(set(counts[1:-1])) > 1:
+        return f"its middle stages have unequal layer counts ({counts}); Megatron sets only the first and last"
+    if plan.schedule != ("1f1b" if vpp == 1 else "interleaved-1f1b"):
+        return f"schedule {plan.schedule} (Megatron runs 1F1B, and interleaved 1F1B with model chunks)"
+    full = {plan.recomputes(s) for s in range(plan.num_stages)}
+    if len(full) > 1:
+        return "some stages recompute and others do not (Megatron sets recomputation for every stage)"
+    if plan.replicas == "split" and int(plan.graph.meta.get("microbatch", 1)) % dp:
+        return "a microbatch is split over the replicas into parts of unequal samples"
+    return None
+
+
+def nearest(plan: Plan) -> Plan:
+    """The plan Megatron can run that is nearest ``plan``: its shape in Megatron's layout, even
+    layers, 1F1B or interleaved 1F1B, full recomputation on every stage if on any."""
+    spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
+    tp, pp, dp, vpp = _shape(plan)
+    world = sorted({d for devs in plan.stage_devices() for d in devs})
+    names = [plan.cluster.devices[d].name for d in world]
+    stages = megatron_stages(names, spec.layers, tp, pp, dp, vpp)
+    full = any(plan.recomputes(s) for s in range(plan.num_stages))
+    return replace(plan, stages=stages, schedule="1f1b" if vpp == 1 else "interleaved-1f1b",
+                   recompute=[full] * len(stages), selective=plan.selective and not full, prediction={},
+                   extra={}, replicas="round-robin" if plan.replicas == "split" and dp > 1 else plan.replicas)
+
+
+def view(plan: Plan) -> View:
+    """What Megatron is told for ``plan``; a PipeplanError naming what it cannot express and
+    the nearest plan's predicted cost."""
+    if not is_decoder(plan.graph):
+        raise PipeplanError(f"megatron: Megatron-LM trains decoder LLMs; this plan's model {plan.graph.name!r} is "
+                            "not one (zoo:gpt, zoo:llama3-*, hf:)")
+    spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
+    why = _why_not(plan, spec)
+    if why is not None:
+        raise PipeplanError(_refusal(plan, why))
+    tp, pp, dp, vpp = _shape(plan)
+    counts = _layer_counts(plan)
+    middle = counts[1] if vpp == 1 and pp > 2 else counts[0]
+    first = counts[0] if vpp == 1 and pp > 1 and counts[0] != middle else None
+    last = counts[-1] if vpp == 1 and pp > 1 and counts[-1] != middle else None
+    b = int(plan.graph.meta.get("microbatch", 1))
+    micro = b // dp if plan.replicas == "split" else b
+    mode = plan.recompute_mode(0)
+    return View(tp, pp, dp, vpp, first, last, middle, micro, b * plan.microbatches, mode, bool(plan.zero),
+                plan.sequence_parallel and tp > 1, plan.overlap_grad_reduce and dp > 1)
+
+
+def _refusal(plan: Plan, why: str) -> str:
+    """One line: why, and the nearest expressible plan's predicted cost against the plan's."""
+    try:
+        near = nearest(plan)
+        cost = simulate(near, timeline=False).iteration_s
+    except PipeplanError as e:
+        return f"megatron cannot express this plan: {why}; no plan in its layout comes near ({e})"
+    own = simulate(plan, timeline=False).iteration_s
+    tp, pp, dp, vpp = _shape(plan)
+    shape = f"TP {tp} x PP {pp} x DP {dp}" + (f", {vpp} chunks" if vpp > 1 else "")
+    return (f"megatron cannot express this plan: {why}; the nearest plan it can run ({shape}, even layers, "
+            f"{near.schedule}) is predicted at {cost:.4g} s an iteration, this plan at {own:.4g} s")
+
+
+def model_arguments(spec: DecoderSpec) -> list[str]:
+    """The model's dimensions as Megatron's arguments."""
+    args = [f"--num-layers {spec.layers}", f"--hidden-size {spec.hidden}", f"--ffn-hidden-size {spec.ffn}",
+            f"--num-attention-heads {spec.heads}", f"--seq-length {spec.seq}",
+            f"--max-position-embeddings {spec.seq}", f"--vocab-size {spec.vocab}"]
+    if spec.kv_heads != spec.heads:
+        args += ["--group-query-attention", f"--num-query-groups {spec.kv_heads}"]
+    if spec.gated:
+        args.append("--swiglu")
+    if spec.norm == "rmsnorm":
+        args.append("--normalization RMSNorm")
+    if spec.positions == "rope":
+        args.append("--position-embedding-type rope")
+    if not spec.tied:
+        args.append("--untie-embeddings-and-output-weights")
+    if not spec.bias:
+        args.append("--disable-bias-linear")
+        if spec.qkv_bias:
+            args.append("--add-qkv-bias")
+    if not spec.dropout:
+        args += ["--attention-dropout 0", "--hidden-dropout 0"]
+    return args + ["--bf16"]
+
+
+def arguments(plan: Plan) -> list[str]:
+    """``pretrain_gpt.py``'s arguments for ``plan``, one option (with its value) an entry: the
+    parallelism, then the model."""
+    return parallel_arguments(plan) + model_arguments(decoder_of(plan.graph.meta, f"model {plan.graph.name!r}"))
+
+
+def parallel_arguments(plan: Plan) -> list[str]:
+    """The parallelism, batch, recomputation and optimizer arguments of ``plan``."""
+    v = view(plan)
+    args = [f"--tensor-model-parallel-size {v.tp}", f"--pipeline-model-parallel-size {v.pp}"]
+    if v.vpp > 1:
+        args.append(f"--num-layers-per-virtual-pipeline-stage {v.layers_per_chunk}")
+    if v.first is not None:
+        args.append(f"--decoder-first-pipeline-num-layers {v.first}")
+    if v.last is not None:
+        args.append(f"--decoder-last-pipeline-num-layers {v.last}")
+    args += [f"--micro-batch-size {v.micro}", f"--global-batch-size {v.global_batch}"]
+    if v.recompute == "selective":
+        args.append("--recompute-granularity selective")
+    elif v.recompute == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    if v.sp:
+        args.append("--sequence-parallel")
+    if v.zero:
+        args.append("--use-distributed-optimizer")
+    if v.overlap:
+        args.append("--overlap-grad-reduce")
+    if plan.optimizer != "adam":
+        args.append(f"--optimizer {plan.optimizer}")
+    return args

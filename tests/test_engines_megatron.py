@@ -1,0 +1,118 @@
+"""``pipeplan export-plan --to megatron``: a decoder LLM's plan as Megatron-LM's
+``pretrain_gpt.py`` arguments, every name checked against Megatron's own argument list
+(tests/fixtures/megatron_arguments.json, extracted from its source with the commit), and
+what it cannot express refused with the nearest plan's cost."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipeplan.cli import main
+from pipeplan.cluster import load_cluster
+from pipeplan.engines import megatron
+from pipeplan.errors import PipeplanError
+from pipeplan.graph import load_graph
+from pipeplan.layouts import megatron_stages
+from pipeplan.plan import Plan
+from pipeplan.planners import llm3d
+from pipeplan.sim import simulate
+
+FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "megatron_arguments.json").read_text())
+KNOWN = set(FIXTURE["arguments"])
+GPT = "zoo:gpt?hidden=1024&layers=12&heads=16&seq=512&vocab=8192"
+
+
+def flags(args: list[str]) -> dict[str, str | None]:
+    out = {}
+    for a in args:
+        name, _, value = a.partition(" ")
+        out[name] = value or None
+    return out
+
+
+def test_the_fixture_says_where_it_comes_from():
+    assert FIXTURE["source"].startswith("NVIDIA/Megatron-LM") and len(FIXTURE["commit"]) == 40
+    assert "--tensor-model-parallel-size" in KNOWN and len(KNOWN) > 300
+
+
+@pytest.mark.parametrize("model", [GPT, "zoo:llama3-8b?layers=8"])
+def test_every_argument_is_megatrons_and_says_what_the_plan_does(model):
+    g, c = load_graph(model), load_cluster("dgx-h100x4")
+    cfg = llm3d.Config(4, 2, 4, 2, 2, "selective", 1, True, "interleaved-1f1b", True)
+    plan = llm3d.plan_of(g, c, cfg, 64)
+    f = flags(megatron.arguments(plan))
+    assert set(f) <= KNOWN, sorted(set(f) - KNOWN)
+    spec = llm3d.spec_of(g)
+    assert f["--tensor-model-parallel-size"] == "4" and f["--pipeline-model-parallel-size"] == "2"
+    assert f["--num-layers-per-virtual-pipeline-stage"] == str(spec.layers // 4)
+    assert (f["--micro-batch-size"], f["--global-batch-size"]) == ("2", "64")
+    assert f["--recompute-granularity"] == "selective" and "--recompute-method" not in f
+    for switch in ("--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--bf16"):
+        assert switch in f and f[switch] is None
+    assert f["--num-layers"] == str(spec.layers) and f["--hidden-size"] == str(spec.hidden)
+    assert ("--swiglu" in f) == spec.gated and ("--group-query-attention" in f) == (spec.kv_heads != spec.heads)
+
+
+def test_uneven_first_and_last_stages_and_full_recomputation():
+    g, c = load_graph(GPT), load_cluster("dgx-h100x1")
+    stages = megatron_stages(c.names, 12, 2, 4, 1, counts=[2, 3, 3, 4])
+    plan = Plan(g, c, stages, 8, replicas="round-robin", recompute=[True] * 4)
+    f = flags(megatron.arguments(plan))
+    assert set(f) <= KNOWN
+    assert (f["--decoder-first-pipeline-num-layers"], f["--decoder-last-pipeline-num-layers"]) == ("2", "4")
+    assert (f["--recompute-granularity"], f["--recompute-method"], f["--recompute-num-layers"]) == \
+        ("full", "uniform", "1")
+    assert "--num-layers-per-virtual-pipeline-stage" not in f and "--sequence-parallel" not in f
+
+
+def _refused(plan: Plan) -> str:
+    with pytest.raises(PipeplanError) as e:
+        megatron.arguments(plan)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda p: replace(p, stages=megatron_stages(p.cluster.names, 12, 2, 4, 1, counts=[3, 2, 4, 3])),
+     "middle stages have unequal layer counts"),
+    (lambda p: replace(p, schedule="zb-h1"), "schedule zb-h1"),
+    (lambda p: replace(p, recompute=[True, False, False, False]), "some stages recompute"),
+])
+def test_what_megatron_cannot_express_is_one_line_with_the_nearest_plans_cost(change, why):
+    g, c = load_graph(GPT), load_cluster("dgx-h100x1")
+    base = Plan(g, c, megatron_stages(c.names, 12, 2, 4, 1), 8, replicas="round-robin")
+    plan = change(base)
+    text = _refused(plan)
+    assert why in text and "\n" not in text
+    near = megatron.nearest(plan)
+    assert f"predicted at {simulate(near, timeline=False).iteration_s:.4g} s" in text
+    assert f"this plan at {simulate(plan, timeline=False).iteration_s:.4g} s" in text
+    assert set(flags(megatron.arguments(near))) <= KNOWN  # the nearest plan is expressible
+
+
+def test_different_tensor_parallel_degrees_and_models_that_are_not_decoders_are_refused():
+    g, c = load_graph(GPT), load_cluster("dgx-h100x1")
+    stages = megatron_stages(c.names, 12, 2, 4, 1)
+    stages[1].tp = 1
+    assert "different tensor-parallel degrees" in _refused(Plan(g, c, stages, 8, replicas="round-robin"))
+    vgg = load_graph("zoo:vgg16")
+    assert "not one" in _refused(Plan(vgg, c, [replace(stages[0], nodes=list(vgg.ids), tp=1)], 8))
+
+
+def test_the_cli_prints_the_arguments_or_one_line(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["plan", "--model", GPT, "--cluster", "dgx-h100x1", "--global-batch", "16", "--planner", "megatron",
+                 "-O", "tp=2", "-O", "pp=2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["export-plan", str(out), "--to", "megatron"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("pretrain_gpt.py \\\n") and "    --tensor-model-parallel-size 2 \\\n" in text
+    assert main(["plan", "--model", GPT, "--cluster", "dgx-h100x1", "--global-batch", "16", "--planner", "gpipe",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["export-plan", str(out), "--to", "megatron"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("pipeplan: error: megatron cannot express this plan") and len(err.splitlines()) == 1
