@@ -50,6 +50,7 @@ BASE = {
     "compare": ["compare", "--model", "{graph}", "--cluster", "{cluster}", "--planners", "gpipe,dp",
                 "--microbatches", "2"],
     "simulate": ["simulate", "{plan}"],
+    "export-plan": ["export-plan", "{plan}", "--to", "megatron"],
     "profile": ["profile", "example:mlp"],
     "export": ["export", "example:mlp", "--out", "{out}"],
     "calibrate": ["calibrate", "--workers", "1", "--no-runtime"],

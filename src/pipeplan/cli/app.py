@@ -270,6 +270,7 @@ def cmd_export_plan(args) -> int:
     plan = load_plan(args.plan)
     lines = megatron.arguments(plan)
     print("pretrain_gpt.py \\\n" + " \\\n".join(f"    {a}" for a in lines))
+    print(megatron.note(plan))
     return 0
 
 
@@ -682,18 +683,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", help="write the plan JSON here")
     sp.set_defaults(fn=cmd_plan)
 
-    sp = sub.add_parser("simulate", help="simulate a plan file; export its timeline")
-    sp.add_argument("plan", help="plan JSON written by 'pipeplan plan --out'")
-    sp.add_argument("--schedule", default=None, help=f"simulate under another schedule: {', '.join(_schedule_names())}")
-    sp.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
-    sp.add_argument("--gantt", help="write a Gantt chart (PNG, SVG or PDF) here")
-    sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
-    sp.set_defaults(fn=cmd_simulate)
-
-    sp = sub.add_parser("export-plan", help="a plan as an engine's configuration (Megatron-LM's arguments)")
-    sp.add_argument("plan", help="plan JSON written by 'pipeplan plan --out'")
-    sp.add_argument("--to", required=True, choices=("megatron",), help="the engine")
-    sp.set_defaults(fn=cmd_export_plan)
+    _add_plan_file_parsers(sub)
 
     sp = sub.add_parser("compare", help="run several planners on the same inputs and rank them")
     _model_cluster(sp)
@@ -752,6 +742,22 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_clusters)
     return p
+
+
+def _add_plan_file_parsers(sub) -> None:
+    """The commands that read a plan file: simulate, export-plan."""
+    sp = sub.add_parser("simulate", help="simulate a plan file; export its timeline")
+    sp.add_argument("plan", help="plan JSON written by 'pipeplan plan --out'")
+    sp.add_argument("--schedule", default=None, help=f"simulate under another schedule: {', '.join(_schedule_names())}")
+    sp.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
+    sp.add_argument("--gantt", help="write a Gantt chart (PNG, SVG or PDF) here")
+    sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    sp.set_defaults(fn=cmd_simulate)
+
+    sp = sub.add_parser("export-plan", help="a plan as an engine's configuration (Megatron-LM's arguments)")
+    sp.add_argument("plan", help="plan JSON written by 'pipeplan plan --out'")
+    sp.add_argument("--to", required=True, choices=("megatron",), help="the engine")
+    sp.set_defaults(fn=cmd_export_plan)
 
 
 def _add_ir_parsers(sub) -> None:

@@ -86,6 +86,10 @@ def _why_not(plan: Plan, spec: DecoderSpec) -> str | None:
     full = {plan.recomputes(s) for s in range(plan.num_stages)}
     if len(full) > 1:
         return "some stages recompute and others do not (Megatron sets recomputation for every stage)"
+    per_replica = plan.microbatches // dp if plan.replicas == "round-robin" else plan.microbatches
+    if vpp > 1 and per_replica % pp:
+        return (f"with interleaving Megatron runs a multiple of PP = {pp} microbatches a replica, this plan "
+                f"{per_replica}")
     if plan.replicas == "split" and int(plan.graph.meta.get("microbatch", 1)) % dp:
         return "a microbatch is split over the replicas into parts of unequal samples"
     return None
@@ -142,10 +146,11 @@ def _refusal(plan: Plan, why: str) -> str:
 
 
 def model_arguments(spec: DecoderSpec) -> list[str]:
-    """The model's dimensions as Megatron's arguments."""
+    """The model's dimensions as Megatron's arguments; the vocabulary is the tokenizer's
+    (``--tokenizer-type``), so ``note`` says what the plan assumed."""
     args = [f"--num-layers {spec.layers}", f"--hidden-size {spec.hidden}", f"--ffn-hidden-size {spec.ffn}",
             f"--num-attention-heads {spec.heads}", f"--seq-length {spec.seq}",
-            f"--max-position-embeddings {spec.seq}", f"--vocab-size {spec.vocab}"]
+            f"--max-position-embeddings {spec.seq}"]
     if spec.kv_heads != spec.heads:
         args += ["--group-query-attention", f"--num-query-groups {spec.kv_heads}"]
     if spec.gated:
@@ -163,6 +168,13 @@ def model_arguments(spec: DecoderSpec) -> list[str]:
     if not spec.dropout:
         args += ["--attention-dropout 0", "--hidden-dropout 0"]
     return args + ["--bf16"]
+
+
+def note(plan: Plan) -> str:
+    """What the arguments leave to the user: the tokenizer, whose vocabulary the plan assumed."""
+    spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
+    return (f"# the plan assumed a vocabulary of {spec.vocab:,} tokens: give the tokenizer that has it "
+            "(--tokenizer-type, --tokenizer-model), and your data")
 
 
 def arguments(plan: Plan) -> list[str]:
