@@ -13,7 +13,7 @@ import pytest
 
 from pipeplan.cli import main
 from pipeplan.cluster import load_cluster
-from pipeplan.engines import megatron
+from pipeplan.engines import megatron, shape
 from pipeplan.errors import PipeplanError
 from pipeplan.graph import load_graph
 from pipeplan.layouts import megatron_stages
@@ -87,7 +87,7 @@ def test_what_megatron_cannot_express_is_one_line_with_the_nearest_plans_cost(ch
     plan = change(base)
     text = _refused(plan)
     assert why in text and "\n" not in text
-    near = megatron.nearest(plan)
+    near = shape.nearest(plan)
     assert f"predicted at {simulate(near, timeline=False).iteration_s:.4g} s" in text
     assert f"this plan at {simulate(plan, timeline=False).iteration_s:.4g} s" in text
     assert set(flags(megatron.arguments(near))) <= KNOWN  # the nearest plan is expressible

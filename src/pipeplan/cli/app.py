@@ -263,14 +263,31 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_export_plan(args) -> int:
-    """A plan as an engine's configuration (docs/engines.md): Megatron-LM's arguments, printed."""
-    from ..engines import megatron
+    """A plan as an engine's configuration (docs/engines.md): Megatron-LM's arguments printed,
+    or torchtitan's configuration written to a folder."""
+    from pathlib import Path
+
+    from ..engines import megatron, torchtitan
     from ..plan import load_plan
 
+    if (args.to == "torchtitan") != (args.out is not None):
+        raise PipeplanError("export-plan: --to torchtitan writes a folder (give --out DIR); --to megatron prints "
+                            "its arguments (no --out)")
+    outs = Outputs()
+    names = ("torchtitan.toml", "torchtitan-0.3.args", "pp_schedule.csv")
+    for name in names if args.out else ():
+        outs.want(f"--out ({name})", str(Path(args.out) / name), name.rsplit(".", 1)[1])
     plan = load_plan(args.plan)
-    lines = megatron.arguments(plan)
-    print("pretrain_gpt.py \\\n" + " \\\n".join(f"    {a}" for a in lines))
-    print(megatron.note(plan))
+    if args.to == "megatron":
+        lines = megatron.arguments(plan)
+        print("pretrain_gpt.py \\\n" + " \\\n".join(f"    {a}" for a in lines))
+        print(megatron.note(plan))
+        return 0
+    files = torchtitan.export(plan)
+    for name, text in files.items():
+        outs.set(f"--out ({name})", lambda p, t=text: Path(p).write_text(t))
+    outs.write_all()
+    print(f"torchtitan configuration written to {args.out}: {', '.join(files)}")
     return 0
 
 
@@ -754,9 +771,11 @@ def _add_plan_file_parsers(sub) -> None:
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_simulate)
 
-    sp = sub.add_parser("export-plan", help="a plan as an engine's configuration (Megatron-LM's arguments)")
+    sp = sub.add_parser("export-plan", help="a plan as an engine's configuration (Megatron-LM's arguments, "
+                                            "torchtitan's config)")
     sp.add_argument("plan", help="plan JSON written by 'pipeplan plan --out'")
-    sp.add_argument("--to", required=True, choices=("megatron",), help="the engine")
+    sp.add_argument("--to", required=True, choices=("megatron", "torchtitan"), help="the engine")
+    sp.add_argument("--out", help="torchtitan: the folder for its TOML, 0.3 overrides and schedule CSV")
     sp.set_defaults(fn=cmd_export_plan)
 
 

@@ -13,14 +13,12 @@ cost, against the plan's own prediction.
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..errors import PipeplanError
 from ..graph.llm import DecoderSpec, decoder_of
-from ..layouts import megatron_stages
 from ..plan import Plan, is_decoder
-from ..sim import simulate
+from .shape import common_why_not, layer_counts, refusal, shape
 
 
 @dataclass(frozen=True)
@@ -43,70 +41,24 @@ class View:
     overlap: bool
 
 
-def _positions(plan: Plan) -> list[tuple[str, ...]]:
-    return list(dict.fromkeys(tuple(s.devices) for s in plan.stages))
-
-
-def _layer_counts(plan: Plan) -> list[int]:
-    return [sum(1 for n in s.nodes if n.startswith("layer")) for s in plan.stages]
-
-
-def _shape(plan: Plan) -> tuple[int, int, int, int]:
-    """(TP, PP, DP, chunks) read off the plan: the most common degree and replica count."""
-    positions = _positions(plan)
-    tp = Counter(s.tp for s in plan.stages).most_common(1)[0][0]
-    world = len({d for s in plan.stages for d in s.devices})
-    pp = len(positions)
-    vpp = len(plan.stages) // pp if len(plan.stages) % pp == 0 else 1
-    return tp, pp, max(world // (tp * pp), 1), vpp
-
-
-def _why_not(plan: Plan, spec: DecoderSpec) -> str | None:
+def _why_not(plan: Plan) -> str | None:
     """The first thing Megatron cannot express, in words; None when it can express it all."""
-    tp, pp, dp, vpp = _shape(plan)
-    if len({s.tp for s in plan.stages}) > 1:
-        return f"its stages have different tensor-parallel degrees ({sorted({s.tp for s in plan.stages})})"
-    if len({len(s.tp_groups) for s in plan.stages}) > 1:
-        return "its stages have different numbers of data-parallel replicas"
-    if len(plan.stages) != pp * vpp or any(tuple(s.devices) != _positions(plan)[j % pp]
-                                           for j, s in enumerate(plan.stages)):
-        return "its model chunks do not sit on pipeline position j mod PP"
-    servers = {d.name: d.server or d.name for d in plan.cluster.devices}
-    if any(len({servers[g] for g in group}) > 1 for s in plan.stages for group in s.tp_groups):
-        return "a tensor-parallel group spans servers (Megatron's groups are consecutive ranks of one node)"
-    if "embed" not in plan.stages[0].nodes or "head" not in plan.stages[-1].nodes:
-        return "the embedding is not in the first stage or the LM head not in the last"
-    counts = _layer_counts(plan)
+    why = common_why_not(plan, ("single", "loop"))
+    if why is not None:
+        return why
+    tp, pp, dp, vpp = shape(plan)
+    counts = layer_counts(plan)
     if vpp > 1 and len(set(counts)) > 1:
         return f"its model chunks have unequal layer counts ({counts}); with interleaving Megatron takes equal ones"
     if vpp == 1 and pp > 2 and len(set(counts[1:-1])) > 1:
         return f"its middle stages have unequal layer counts ({counts}); Megatron sets only the first and last"
     if plan.schedule != ("1f1b" if vpp == 1 else "interleaved-1f1b"):
         return f"schedule {plan.schedule} (Megatron runs 1F1B, and interleaved 1F1B with model chunks)"
-    full = {plan.recomputes(s) for s in range(plan.num_stages)}
-    if len(full) > 1:
-        return "some stages recompute and others do not (Megatron sets recomputation for every stage)"
     per_replica = plan.microbatches // dp if plan.replicas == "round-robin" else plan.microbatches
     if vpp > 1 and per_replica % pp:
         return (f"with interleaving Megatron runs a multiple of PP = {pp} microbatches a replica, this plan "
                 f"{per_replica}")
-    if plan.replicas == "split" and int(plan.graph.meta.get("microbatch", 1)) % dp:
-        return "a microbatch is split over the replicas into parts of unequal samples"
     return None
-
-
-def nearest(plan: Plan) -> Plan:
-    """The plan Megatron can run that is nearest ``plan``: its shape in Megatron's layout, even
-    layers, 1F1B or interleaved 1F1B, full recomputation on every stage if on any."""
-    spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
-    tp, pp, dp, vpp = _shape(plan)
-    world = sorted({d for devs in plan.stage_devices() for d in devs})
-    names = [plan.cluster.devices[d].name for d in world]
-    stages = megatron_stages(names, spec.layers, tp, pp, dp, vpp)
-    full = any(plan.recomputes(s) for s in range(plan.num_stages))
-    return replace(plan, stages=stages, schedule="1f1b" if vpp == 1 else "interleaved-1f1b",
-                   recompute=[full] * len(stages), selective=plan.selective and not full, prediction={},
-                   extra={}, replicas="round-robin" if plan.replicas == "split" and dp > 1 else plan.replicas)
 
 
 def view(plan: Plan) -> View:
@@ -115,12 +67,11 @@ def view(plan: Plan) -> View:
     if not is_decoder(plan.graph):
         raise PipeplanError(f"megatron: Megatron-LM trains decoder LLMs; this plan's model {plan.graph.name!r} is "
                             "not one (zoo:gpt, zoo:llama3-*, hf:)")
-    spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
-    why = _why_not(plan, spec)
+    why = _why_not(plan)
     if why is not None:
-        raise PipeplanError(_refusal(plan, why))
-    tp, pp, dp, vpp = _shape(plan)
-    counts = _layer_counts(plan)
+        raise PipeplanError(refusal("megatron", plan, why))
+    tp, pp, dp, vpp = shape(plan)
+    counts = layer_counts(plan)
     middle = counts[1] if vpp == 1 and pp > 2 else counts[0]
     first = counts[0] if vpp == 1 and pp > 1 and counts[0] != middle else None
     last = counts[-1] if vpp == 1 and pp > 1 and counts[-1] != middle else None
@@ -129,20 +80,6 @@ def view(plan: Plan) -> View:
     mode = plan.recompute_mode(0)
     return View(tp, pp, dp, vpp, first, last, middle, micro, b * plan.microbatches, mode, bool(plan.zero),
                 plan.sequence_parallel and tp > 1, plan.overlap_grad_reduce and dp > 1)
-
-
-def _refusal(plan: Plan, why: str) -> str:
-    """One line: why, and the nearest expressible plan's predicted cost against the plan's."""
-    try:
-        near = nearest(plan)
-        cost = simulate(near, timeline=False).iteration_s
-    except PipeplanError as e:
-        return f"megatron cannot express this plan: {why}; no plan in its layout comes near ({e})"
-    own = simulate(plan, timeline=False).iteration_s
-    tp, pp, dp, vpp = _shape(plan)
-    shape = f"TP {tp} x PP {pp} x DP {dp}" + (f", {vpp} chunks" if vpp > 1 else "")
-    return (f"megatron cannot express this plan: {why}; the nearest plan it can run ({shape}, even layers, "
-            f"{near.schedule}) is predicted at {cost:.4g} s an iteration, this plan at {own:.4g} s")
 
 
 def model_arguments(spec: DecoderSpec) -> list[str]:

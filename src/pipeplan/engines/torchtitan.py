@@ -1,0 +1,165 @@
+"""A decoder LLM's plan as torchtitan's configuration (docs/engines.md).
+
+torchtitan 0.2.2 is the last release that reads a TOML file (``--job.config_file``); 0.3.0
+takes the same settings as command-line overrides of a registered model config. The export
+writes both, with the field names of each version (tests/fixtures/torchtitan_config.json):
+
+- ``torchtitan.toml`` (0.2.2): ``[parallelism]`` (degrees, schedule, microbatch size, the
+  modules of each model part), ``[training]`` (local and global batch, sequence length),
+  ``[activation_checkpoint]`` (none, selective by op, or full), and ``[model]`` where the
+  model is one of torchtitan's Llama 3 flavors;
+- ``torchtitan-0.3.args``: the overrides for 0.3.0, one a line;
+- ``pp_schedule.csv`` when the plan's schedule has no name in ``torch.distributed.pipelining``
+  (zero-bubble H1, SPP's order): each pipeline rank's compute actions from pipeplan's schedule
+  IR (``0F0``, ``1B2``, ``0I0``, ``0W0``; an empty cell is idle), one row a rank, which
+  torch's ``_PipelineScheduleRuntime`` loads and completes with the sends and receives.
+
+Data parallelism: DDP replicas (``data_parallel_replicate_degree``), or with ZeRO-1 FSDP
+(``data_parallel_shard_degree``), which shards weights and gradients too: more all-gathers
+than the plan priced (docs/engines.md). What torchtitan cannot run (asynchronous or
+side-by-side schedules, a TP group across servers, ...) is refused with the nearest plan's cost.
+"""
+
+from __future__ import annotations
+
+from ..errors import PipeplanError
+from ..graph.llm import decoder_of
+from ..plan import Plan, is_decoder
+from ..schedule import Kind, make_schedule
+from .shape import common_why_not, placement_of, shape, refusal
+
+#: pipeplan's schedules by the names ``torch.distributed.pipelining.get_schedule_class`` takes
+NAMED = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B", "zb-v": "ZBVZeroBubble"}
+#: the schedule class whose stage placement a CSV of each placement needs (torchtitan builds the
+#: stages of a rank by it: one a rank, in a loop, or a V of two)
+CSV_CLASS = {"single": "PipelineScheduleSingle", "loop": "PipelineScheduleMulti", "v": "ZBVZeroBubble"}
+#: torchtitan's Llama 3 flavors by pipeplan preset
+FLAVORS = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B"}
+LETTER = {int(Kind.F): "F", int(Kind.B): "B", int(Kind.I): "I", int(Kind.W): "W"}
+
+
+def _group_leads(plan: Plan) -> list[list[int]]:
+    """Each stage's tensor-parallel groups by their first GPU: the replicas the schedule runs."""
+    return [devs[::st.tp] for st, devs in zip(plan.stages, plan.stage_devices())]
+
+
+def _why_not(plan: Plan) -> str | None:
+    why = common_why_not(plan, ("single", "loop", "v"))
+    if why is not None:
+        return why
+    sched = make_schedule(plan.schedule, _group_leads(plan), plan.microbatches, plan.replicas)
+    if sched.steady_state is not None or sched.lanes:
+        return f"schedule {plan.schedule} (torch's pipelining runs synchronous schedules, one action at a time)"
+    return None
+
+
+def module_fqns(plan: Plan, head: str) -> list[list[str]]:
+    """The modules of each model part as torchtitan names them (``head``: ``output`` in
+    0.2.2, ``lm_head`` in 0.3.0)."""
+    names = {"embed": ["tok_embeddings"], "head": ["norm", head]}
+    return [[m for n in st.nodes for m in names.get(n, [f"layers.{n[len('layer'):]}"])] for st in plan.stages]
+
+
+def schedule_csv(plan: Plan) -> str:
+    """Each pipeline rank's compute actions (module docstring): the programs of replica 0's
+    first rank at every position, microbatches numbered as that replica sees them."""
+    tp, pp, dp, vpp = shape(plan)
+    sched = make_schedule(plan.schedule, _group_leads(plan), plan.microbatches, plan.replicas)
+    program = dict(zip(sched.devices, sched.programs))
+    step = dp if plan.replicas == "round-robin" else 1
+    rows, seen = [], set()
+    for devs in _group_leads(plan):
+        first = devs[0]
+        if first in seen:
+            continue
+        seen.add(first)
+        p = program[first]
+        rows.append(",".join(f"{s}{LETTER[k]}{m // step}" for k, s, m in zip(p.kinds.tolist(), p.stages.tolist(),
+                                                                          p.micro.tolist()) if k in LETTER))
+    return "\n".join(rows) + "\n"
+
+
+def _settings(plan: Plan, head: str, csv: bool) -> dict[str, dict]:
+    """The tables of the configuration, as plain values."""
+    tp, pp, dp, vpp = shape(plan)
+    spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
+    b = int(plan.graph.meta.get("microbatch", 1))
+    micro = b // dp if plan.replicas == "split" else b
+    parallelism = {"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp,
+                   "data_parallel_replicate_degree": 1 if plan.zero else dp,
+                   "data_parallel_shard_degree": dp if plan.zero else 1,
+                   "pipeline_parallel_microbatch_size": micro,
+                   "pipeline_parallel_schedule": CSV_CLASS[placement_of(plan)] if csv else NAMED[plan.schedule],
+                   "module_fqns_per_model_part": module_fqns(plan, head)}
+    if csv:
+        parallelism["pipeline_parallel_schedule_csv"] = "pp_schedule.csv"
+    training = {"local_batch_size": micro * plan.microbatches // (dp if plan.replicas == "round-robin" else 1),
+                "global_batch_size": b * plan.microbatches, "seq_len": spec.seq}
+    return {"parallelism": parallelism, "training": training}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return str(v)
+
+
+def toml_text(plan: Plan, csv: bool) -> str:
+    """torchtitan 0.2.2's TOML (module docstring)."""
+    tables = _settings(plan, "output", csv)
+    spec_name = decoder_of(plan.graph.meta, "model").name
+    mode = plan.recompute_mode(0)
+    lines = ["# written by pipeplan export-plan (torchtitan 0.2.2: --job.config_file; 0.3.0: torchtitan-0.3.args)"]
+    if spec_name in FLAVORS:
+        lines += ["[model]", 'name = "llama3"', f'flavor = "{FLAVORS[spec_name]}"', ""]
+    else:
+        lines += [f"# [model]: {spec_name} is not one of torchtitan's registered flavors; give yours", ""]
+    for name, table in tables.items():
+        lines.append(f"[{name}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+        lines.append("")
+    lines += ["[activation_checkpoint]", f'mode = "{mode}"']
+    if mode == "selective":
+        lines.append('selective_ac_option = "op"')
+    return "\n".join(lines) + "\n"
+
+
+def args_text(plan: Plan, csv: bool) -> str:
+    """torchtitan 0.3.0's command-line overrides (module docstring), one a line."""
+    tables = _settings(plan, "lm_head", csv)
+    tp, pp, dp, vpp = shape(plan)
+    tables["parallelism"]["enable_sequence_parallel"] = bool(plan.sequence_parallel)
+    if pp > 1:
+        tables["training"]["disable_cuda_graphs"] = True
+    spec_name = decoder_of(plan.graph.meta, "model").name
+    lines = ([f"--module llama3 --config llama3_{FLAVORS[spec_name].lower()}"] if spec_name in FLAVORS else [])
+    for name, table in tables.items():
+        for k, v in table.items():
+            if isinstance(v, bool):
+                lines.append(f"--{name}.{k}" if v else f"--{name}.no_{k}")
+            elif isinstance(v, list):
+                lines.append(f"--{name}.{k} " + " ".join(",".join(part) for part in v))
+            else:
+                lines.append(f"--{name}.{k} {v}")
+    lines.append(f"activation-checkpoint:{plan.recompute_mode(0)}")
+    return "\n".join(lines) + "\n"
+
+
+def export(plan: Plan) -> dict[str, str]:
+    """File name -> text of the configuration (module docstring); a PipeplanError naming what
+    torchtitan cannot run and the nearest plan's cost."""
+    if not is_decoder(plan.graph):
+        raise PipeplanError(f"torchtitan: torchtitan trains decoder LLMs; this plan's model {plan.graph.name!r} "
+                            "is not one (zoo:gpt, zoo:llama3-*, hf:)")
+    why = _why_not(plan)
+    if why is not None:
+        raise PipeplanError(refusal("torchtitan", plan, why))
+    csv = plan.schedule not in NAMED
+    files = {"torchtitan.toml": toml_text(plan, csv), "torchtitan-0.3.args": args_text(plan, csv)}
+    if csv:
+        files["pp_schedule.csv"] = schedule_csv(plan)
+    return files

@@ -1,0 +1,131 @@
+"""``pipeplan export-plan --to torchtitan``: the TOML torchtitan 0.2.2 reads and the overrides
+0.3.0 takes, every key checked against torchtitan's own config dataclasses
+(tests/fixtures/torchtitan_config.json, read from both releases), and the schedule CSV checked
+by torch's own pipelining code: parsed action by action, validated and completed with sends
+and receives without a deadlock."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from torch.distributed.pipelining.schedules import _Action, _add_send_recv, _validate_schedule
+
+from pipeplan.cli import main
+from pipeplan.cluster import load_cluster
+from pipeplan.engines import torchtitan
+from pipeplan.errors import PipeplanError
+from pipeplan.graph import load_graph
+from pipeplan.layouts import megatron_stages
+from pipeplan.plan import Plan
+from pipeplan.planners import llm3d
+
+SCHEMA = json.loads((Path(__file__).parent / "fixtures" / "torchtitan_config.json").read_text())
+GPT = "zoo:gpt?hidden=1024&layers=16&heads=16&seq=512&vocab=8192"
+
+
+def _plan(schedule: str, vpp: int = 1, model: str = GPT, zero: int = 0) -> Plan:
+    g, c = load_graph(model), load_cluster("dgx-h100x2")
+    spec = llm3d.spec_of(g)
+    stages = megatron_stages(c.names, spec.layers, 2, 4, 2, vpp)
+    if schedule == "zb-v":  # a V: chunk j on position min(j, 2p - 1 - j)
+        for j, st in enumerate(stages):
+            st.devices = stages[min(j, 7 - j)].devices if j < 4 else stages[7 - j].devices
+    return Plan(g, c, stages, 16, schedule=schedule, replicas="round-robin", zero=zero, sequence_parallel=True)
+
+
+def _check_keys(files: dict[str, str]):
+    toml = tomllib.loads(files["torchtitan.toml"])
+    old = SCHEMA["0.2.2"]
+    assert set(toml) <= set(old["tables"])
+    for table, keys in toml.items():
+        assert set(keys) <= set(old[table]), (table, sorted(set(keys) - set(old[table])))
+    new = SCHEMA["0.3.0"]
+    for line in files["torchtitan-0.3.args"].splitlines():
+        if line.startswith("--module"):
+            assert line.split()[-1] in new["configs"]
+        elif line.startswith("activation-checkpoint:"):
+            assert line.split(":")[1] in new["activation_checkpoint_modes"]
+        else:
+            table, key = line.split()[0][2:].split(".", 1)
+            assert key.removeprefix("no_") in new[table], line
+    return toml
+
+
+def test_a_3d_plan_is_torchtitans_configuration():
+    g, c = load_graph("zoo:llama3-8b?layers=8"), load_cluster("dgx-h100x4")
+    plan = llm3d.plan_of(g, c, llm3d.Config(4, 2, 4, 2, 2, "selective", 1, True, "interleaved-1f1b", True), 64)
+    files = torchtitan.export(plan)
+    assert set(files) == {"torchtitan.toml", "torchtitan-0.3.args"}
+    toml = _check_keys(files)
+    p = toml["parallelism"]
+    assert (p["tensor_parallel_degree"], p["pipeline_parallel_degree"], p["data_parallel_shard_degree"],
+            p["data_parallel_replicate_degree"]) == (4, 2, 4, 1)
+    assert p["pipeline_parallel_schedule"] == "Interleaved1F1B" and p["pipeline_parallel_microbatch_size"] == 2
+    parts = p["module_fqns_per_model_part"]
+    assert len(parts) == 4 and parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+    assert sum(len(x) for x in parts) == 8 + 3
+    assert toml["training"] == {"local_batch_size": 16, "global_batch_size": 64, "seq_len": 8192}
+    assert toml["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert toml["model"] == {"name": "llama3", "flavor": "8B"}
+    assert "--training.disable_cuda_graphs" in files["torchtitan-0.3.args"]
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "spp-pe"])
+def test_a_schedule_torch_cannot_name_goes_as_a_csv_that_torchs_runtime_accepts(schedule):
+    plan = _plan(schedule)
+    files = torchtitan.export(plan)
+    toml = _check_keys(files)
+    p = toml["parallelism"]
+    assert p["pipeline_parallel_schedule_csv"] == "pp_schedule.csv"
+    assert p["pipeline_parallel_schedule"] == "PipelineScheduleSingle"
+    rows = files["pp_schedule.csv"].splitlines()
+    actions = {rank: [_Action.from_str(a) for a in row.split(",")] for rank, row in enumerate(rows)}
+    n_micro = toml["training"]["local_batch_size"] // p["pipeline_parallel_microbatch_size"]
+    stage_of = _validate_schedule(actions, 4, 4, n_micro)  # torch's own checks
+    assert stage_of == {0: 0, 1: 1, 2: 2, 3: 3}
+    if schedule == "zb-h1":
+        assert any(a is not None and a.computation_type.name == "BACKWARD_WEIGHT" for a in actions[0])
+    computed = sum(len(v) for v in actions.values())
+    full = _add_send_recv({r: list(v) for r, v in actions.items()}, lambda s: stage_of[s], 4)  # raises on a deadlock
+    assert sum(len(v) for v in full.values()) > computed
+
+
+def test_named_schedules_write_no_csv():
+    for schedule, vpp, name in (("1f1b", 1, "1F1B"), ("gpipe", 1, "GPipe"), ("interleaved-1f1b", 2, "Interleaved1F1B")):
+        files = torchtitan.export(_plan(schedule, vpp))
+        assert "pp_schedule.csv" not in files
+        assert _check_keys(files)["parallelism"]["pipeline_parallel_schedule"] == name
+
+
+def test_what_torchtitan_cannot_run_is_one_line_with_the_nearest_plans_cost():
+    plan = _plan("1f1b")
+    plan.stages[1].tp = 1
+    plan.stages[1].devices = plan.stages[1].devices[:4]
+    with pytest.raises(PipeplanError) as e:
+        torchtitan.export(Plan(plan.graph, plan.cluster, plan.stages, 16, replicas="round-robin"))
+    text = str(e.value)
+    assert text.startswith("torchtitan cannot express this plan") and "predicted at" in text and "\n" not in text
+    with pytest.raises(PipeplanError, match="synchronous schedules"):
+        torchtitan.export(_plan("async-1f1b"))
+
+
+def test_the_cli_writes_the_folder_or_nothing(tmp_path, capsys):
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--model", GPT, "--cluster", "dgx-h100x1", "--global-batch", "16", "--planner", "megatron",
+                 "-O", "tp=2", "-O", "pp=2", "--schedule", "1f1b", "--out", str(plan)]) == 0
+    out = tmp_path / "tt"
+    assert main(["export-plan", str(plan), "--to", "torchtitan", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["torchtitan-0.3.args", "torchtitan.toml"]
+    capsys.readouterr()
+    assert main(["export-plan", str(plan), "--to", "torchtitan"]) == 2
+    assert "give --out DIR" in capsys.readouterr().err
+    assert main(["plan", "--model", GPT, "--cluster", "dgx-h100x1", "--global-batch", "16", "--planner", "gpipe",
+                 "--schedule", "fb-parallel", "--out", str(plan)]) in (0, 2)
+    bad = tmp_path / "bad"
+    if plan.exists():
+        capsys.readouterr()
+        code = main(["export-plan", str(plan), "--to", "torchtitan", "--out", str(bad)])
+        assert code in (0, 2) and (code == 0 or not bad.exists())
