@@ -129,3 +129,20 @@ def test_the_cli_writes_the_folder_or_nothing(tmp_path, capsys):
         capsys.readouterr()
         code = main(["export-plan", str(plan), "--to", "torchtitan", "--out", str(bad)])
         assert code in (0, 2) and (code == 0 or not bad.exists())
+
+
+@pytest.mark.parametrize("schedule, vpp", [("zb-h1", 1), ("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_the_csv_is_the_action_list_pipeplans_own_runtime_runs(schedule, vpp):
+    """The runtime (runtime/pipelined.py) drives torch's _PipelineScheduleRuntime with
+    runtime/translate.py's action lists, and its runs are checked against one process; the
+    exported CSV holds the same actions for a replica's pipeline."""
+    from pipeplan.runtime.translate import pipeline_orders
+    from pipeplan.schedule import make_schedule
+
+    g, c = load_graph(GPT), load_cluster("dgx-h100x1")
+    plan = Plan(g, c, megatron_stages(c.names, 16, 1, 4, 2, vpp), 8, schedule=schedule, replicas="round-robin")
+    rows = torchtitan.schedule_csv(plan).splitlines()
+    ours = {rank: [_Action.from_str(a) for a in row.split(",")] for rank, row in enumerate(rows)}
+    runtime = pipeline_orders(make_schedule(schedule, plan.stage_devices(), 8, "round-robin"),
+                              plan.stage_devices(), "round-robin")[0]
+    assert ours == runtime

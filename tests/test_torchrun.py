@@ -1,0 +1,55 @@
+"""A plan run under torchrun on two "nodes" of this machine (127.0.0.1), two processes each:
+``torchrun ... -m pipeplan.runtime.launch PLAN --model SPEC --check``; every rank trains its
+part and the result equals one-process training."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_runtime import plan_for
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not beside this Python")
+def test_two_nodes_of_two_processes_train_the_plan_as_one_process_does(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan_for("1f1b", "round-robin", 2, 4).save(plan)
+    port = str(_free_port())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    nodes = [subprocess.Popen([str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(r),
+                               "--master-addr", "127.0.0.1", "--master-port", port, "-m", "pipeplan.runtime.launch",
+                               str(plan), "--model", "example:mlp", "--steps", "2", "--check"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+             for r in (0, 1)]
+    outs = [n.communicate(timeout=300)[0] for n in nodes]
+    for r, (node, out) in enumerate(zip(nodes, outs)):
+        assert node.returncode == 0, out[-2000:]
+        ranks = sorted(int(line.split(":")[0].split()[1]) for line in out.splitlines() if line.startswith("rank "))
+        assert ranks == [2 * r, 2 * r + 1]
+        assert out.count("4 processes") == 2 and out.count("check pass") == 2
+
+
+def test_the_entry_point_outside_torchrun_is_one_line(tmp_path, capsys, monkeypatch):
+    from pipeplan.runtime.launch import main
+
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    plan = tmp_path / "plan.json"
+    plan_for("1f1b", "round-robin", 2, 4).save(plan)
+    assert main([str(plan), "--model", "example:mlp"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "runs under torchrun" in err and len(err.splitlines()) == 1
