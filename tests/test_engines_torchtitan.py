@@ -146,3 +146,35 @@ def test_the_csv_is_the_action_list_pipeplans_own_runtime_runs(schedule, vpp):
     runtime = pipeline_orders(make_schedule(schedule, plan.stage_devices(), 8, "round-robin"),
                               plan.stage_devices(), "round-robin")[0]
     assert ours == runtime
+
+
+@pytest.mark.slow
+def test_torchs_runtime_loads_the_exported_csv_and_trains_as_one_process(tmp_path, capsys):
+    """``pipeplan run --schedule-csv``: torch's ``_PipelineScheduleRuntime._load_csv`` reads the
+    exported file on 4 gloo processes (2 pipelines of 2 stages, zero-bubble H1) and the
+    trained weights equal one process's."""
+    from test_runtime import plan_for
+
+    plan = plan_for("zb-h1", "round-robin", 2, 4, m=8)
+    plan.save(tmp_path / "plan.json")
+    (tmp_path / "s.csv").write_text(torchtitan.schedule_csv(plan))
+    code = main(["run", str(tmp_path / "plan.json"), "--model", "example:mlp", "--steps", "2", "--schedule-csv",
+                 str(tmp_path / "s.csv"), "--check", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["check"]["verdict"] == "pass"
+
+
+def test_a_csv_torch_refuses_is_one_line_before_any_process_starts(tmp_path, capsys):
+    from test_runtime import plan_for
+
+    plan = plan_for("zb-h1", "round-robin", 2, 4, m=8)
+    plan.save(tmp_path / "plan.json")
+    rows = torchtitan.schedule_csv(plan).splitlines()
+    for name, text, words in (("one-row", rows[0] + "\n", "incorrect number of ranks"),
+                              ("missing", rows[0].rsplit(",", 2)[0] + "\n" + rows[1] + "\n", "microbatches"),
+                              ("junk", "0X0\n1F0\n", "Invalid action string")):
+        (tmp_path / f"{name}.csv").write_text(text)
+        assert main(["run", str(tmp_path / "plan.json"), "--model", "example:mlp", "--schedule-csv",
+                     str(tmp_path / f"{name}.csv")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "torch's pipelining refuses it" in err[0] and words in err[0], err

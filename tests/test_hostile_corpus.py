@@ -74,7 +74,8 @@ WORK = {
 }
 #: Input files by option destination and the valid file each one takes ({model} only where
 #: it names a graph; elsewhere it names Python code).
-INPUTS = {"plan": "plan", "cluster": "cluster", "init": None, "checkpoint": None, "measured": "graph"}
+INPUTS = {"plan": "plan", "cluster": "cluster", "init": None, "checkpoint": None, "measured": "graph",
+          "schedule_csv": None}
 GRAPH_MODEL_COMMANDS = ("plan", "compare", "train")
 OUTPUTS = ("out", "trace", "gantt")
 #: Bases for options that only one form of a command takes.

@@ -457,14 +457,16 @@ def cmd_calibrate(args) -> int:
 def cmd_run(args) -> int:
     from ..plan import load_plan
     from ..runtime.check import check_run
-    from ..runtime.executor import RunConfig, run_plan
+    from ..runtime.executor import RunConfig, check_schedule_csv, run_plan
     from ..sim import predicted_s
     from ..units import fmt_time
 
     outs = _timeline_outputs(args)
     plan = load_plan(args.plan)
+    if args.schedule_csv is not None:
+        check_schedule_csv(plan, args.schedule_csv)  # before any work
     cfg = RunConfig(spec=args.model, steps=args.steps, warmup=args.warmup, threads=args.threads,
-                    hang_s=args.hang_timeout, timeout_s=args.timeout)
+                    hang_s=args.hang_timeout, timeout_s=args.timeout, schedule_csv=args.schedule_csv)
     result = run_plan(plan, cfg, predicted_s(plan))
     _note_assumed_split([plan])
     _write_measured(outs, args, plan, result)
@@ -598,6 +600,8 @@ def _add_run_parser(sub) -> None:
                     help="seconds without progress on any rank before the run is ended, naming the rank "
                          "that stopped first (default 60)")
     sp.add_argument("--timeout", type=positive_seconds, default=None, help="optional wall-clock cap in seconds")
+    sp.add_argument("--schedule-csv", help="run this compute-only schedule CSV (one row a pipeline rank, as "
+                                           "'export-plan --to torchtitan' writes) on torch's pipelining")
     sp.add_argument("--check", action="store_true",
                     help="also train in one process and compare parameters and buffers; exit 1 unless "
                          "they agree (check.verdict: pass, fail or not comparable)")

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import PipeplanError
 from ..graph.llm import DecoderSpec, decoder_of
-from ..plan import Plan, is_decoder
-from .shape import common_why_not, layer_counts, refusal, shape
+from ..plan import Plan
+from .shape import common_why_not, layer_counts, require, shape
 
 
 @dataclass(frozen=True)
@@ -64,12 +63,7 @@ def _why_not(plan: Plan) -> str | None:
 def view(plan: Plan) -> View:
     """What Megatron is told for ``plan``; a PipeplanError naming what it cannot express and
     the nearest plan's predicted cost."""
-    if not is_decoder(plan.graph):
-        raise PipeplanError(f"megatron: Megatron-LM trains decoder LLMs; this plan's model {plan.graph.name!r} is "
-                            "not one (zoo:gpt, zoo:llama3-*, hf:)")
-    why = _why_not(plan)
-    if why is not None:
-        raise PipeplanError(refusal("megatron", plan, why))
+    require("megatron", "Megatron-LM", plan, _why_not)
     tp, pp, dp, vpp = shape(plan)
     counts = layer_counts(plan)
     middle = counts[1] if vpp == 1 and pp > 2 else counts[0]

@@ -10,7 +10,7 @@ from dataclasses import replace
 from ..errors import PipeplanError
 from ..graph.llm import decoder_of
 from ..layouts import megatron_stages
-from ..plan import Plan
+from ..plan import Plan, is_decoder
 from ..schedule import SCHEDULES
 from ..sim import simulate
 
@@ -96,3 +96,14 @@ def refusal(engine: str, plan: Plan, why: str) -> str:
     text = f"TP {tp} x PP {pp} x DP {dp}" + (f", {vpp} chunks" if vpp > 1 else "")
     return (f"{engine} cannot express this plan: {why}; the nearest plan it can run ({text}, even layers, "
             f"{near.schedule}) is predicted at {cost:.4g} s an iteration, this plan at {own:.4g} s")
+
+
+def require(engine: str, label: str, plan: Plan, why_not) -> None:
+    """A PipeplanError unless ``engine`` (``label`` in messages) can express ``plan``: a decoder
+    LLM's plan that ``why_not(plan)`` finds nothing wrong with (else ``refusal``)."""
+    if not is_decoder(plan.graph):
+        raise PipeplanError(f"{engine}: {label} trains decoder LLMs; this plan's model {plan.graph.name!r} is not one "
+                            "(zoo:gpt, zoo:llama3-*, hf:)")
+    why = why_not(plan)
+    if why is not None:
+        raise PipeplanError(refusal(engine, plan, why))

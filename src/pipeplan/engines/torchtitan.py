@@ -22,11 +22,10 @@ side-by-side schedules, a TP group across servers, ...) is refused with the near
 
 from __future__ import annotations
 
-from ..errors import PipeplanError
 from ..graph.llm import decoder_of
-from ..plan import Plan, is_decoder
+from ..plan import Plan
 from ..schedule import Kind, make_schedule
-from .shape import common_why_not, placement_of, shape, refusal
+from .shape import common_why_not, placement_of, require, shape
 
 #: pipeplan's schedules by the names ``torch.distributed.pipelining.get_schedule_class`` takes
 NAMED = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B", "zb-v": "ZBVZeroBubble"}
@@ -152,12 +151,7 @@ def args_text(plan: Plan, csv: bool) -> str:
 def export(plan: Plan) -> dict[str, str]:
     """File name -> text of the configuration (module docstring); a PipeplanError naming what
     torchtitan cannot run and the nearest plan's cost."""
-    if not is_decoder(plan.graph):
-        raise PipeplanError(f"torchtitan: torchtitan trains decoder LLMs; this plan's model {plan.graph.name!r} "
-                            "is not one (zoo:gpt, zoo:llama3-*, hf:)")
-    why = _why_not(plan)
-    if why is not None:
-        raise PipeplanError(refusal("torchtitan", plan, why))
+    require("torchtitan", "torchtitan", plan, _why_not)
     csv = plan.schedule not in NAMED
     files = {"torchtitan.toml": toml_text(plan, csv), "torchtitan-0.3.args": args_text(plan, csv)}
     if csv:

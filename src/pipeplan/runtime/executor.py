@@ -40,6 +40,7 @@ from .models import input_signature, load_model, user_code
 from .pipelined import pipelined_ranks, train_pipelined
 from .split import split_model, stage_examples
 from .timing import measured_timeline
+from .translate import orders_from_csv
 
 if TYPE_CHECKING:
     from .timing import Timeline  # the measured step (timing.py builds it)
@@ -55,11 +56,16 @@ class RunConfig:
     threads: int = 1
     hang_s: float = 60.0  # no rank progressing this long ends the run, naming the one stuck longest
     timeout_s: float | None = None  # optional wall-clock cap
+    #: a compute-only schedule CSV torch's pipelining runs instead of the plan's translated
+    #: schedule (``translate.orders_from_csv``; the plan must run on torch's pipelining)
+    schedule_csv: str | None = None
 
 
-def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec: str) -> None:
-    """Refuse, before any process starts, a plan that does not match the model or the runtime:
-    the model is split into the plan's stages and one microbatch runs through them."""
+def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec: str,
+                             csv_path: str | None = None) -> None:
+    """Refuse, before any process starts, a plan that does not match the model or the runtime
+    (or a ``csv_path`` schedule torch refuses): the model is split into the plan's stages and
+    one microbatch runs through them."""
     k = max(len(s.devices) for s in plan.stages)
     sched = make_schedule(plan.schedule, plan.stage_devices(), plan.microbatches, plan.replicas)
     if sched.steady_state is not None or sched.lanes:
@@ -75,9 +81,22 @@ def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec
                             "model chunks only when every stage has the same number of devices")
     if plan.replicas == "split" and x.shape[0] < k:
         raise PipeplanError(f"plan: a microbatch of {x.shape[0]} samples cannot be split over {k} replicas")
+    if csv_path is not None:
+        check_schedule_csv(plan, csv_path)
     with user_code(spec, "running the plan's stages once"):
         parts = split_model(model, [s.nodes for s in plan.stages], spec)
         stage_examples(model, parts, len(parts) - 1, x)
+
+
+def check_schedule_csv(plan: Plan, path: str) -> None:
+    """A ``--schedule-csv`` file torch's pipelining would run for ``plan``
+    (``translate.orders_from_csv``), or one line saying why not."""
+    if not uses_pipelining(plan):
+        raise PipeplanError("run: --schedule-csv runs on torch's pipelining, which runs plans whose stages all "
+                            "have the same number of devices")
+    k_pipes = len(plan.stages[0].devices)
+    orders_from_csv(path, plan.stage_devices(),
+                    plan.microbatches // k_pipes if plan.replicas == "round-robin" else plan.microbatches)
 
 
 def uses_pipelining(plan: Plan) -> bool:
@@ -181,7 +200,7 @@ def run_plan(plan: Plan, cfg: RunConfig, predicted_s: float | None = None) -> Ru
     """Train ``cfg.steps`` iterations (after ``cfg.warmup``); the measured times, against
     ``predicted_s`` (the simulator's, from the caller: the runtime never imports it) when given."""
     model, x = load_model(cfg.spec, plan.graph.meta.get("microbatch"), cfg.seed)
-    check_plan_against_model(plan, model, x, cfg.spec)
+    check_plan_against_model(plan, model, x, cfg.spec, cfg.schedule_csv)
     world = len({d for s in plan.stages for d in s.devices})  # a process per device, whatever it holds
     wcfg = {**asdict(cfg), "microbatch": int(x.shape[0])}
     done = launch(_worker, world, (plan.to_dict(), wcfg), diagnose=partial(_diagnose, plan), threads=cfg.threads,

@@ -115,7 +115,10 @@ def train_pipelined(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[di
     sched = _PipelineScheduleRuntime(stages, n_microbatches=len(microbatches_of(pipe, k, plan.microbatches,
                                                                                 plan.replicas)),
                                      loss_fn=lambda out, target: squared_error(out, target, denom), scale_grads=False)
-    sched._prepare_schedule_with_comms(pipeline_orders(sched_ir, plan.stage_devices(), plan.replicas)[pipe])
+    if cfg.get("schedule_csv"):  # torch's own loader; checked against the plan before any process started
+        sched._load_csv(cfg["schedule_csv"], format="compute_only")
+    else:
+        sched._prepare_schedule_with_comms(pipeline_orders(sched_ir, plan.stage_devices(), plan.replicas)[pipe])
     group = TimedGroup(timed)
     opt = torch.optim.SGD(group.module.parameters(), lr=cfg["lr"], momentum=MOMENTUM)
     args = (xs[sel],) if 0 in lay.stages[pos] else ()

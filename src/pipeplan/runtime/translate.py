@@ -48,3 +48,30 @@ def pipeline_orders(schedule: Schedule, stage_devices: list[list[int]], replicas
 def microbatches_of(pipeline: int, k: int, m_count: int, replicas: str) -> list[int]:
     """The global microbatches pipeline p runs (all of them, on a 1/k share, when split)."""
     return list(range(m_count)) if replicas == "split" else list(range(pipeline, m_count, k))
+
+
+def orders_from_csv(path: str, stage_devices: list[list[int]], microbatches: int) -> dict[int, list[_Action]]:
+    """A compute-only schedule CSV (one row a pipeline rank, actions such as ``0F0``, ``1B2``,
+    ``0I0``, ``0W0``; ``pipeplan export-plan --to torchtitan`` writes one) for one pipeline of
+    the plan, checked by torch's own ``_validate_schedule`` and send/receive lowering before
+    any process starts; a PipeplanError naming the file and torch's complaint otherwise."""
+    import csv
+
+    from torch.distributed.pipelining.schedules import _add_send_recv, _validate_schedule
+
+    from ..errors import PipeplanError
+    from ..readers import read_text
+
+    lay = positions(stage_devices)
+    text = read_text(path, "--schedule-csv")
+    try:
+        rows = [row for row in csv.reader(text.splitlines())]
+        orders = {rank: [_Action.from_str(a) for a in row] for rank, row in enumerate(rows)}
+        stage_of = _validate_schedule(orders, lay.depth, len(stage_devices), microbatches)
+        if any(stage_of[s] != pos for pos, stages in enumerate(lay.stages) for s in stages):
+            raise AssertionError("its stages sit on other pipeline ranks than the plan's")
+        _add_send_recv({r: list(v) for r, v in orders.items()}, lambda s: stage_of[s], len(stage_devices))
+    except (AssertionError, RuntimeError, ValueError, KeyError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise PipeplanError(f"--schedule-csv {path}: torch's pipelining refuses it: {first}") from None
+    return {r: [a for a in v if a is not None] for r, v in orders.items()}
