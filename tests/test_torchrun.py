@@ -41,6 +41,13 @@ def test_two_nodes_of_two_processes_train_the_plan_as_one_process_does(tmp_path)
         ranks = sorted(int(line.split(":")[0].split()[1]) for line in out.splitlines() if line.startswith("rank "))
         assert ranks == [2 * r, 2 * r + 1]
         assert out.count("4 processes") == 2 and out.count("check pass") == 2
+        # every rank holds the measured median step of all four processes: on each, the forward
+        # and backward of its pipeline's 2 microbatches, the all-reduce and the optimizer step
+        timelines = {line.split("measured timeline of ")[1].split(",")[0] for line in out.splitlines()
+                     if "measured timeline of" in line}
+        assert len(timelines) == 1
+        count, rest = timelines.pop().split(" actions ")
+        assert rest == "on 4 devices" and int(count) >= 4 * 6
 
 
 def test_the_entry_point_outside_torchrun_is_one_line(tmp_path, capsys, monkeypatch):

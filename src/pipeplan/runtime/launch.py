@@ -459,8 +459,10 @@ def main(argv: list[str] | None = None) -> int:
             if check.verdict != "pass":
                 print(f"rank {os.environ['RANK']}: {verdict}", file=sys.stderr)
                 return 1
+        tl = result.timeline
+        devices = sum(tl.resource_is_device)
         print(f"rank {os.environ['RANK']}: {result.processes} processes, {result.measured_s:.4f} s an iteration "
-              f"(median), {verdict}")
+              f"(median), measured timeline of {len(tl)} actions on {devices} devices, {verdict}")
         return 0
     except PipeplanError as e:
         print(f"pipeplan: error: {one_line(str(e))}", file=sys.stderr)
