@@ -53,3 +53,15 @@ def test_exact_incomplete_example(capsys):
     table = [ln for ln in printed if ln.startswith("│")]
     assert len(table) == len(rows) and all(_within(_cells(r), _cells(p)) for r, p in zip(rows, table)), table
     assert shown[-1] in printed
+
+
+def test_megatron_export_example(tmp_path, capsys, monkeypatch):
+    """The README's export-plan example prints what the command prints for the plan the line
+    before it makes."""
+    plan_cmd = re.search(r"`(pipeplan plan --model zoo:llama3-8b[^`]*)`", README.read_text()).group(1)
+    monkeypatch.chdir(tmp_path)
+    assert main(shlex.split(plan_cmd)[1:]) == 0
+    argv, shown = _example("pipeplan export-plan plan.json --to megatron")
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == shown
