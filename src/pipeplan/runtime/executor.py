@@ -40,7 +40,7 @@ from .models import input_signature, load_model, user_code
 from .pipelined import pipelined_ranks, train_pipelined
 from .split import split_model, stage_examples
 from .timing import measured_timeline
-from .translate import orders_from_csv
+from .translate import check_csv
 
 if TYPE_CHECKING:
     from .timing import Timeline  # the measured step (timing.py builds it)
@@ -57,7 +57,7 @@ class RunConfig:
     hang_s: float = 60.0  # no rank progressing this long ends the run, naming the one stuck longest
     timeout_s: float | None = None  # optional wall-clock cap
     #: a compute-only schedule CSV torch's pipelining runs instead of the plan's translated
-    #: schedule (``translate.orders_from_csv``; the plan must run on torch's pipelining)
+    #: schedule (``translate.check_csv``; the plan must run on torch's pipelining)
     schedule_csv: str | None = None
 
 
@@ -90,12 +90,12 @@ def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec
 
 def check_schedule_csv(plan: Plan, path: str) -> None:
     """A ``--schedule-csv`` file torch's pipelining would run for ``plan``
-    (``translate.orders_from_csv``), or one line saying why not."""
+    (``translate.check_csv``), or one line saying why not."""
     if not uses_pipelining(plan):
         raise PipeplanError("run: --schedule-csv runs on torch's pipelining, which runs plans whose stages all "
                             "have the same number of devices")
     k_pipes = len(plan.stages[0].devices)
-    orders_from_csv(path, plan.stage_devices(),
+    check_csv(path, plan.stage_devices(),
                     plan.microbatches // k_pipes if plan.replicas == "round-robin" else plan.microbatches)
 
 

@@ -50,10 +50,10 @@ def microbatches_of(pipeline: int, k: int, m_count: int, replicas: str) -> list[
     return list(range(m_count)) if replicas == "split" else list(range(pipeline, m_count, k))
 
 
-def orders_from_csv(path: str, stage_devices: list[list[int]], microbatches: int) -> dict[int, list[_Action]]:
-    """A compute-only schedule CSV (one row a pipeline rank, actions such as ``0F0``, ``1B2``,
-    ``0I0``, ``0W0``; ``pipeplan export-plan --to torchtitan`` writes one) for one pipeline of
-    the plan, checked by torch's own ``_validate_schedule`` and send/receive lowering before
+def check_csv(path: str, stage_devices: list[list[int]], microbatches: int) -> None:
+    """That a compute-only schedule CSV (one row a pipeline rank, actions such as ``0F0``, ``1B2``,
+    ``0I0``, ``0W0``; ``pipeplan export-plan --to torchtitan`` writes one) fits one pipeline of
+    the plan, by torch's own ``_validate_schedule`` and send/receive lowering before
     any process starts; a PipeplanError naming the file and torch's complaint otherwise."""
     import csv
 
@@ -74,4 +74,3 @@ def orders_from_csv(path: str, stage_devices: list[list[int]], microbatches: int
     except (AssertionError, RuntimeError, ValueError, KeyError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise PipeplanError(f"--schedule-csv {path}: torch's pipelining refuses it: {first}") from None
-    return {r: [a for a in v if a is not None] for r, v in orders.items()}

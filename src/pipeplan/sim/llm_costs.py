@@ -87,7 +87,8 @@ def tp_collectives(spec: DecoderSpec, samples: int, tp: int, sp: bool) -> tuple[
     return (Collective("all_reduce", 2, nbytes),), (Collective("all_reduce", 2, nbytes),)
 
 
-def _comm_s(collectives: tuple[Collective, ...], tp: int, bus: float, latency: float) -> float:
+def comm_s(collectives: tuple[Collective, ...], tp: int, bus: float, latency: float) -> float:
+    """Seconds of ``collectives`` over ``tp`` ranks on links of ``bus`` bytes/s and ``latency``."""
     return sum(c.count * collective_s(c.kind, c.nbytes, tp, bus, latency) for c in collectives)
 
 
@@ -103,7 +104,7 @@ def layer_cost(spec: DecoderSpec, kind: Kind, samples: int, tp: int = 1, sp: boo
     fwd_c, bwd_c = tp_collectives(spec, samples, tp, sp)
     if tp > 1 and tp_bus <= 0:
         raise PipeplanError(f"tensor parallelism over {tp} ranks needs the group's bandwidth")
-    fwd_comm = _comm_s(fwd_c, tp, tp_bus, tp_latency)
-    bwd_comm = _comm_s(bwd_c, tp, tp_bus, tp_latency) + (fwd_comm if recompute == "full" else 0.0)
+    fwd_comm = comm_s(fwd_c, tp, tp_bus, tp_latency)
+    bwd_comm = comm_s(bwd_c, tp, tp_bus, tp_latency) + (fwd_comm if recompute == "full" else 0.0)
     return LayerCost(fwd, bwd, again, fwd_c, bwd_c, fwd_comm, bwd_comm,
                      spec.layer_activation_bytes(samples, tp, sp, recompute), spec.layer_params() / tp)

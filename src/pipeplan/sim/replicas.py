@@ -49,11 +49,22 @@ def symmetric_count(plan: Plan, groups: list[list[int]], of_stage: list[list[int
     for s in range(len(of_stage) - 1):
         here, there = [groups[g] for g in of_stage[s]], [groups[g] for g in of_stage[s + 1]]
         for x, y in ((here, there), (there, here)):
-            bw, lat = between_groups(cl, x, y)
-            chain_bw, chain_lat = np.diag(bw), np.diag(lat)
-            if np.ptp(chain_bw) or np.ptp(chain_lat):
+            bw, lat = paired_links(cl, x, y)
+            if np.ptp(bw) or np.ptp(lat):
                 return None
     return r
+
+
+def paired_links(cl: Cluster, a: list[list[int]], b: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """``between_groups``' bandwidth and latency from ``a[k]`` to ``b[k]`` for each k alone
+    (a replica's chain), without the other pairs."""
+    bw, lat = np.empty(len(a)), np.empty(len(a))
+    for k, (x, y) in enumerate(zip(a, b)):
+        rails = min(len(x), len(y))
+        ix, iy = np.array(x[:rails]), np.array(y[:rails])
+        bw[k] = rails * float(cl.bandwidth[ix, iy].min())
+        lat[k] = float(cl.latency[ix, iy].max())
+    return bw, lat
 
 
 def ring_links(cl: Cluster, ring: list[list[int]]) -> tuple[float, float]:

@@ -31,9 +31,9 @@ from ..errors import PipeplanError
 from ..graph import Graph
 from ..graph.llm import BF16, DecoderSpec, decoder_of, embedding_compute_s, head_compute_s
 from ..plan import Plan, Stage, is_decoder
-from .collectives import collective_s, group_links
+from .collectives import group_links
 from . import llm_costs
-from .llm_costs import layer_cost, rates_of
+from .llm_costs import Collective, comm_s, layer_cost, rates_of
 from .durations import OVERLAP
 from .replicas import as_two, between_groups, ring_links, symmetric_count
 
@@ -116,10 +116,6 @@ def group_cluster(cl: Cluster, groups: list[list[int]]) -> Cluster:
     return Cluster(f"{cl.name} (tensor-parallel groups)", devices, bw, lat, dict(cl.meta))
 
 
-def _comm(kinds: tuple[tuple[str, int], ...], nbytes: float, t: int, links: tuple[float, float]) -> float:
-    return sum(n * collective_s(k, nbytes, t, *links) for k, n in kinds)
-
-
 def node_costs(spec: DecoderSpec, role: str, kind, samples: int, t: int, sp: bool, mode: str,
                 links: tuple[float, float]) -> tuple[float, float, float]:
     """(forward s, backward s, bytes kept) of one rank for one node (``embed``, ``layer``,
@@ -132,16 +128,14 @@ def node_costs(spec: DecoderSpec, role: str, kind, samples: int, t: int, sp: boo
         lc = layer_cost(spec, kind, samples, t, sp, mode, *links)
         return (lc.fwd_s * run + lc.fwd_comm_s, (lc.bwd_s + lc.recompute_s) * run + lc.bwd_comm_s,
                 lc.activation_bytes)
+    reduce = comm_s((Collective("reduce_scatter" if sp else "all_reduce", 1, hidden),), t, *links)
+    gather = comm_s((Collective("all_gather", 1, hidden),), t, *links) if sp else 0.0
     if role == "embed":
         f, b = embedding_compute_s(spec, rates, samples)
-        fc = _comm(((("reduce_scatter" if sp else "all_reduce"), 1),), hidden, t, links) if t > 1 else 0.0
-        bc = _comm((("all_gather", 1),), hidden, t, links) if t > 1 and sp else 0.0
-        return f * run + fc, b * run + bc, 0.0
+        return f * run + reduce, b * run + gather, 0.0
     f, b = head_compute_s(spec, rates, samples, t)
-    fc = _comm((("all_gather", 1),), hidden, t, links) if t > 1 and sp else 0.0
-    bc = _comm(((("reduce_scatter" if sp else "all_reduce"), 1),), hidden, t, links) if t > 1 else 0.0
     kept = 4.0 * samples * spec.seq * spec.vocab / t + hidden / (t if sp else 1)  # fp32 logits, the input
-    return f * run + fc, b * run + bc, kept
+    return f * run + gather, b * run + reduce, kept
 
 
 def _role(nid: str) -> str:
