@@ -14,8 +14,9 @@ SPEC = "hf:gpt2?n_layer=2&n_embd=64&n_head=2&seq=16&microbatch=4"
 def test_spec_parsing_and_its_errors():
     assert parse_spec("hf:bert?num_hidden_layers=3&hidden_size=64&seq=32") == (
         "bert", {"num_hidden_layers": 3, "hidden_size": 64}, 32, 8)
-    with pytest.raises(PipeplanError, match="unknown Hugging Face architecture 'llama'"):
-        parse_spec("hf:llama?n_layer=2")
+    with pytest.raises(PipeplanError, match="unknown Hugging Face architecture 't5'"):
+        parse_spec("hf:t5?num_layers=2")
+    assert parse_spec("hf:llama?max_position_embeddings=512")[2:] == (512, 1)  # the analytic graph's defaults
     with pytest.raises(PipeplanError, match="seq and microbatch must be positive integers"):
         parse_spec("hf:gpt2?seq=0")
 

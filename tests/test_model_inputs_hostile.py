@@ -28,7 +28,13 @@ MODEL_COMMANDS = ("profile", "export", "run", "calibrate")
 SHAPE = {"gpt2": {"layers": "n_layer", "width": "n_embd", "heads": "n_head", "vocab": "vocab_size",
                   "positions": "n_positions", "activation": "activation_function"},
          "bert": {"layers": "num_hidden_layers", "width": "hidden_size", "heads": "num_attention_heads",
-                  "vocab": "vocab_size", "positions": "max_position_embeddings", "activation": "hidden_act"}}
+                  "vocab": "vocab_size", "positions": "max_position_embeddings", "activation": "hidden_act"},
+         "llama": {"layers": "num_hidden_layers", "width": "hidden_size", "heads": "num_attention_heads",
+                   "vocab": "vocab_size", "positions": "max_position_embeddings", "activation": "hidden_act"}}
+#: settings before the hostile one: a Llama's defaults are LlamaConfig's (7B), not a small model
+BASE = {"gpt2": "", "bert": "",
+        "llama": ("hidden_size=128&num_attention_heads=4&num_key_value_heads=2&intermediate_size=256&"
+                  "num_hidden_layers=2&vocab_size=1000&max_position_embeddings=256&")}
 BAD_SIZES = {"0": "must be a positive integer", "-1": "must be a positive integer",
              "abc": "must be int", "1.5": "must be int"}
 
@@ -36,14 +42,18 @@ BAD_SIZES = {"0": "must be a positive integer", "-1": "must be a positive intege
 def _hf_cases() -> list[tuple[str, str]]:
     cases = []
     for arch, keys in SHAPE.items():
+        hf = f"hf:{arch}?{BASE[arch]}"
         for role in ("layers", "width", "heads", "vocab", "positions"):
-            cases += [(f"hf:{arch}?{keys[role]}={bad}", f"{keys[role]}.*{why}") for bad, why in BAD_SIZES.items()]
-        cases += [(f"hf:{arch}?{keys['activation']}=nope", f"unknown {keys['activation']} 'nope'"),
-                  (f"hf:{arch}?seq=257", "seq=257 is beyond the model's 256 positions"),
-                  (f"hf:{arch}?{keys['layers']}=30000", "30,003 layers; pipeplan plans for at most"),
-                  (f"hf:{arch}?{keys['layers']}=500&{keys['width']}=2048", "parameters; pipeplan builds models of at most"),
-                  (f"hf:{arch}?{keys['width']}=130", "is not a multiple of"),
-                  (f"hf:{arch}?microbatch=100000000&seq=256", "one microbatch of input is")]
+            cases += [(f"{hf}{keys[role]}={bad}", f"{keys[role]}.*{why}") for bad, why in BAD_SIZES.items()]
+        cases += [(f"{hf}{keys['activation']}=nope", f"unknown {keys['activation']} 'nope'"),
+                  (f"{hf}seq=257", "seq=257 is beyond the model's 256 positions"),
+                  (f"{hf}{keys['layers']}=30000", "30,003 layers; pipeplan plans for at most"),
+                  (f"{hf}{keys['layers']}=500&{keys['width']}=2048", "parameters; pipeplan builds models of at most"),
+                  (f"{hf}{keys['width']}=130", "is not a multiple of"),
+                  (f"{hf}microbatch=100000000&seq=256", "one microbatch of input is")]
+    llama = f"hf:llama?{BASE['llama']}"
+    cases += [(f"{llama}num_key_value_heads={bad}", "num_key_value_heads must be a positive integer dividing")
+              for bad in ("0", "3", "-2")]
     return cases
 
 

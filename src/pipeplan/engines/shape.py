@@ -102,8 +102,9 @@ def require(engine: str, label: str, plan: Plan, why_not) -> None:
     """A PipeplanError unless ``engine`` (``label`` in messages) can express ``plan``: a decoder
     LLM's plan that ``why_not(plan)`` finds nothing wrong with (else ``refusal``)."""
     if not is_decoder(plan.graph):
-        raise PipeplanError(f"{engine}: {label} trains decoder LLMs; this plan's model {plan.graph.name!r} is not one "
-                            "(zoo:gpt, zoo:llama3-*, hf:)")
+        raise PipeplanError(f"{engine}: {label} trains decoder LLMs, configured by their dimensions; this plan's "
+                            f"model {plan.graph.name!r} has none (plan on a decoder's analytic graph: --model "
+                            "zoo:gpt?..., zoo:llama3-*, hf:ARCH?... or hf:PATH; a profile measures layers, not dimensions)")
     why = why_not(plan)
     if why is not None:
         raise PipeplanError(refusal(engine, plan, why))

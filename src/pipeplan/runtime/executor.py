@@ -83,6 +83,12 @@ def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec
         raise PipeplanError(f"plan: a microbatch of {x.shape[0]} samples cannot be split over {k} replicas")
     if csv_path is not None:
         check_schedule_csv(plan, csv_path)
+    if spec.startswith("hf:") and "decoder" in plan.graph.meta:
+        from .hf import decoder_mismatch
+
+        why = decoder_mismatch(spec, plan.graph.meta["decoder"])
+        if why is not None:
+            raise PipeplanError(f"plan does not match model {spec!r}: {why}")
     with user_code(spec, "running the plan's stages once"):
         parts = split_model(model, [s.nodes for s in plan.stages], spec)
         stage_examples(model, parts, len(parts) - 1, x)
