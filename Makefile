@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/dynpartition/learning.py
 	$(BIN)/python benchmarks/dynpartition/stream.py
 	$(BIN)/python benchmarks/gpu/gemm_efficiency.py
+	$(BIN)/python benchmarks/gpu/run_accuracy.py
 	$(BIN)/python benchmarks/published/calibrate.py
 	$(BIN)/python benchmarks/published/megatron_sc21.py
 	$(BIN)/python benchmarks/llm/scale.py

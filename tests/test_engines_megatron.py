@@ -99,7 +99,7 @@ def test_different_tensor_parallel_degrees_and_models_that_are_not_decoders_are_
     stages[1].tp = 1
     assert "different tensor-parallel degrees" in _refused(Plan(g, c, stages, 8, replicas="round-robin"))
     vgg = load_graph("zoo:vgg16")
-    assert "not one" in _refused(Plan(vgg, c, [replace(stages[0], nodes=list(vgg.ids), tp=1)], 8))
+    assert "has none (plan on a decoder" in _refused(Plan(vgg, c, [replace(stages[0], nodes=list(vgg.ids), tp=1)], 8))
 
 
 def test_the_cli_prints_the_arguments_or_one_line(tmp_path, capsys):

@@ -65,3 +65,46 @@ def test_megatron_export_example(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     assert main(argv) == 0
     assert capsys.readouterr().out.splitlines() == shown
+
+
+def _session(first: str) -> list[str]:
+    """The README block of ``$ `` commands whose first line starts with ``first``, with the
+    shell variables it sets substituted in the lines after it."""
+    for block in re.findall(r"```\n(.*?)```", README.read_text(), re.S):
+        lines = [ln[2:] for ln in block.splitlines() if ln.startswith("$ ")]
+        if lines and lines[0].startswith(first):
+            name, value = lines[0].split("=", 1)
+            value = shlex.split(value)[0]
+            return [ln.replace(f'"${name}"', shlex.quote(value)) for ln in lines[1:]]
+    raise AssertionError(f"README has no session starting {first!r}")
+
+
+@pytest.mark.slow
+def test_the_llama_flow_to_torchtitan_and_torchrun(tmp_path, capsys, monkeypatch):
+    """The README's Llama session, command by command: plan, export for torchtitan (a schedule
+    CSV, as zero-bubble H1 has no name in torch), the CSV trained on torch's runtime equal to
+    one process, and the launcher under torchrun (on loopback, a free port) passing the same
+    check on every rank."""
+    import os
+    import subprocess
+    import sys
+    import tomllib
+
+    from test_torchrun import TORCHRUN, _free_port
+
+    monkeypatch.chdir(tmp_path)
+    commands = _session("SPEC=")
+    assert [c.split()[0] for c in commands] == ["pipeplan", "pipeplan", "pipeplan", "torchrun"]
+    for command in commands[:3]:
+        assert main(shlex.split(command)[1:]) == 0, capsys.readouterr().err
+    toml = tomllib.loads((tmp_path / "titan" / "torchtitan.toml").read_text())["parallelism"]
+    assert toml["pipeline_parallel_schedule_csv"] == "pp_schedule.csv"
+    assert "one-process training" in (out := capsys.readouterr().out) and out.rstrip().endswith(": PASS")
+    if not TORCHRUN.exists():
+        pytest.skip("torchrun is not beside this Python")
+    argv = shlex.split(commands[3].replace("29500", str(_free_port())))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([str(TORCHRUN), *argv[1:]], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.count("check pass") == 4 and done.stdout.count("4 processes (cpu, fp32)") == 4

@@ -200,7 +200,8 @@ def test_cli_run_check(tmp_path, capsys):
     out = json.loads(captured.out)
     assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG" and json.loads((tmp_path / "m.json").read_text())
     assert list(out) == ["measured_s", "predicted_s", "error", "steps", "warmup", "processes", "per_step_s", "spread",
-                         "schedule", "replicas", "microbatch", "warnings", "timeline_step", "action_error",
+                         "schedule", "replicas", "microbatch", "device", "precision", "warnings", "timeline_step",
+                         "action_error",
                          "max_rel_diff", "check"]  # RunResult.to_dict: the keys and order run_plan's dict had
     errors = out["action_error"]
     assert set(errors["summary"]) == {"forward", "backward"} and len(errors["actions"]) == 2 * 2 * 4

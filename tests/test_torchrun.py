@@ -60,3 +60,19 @@ def test_the_entry_point_outside_torchrun_is_one_line(tmp_path, capsys, monkeypa
     assert main([str(plan), "--model", "example:mlp"]) == 2
     err = capsys.readouterr().err.strip()
     assert "runs under torchrun" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, words", [(["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+                                         (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
+                                         (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
+                                         ([], "the following arguments are required: --model")])
+def test_bad_launcher_arguments_are_one_line(tmp_path, capsys, argv, words):
+    from pipeplan.runtime.launch import main
+
+    plan = tmp_path / "plan.json"
+    plan_for("1f1b", "round-robin", 2, 4).save(plan)
+    model = [] if not argv else ["--model", "example:mlp"]
+    with pytest.raises(SystemExit) as exit_:
+        main([str(plan), *model, *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and words in err

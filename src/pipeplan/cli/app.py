@@ -466,14 +466,16 @@ def cmd_run(args) -> int:
     if args.schedule_csv is not None:
         check_schedule_csv(plan, args.schedule_csv)  # before any work
     cfg = RunConfig(spec=args.model, steps=args.steps, warmup=args.warmup, threads=args.threads,
-                    hang_s=args.hang_timeout, timeout_s=args.timeout, schedule_csv=args.schedule_csv)
+                    hang_s=args.hang_timeout, timeout_s=args.timeout, schedule_csv=args.schedule_csv,
+                    device=args.device, precision=args.precision)
     result = run_plan(plan, cfg, predicted_s(plan))
     _note_assumed_split([plan])
     _write_measured(outs, args, plan, result)
     check = None
     if args.check:
         check = check_run(plan, args.model, result.params, steps=cfg.warmup + cfg.steps, lr=cfg.lr, seed=cfg.seed,
-                          threads=cfg.threads, microbatch=result.microbatch)
+                          threads=cfg.threads, microbatch=result.microbatch, device=result.device,
+                          precision=result.precision)
         result.max_rel_diff, result.check = check.max_rel_diff, check.to_dict()
     code = 0 if check is None or check.verdict == "pass" else 1
     for w in result.warnings:
@@ -602,6 +604,7 @@ def _add_run_parser(sub) -> None:
     sp.add_argument("--timeout", type=positive_seconds, default=None, help="optional wall-clock cap in seconds")
     sp.add_argument("--schedule-csv", help="run this compute-only schedule CSV (one row a pipeline rank, as "
                                            "'export-plan --to torchtitan' writes) on torch's pipelining")
+    _device_options(sp)
     sp.add_argument("--check", action="store_true",
                     help="also train in one process and compare parameters and buffers; exit 1 unless "
                          "they agree (check.verdict: pass, fail or not comparable)")
@@ -612,6 +615,15 @@ def _add_run_parser(sub) -> None:
                          "per-action error (action_error in --json)")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_run)
+
+
+def _device_options(sp) -> None:
+    """``--device`` and ``--precision`` of ``run`` (runtime/device.py)."""
+    sp.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="auto (default): a GPU a process over NCCL when this machine has one for each, else CPU "
+                         "processes over gloo")
+    sp.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help="fp32 (default) or bf16 autocast (matrix products in bf16, the loss and optimizer in fp32)")
 
 
 def _planner_names() -> list[str]:

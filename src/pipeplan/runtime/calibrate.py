@@ -359,7 +359,7 @@ def runtime_overhead(cluster: Cluster, predict: Callable[[Plan], float], threads
     names = cluster.names[:2]
     plan = Plan(graph, cluster, [Stage(graph.ids[:half], names[:1]), Stage(graph.ids[half:], names[1:2])],
                 microbatches, schedule="1f1b")
-    out = run_plan(plan, RunConfig("example:tiny", steps=steps, warmup=2, threads=threads))
+    out = run_plan(plan, RunConfig("example:tiny", steps=steps, warmup=2, threads=threads, device="cpu"))
     actions = 2 * (microbatches + 1)
     return max(0.0, (out.measured_s - predict(plan)) / actions)
 

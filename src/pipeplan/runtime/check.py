@@ -13,6 +13,10 @@ between two summation orders of the same training when there are several pipelin
 reordering amplified by BatchNorm over a few steps reaches 1e-4; a lost or repeated
 microbatch moves parameters by ~1e-2 and still fails).
 
+The reference trains on the run's device type and in its precision (``device.Target``: the
+launching process's current GPU, bf16 autocast). On a GPU the tolerance is always measured,
+one pipeline too: GPU kernels need not sum in the same order twice.
+
 What cannot be compared is said, not hidden: random layers (Dropout) draw other numbers in
 each process; a re-materialized stage runs its forward twice, so a BatchNorm in it updates
 its running statistics twice (its buffers are then left out of the comparison).
@@ -28,6 +32,7 @@ from torch import nn
 
 from ..plan import Plan
 from .data import equal_replication, global_batch, share, squared_error
+from .device import Target
 from .steps import MOMENTUM
 from .models import load_model
 from .translate import microbatches_of
@@ -77,13 +82,15 @@ def _twice_updated_buffers(plan: Plan, model: nn.Module) -> list[str]:
 
 
 def reference_state(plan: Plan, spec: str, steps: int, lr: float, seed: int, threads: int,
-                    microbatch: int, per_pipeline: bool = False) -> dict[str, torch.Tensor]:
+                    microbatch: int, per_pipeline: bool = False, target: Target = Target()) -> dict[str, torch.Tensor]:
     """Pipeline 0's state after ``steps`` iterations trained in one process (module docstring).
     ``per_pipeline``: the same training with each pipeline's gradients summed apart, then
     across pipelines (as the run's all-reduce does); only the rounding differs."""
     torch.set_num_threads(threads)
     model, x = load_model(spec, microbatch, seed)
     xs, ys = global_batch(model, x, plan.microbatches, seed)
+    dev = target.torch_device()
+    model, xs, ys = model.to(dev), xs.to(dev), ys.to(dev)
     z, m_count = x.shape[0], plan.microbatches
     # stages on different numbers of devices: whole microbatches (check_run says why)
     k = pipelines_compared(plan)
@@ -99,16 +106,18 @@ def reference_state(plan: Plan, spec: str, steps: int, lr: float, seed: int, thr
             with torch.no_grad():
                 for n, b in model.named_buffers():
                     b.copy_(buffers[p][n])
-            rows = share(m, z, p, k, plan.replicas)
-            squared_error(model(xs[rows]), ys[rows], denom).backward()
+            rows = share(m, z, p, k, plan.replicas).to(dev)
+            with target.autocast():
+                out = model(xs[rows])
+            squared_error(out.float(), ys[rows], denom).backward()
             buffers[p] = {n: b.detach().clone() for n, b in model.named_buffers()}
             if per_pipeline:
                 _move_gradients(params, sums[p])
         if per_pipeline:
             _sum_gradients(params, sums)
         opt.step()
-    state = {n: t.detach().clone() for n, t in model.state_dict().items()}
-    return {**state, **{n: b for n, b in buffers[0].items() if n in state}}
+    state = {n: t.detach().cpu().clone() for n, t in model.state_dict().items()}
+    return {**state, **{n: b.cpu() for n, b in buffers[0].items() if n in state}}
 
 
 def pipelines_compared(plan: Plan) -> int:
@@ -161,27 +170,28 @@ def compare_states(staged: dict[int, dict], ref: dict[str, torch.Tensor],
 
 
 def _tolerances(plan: Plan, spec: str, ref: dict[str, torch.Tensor], steps: int, lr: float, seed: int,
-                threads: int, microbatch: int) -> dict[str, float]:
+                threads: int, microbatch: int, target: Target) -> dict[str, float]:
     """Per tensor, ``TOLERANCE`` or ``NOISE_FACTOR`` times the rounding measured between the
     reference and the same training with the gradients summed in another order (one sum over
-    all shares instead of per pipeline); 1 pipeline: ``TOLERANCE``."""
-    if pipelines_compared(plan) == 1:
+    all shares instead of per pipeline); 1 pipeline on a CPU: ``TOLERANCE``."""
+    if pipelines_compared(plan) == 1 and target.device == "cpu":
         return {}
-    other = reference_state(plan, spec, steps, lr, seed, threads, microbatch)
+    other = reference_state(plan, spec, steps, lr, seed, threads, microbatch, target=target)
     noise = relative_diffs({0: other}, ref)
     return {n: max(TOLERANCE, NOISE_FACTOR * v) for n, v in noise.items()}
 
 
 def check_run(plan: Plan, spec: str, staged: dict[int, dict], *, steps: int, lr: float, seed: int,
-              threads: int, microbatch: int) -> CheckResult:
+              threads: int, microbatch: int, device: str = "cpu", precision: str = "fp32") -> CheckResult:
     """The verdict on a run's final state (``staged``: stage -> tensor name -> values): each
-    tensor against the reference trained as the run sums (per pipeline, then across), within
-    its tolerance (``_tolerances``)."""
+    tensor against the reference trained as the run sums (per pipeline, then across), on its
+    device type and in its precision, within its tolerance (``_tolerances``)."""
     model, _ = load_model(spec, microbatch, seed)
     random = _random_layers(model)
     twice = _twice_updated_buffers(plan, model)
-    ref = reference_state(plan, spec, steps, lr, seed, threads, microbatch, per_pipeline=True)
-    tolerance = _tolerances(plan, spec, ref, steps, lr, seed, threads, microbatch)
+    target = Target(device, precision)
+    ref = reference_state(plan, spec, steps, lr, seed, threads, microbatch, per_pipeline=True, target=target)
+    tolerance = _tolerances(plan, spec, ref, steps, lr, seed, threads, microbatch, target)
     diffs = relative_diffs(staged, ref, frozenset(twice))
     where = max(diffs, key=lambda n: diffs[n] / tolerance.get(n, TOLERANCE), default="")
     worst, tol = diffs.get(where, 0.0), tolerance.get(where, TOLERANCE)

@@ -12,7 +12,9 @@ its backward does the same with the gradients, the other way. Sends are asynchro
 receives block, so a rank waits only for data the schedule says comes first; messages are
 matched by a tag made of the microbatch, stage, direction and tensor. After the programs,
 each stage's gradients are summed over its devices (one flattened all-reduce), then the
-optimizer steps. Input-gradient/weight-gradient splits (I, W) are not run here.
+optimizer steps. Input-gradient/weight-gradient splits (I, W) are not run here. Messages
+are matched by tags, which NCCL ignores: this executor runs on CPU processes over gloo
+(``device.py``), in fp32 or bf16 autocast.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torch import nn
 from ..plan import Plan
 from ..schedule import Kind, Program, make_schedule
 from .data import global_batch, split_rows, squared_error
+from .device import Target
 from .models import load_model
 from .split import Recomputed, split_model, stage_examples
 from .steps import MOMENTUM, allreduce_gradients, program_micro, run_steps, state_arrays
@@ -116,7 +119,7 @@ class _Stage:
         outs = list(out) if isinstance(out, tuple) else [out]
         if self.last:
             target = self.ys[m * self.z + span[0]:m * self.z + span[1]]
-            outs = [squared_error(outs[0], target, self.denom)]
+            outs = [squared_error(outs[0].float(), target, self.denom)]
         else:
             self._send(m, self.s + 1, span, False, outs)
         self.saved[m] = (inputs, outs, span)
@@ -150,11 +153,14 @@ def train_direct(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[dict]
     parts = split_model(model, [st.nodes for st in plan.stages], cfg["spec"])
     xs, ys = global_batch(model, x, plan.microbatches, cfg["seed"])
     z = x.shape[0]
-    inp, _ = stage_examples(model, parts, s, xs[:z])
+    target = Target("cpu", cfg["precision"])
+    with target.autocast():  # the dtypes a stage receives are those of the run
+        inp, _ = stage_examples(model, parts, s, xs[:z])
     shapes = [(t.shape[1:], t.dtype) for t in inp]
     part = parts[s]
     layout = _Layout.of(plan, z)
-    timed = Timed(Recomputed(part) if plan.recomputes(s) else part, *program_micro(layout.programs[rank]), progress)
+    timed = Timed(Recomputed(part) if plan.recomputes(s) else part, *program_micro(layout.programs[rank]), progress,
+                  autocast=target.autocast)
     stage = _Stage(rank, s, plan, timed, layout, shapes, xs, ys, z)
     opt = torch.optim.SGD(part.parameters(), lr=cfg["lr"], momentum=MOMENTUM)
 

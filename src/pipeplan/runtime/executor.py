@@ -34,8 +34,9 @@ from ..errors import PipeplanError
 from ..plan import Plan
 from ..schedule import Kind, make_schedule
 from .data import equal_replication
+from .device import Target, resolve
 from .direct import stage_major_ranks, train_direct
-from .launch import Failure, Worker, launch, one_line_error
+from .launch import Failure, Worker, launch, one_line_error, torchrun_world
 from .models import input_signature, load_model, user_code
 from .pipelined import pipelined_ranks, train_pipelined
 from .split import split_model, stage_examples
@@ -59,6 +60,8 @@ class RunConfig:
     #: a compute-only schedule CSV torch's pipelining runs instead of the plan's translated
     #: schedule (``translate.check_csv``; the plan must run on torch's pipelining)
     schedule_csv: str | None = None
+    device: str = "cpu"  # auto, cpu or cuda (device.py; the command line's default is auto)
+    precision: str = "fp32"  # fp32 or bf16 autocast
 
 
 def check_plan_against_model(plan: Plan, model: nn.Module, x: torch.Tensor, spec: str,
@@ -129,9 +132,11 @@ def _error_text(e: BaseException) -> str:
     return one_line_error(e)[:300]
 
 
-def target_warnings(plan: Plan, cores: int | None = None) -> list[str]:
+def target_warnings(plan: Plan, cores: int | None = None, target: Target = Target()) -> list[str]:
     """What makes this run differ from what the plan was made for: devices that are not the
-    CPU processes the executor starts, or more processes than cores."""
+    CPU processes the executor starts, or more processes than cores (on GPUs: none said)."""
+    if target.device == "cuda":
+        return []
     cores = cores or os.cpu_count() or 1
     used = {d for s in plan.stages for d in s.devices}
     world = len(used)
@@ -185,6 +190,8 @@ class RunResult:
     schedule: str
     replicas: str
     microbatch: int
+    device: str
+    precision: str
     warnings: list[str]
     timeline_step: int
     params: dict[int, dict] = field(repr=False)
@@ -205,12 +212,14 @@ class RunResult:
 def run_plan(plan: Plan, cfg: RunConfig, predicted_s: float | None = None) -> RunResult:
     """Train ``cfg.steps`` iterations (after ``cfg.warmup``); the measured times, against
     ``predicted_s`` (the simulator's, from the caller: the runtime never imports it) when given."""
+    world = len({d for s in plan.stages for d in s.devices})  # a process per device, whatever it holds
+    target = run_target(plan, cfg, world)
     model, x = load_model(cfg.spec, plan.graph.meta.get("microbatch"), cfg.seed)
     check_plan_against_model(plan, model, x, cfg.spec, cfg.schedule_csv)
-    world = len({d for s in plan.stages for d in s.devices})  # a process per device, whatever it holds
-    wcfg = {**asdict(cfg), "microbatch": int(x.shape[0])}
+    wcfg = {**asdict(cfg), "microbatch": int(x.shape[0]), "device": target.device}
     done = launch(_worker, world, (plan.to_dict(), wcfg), diagnose=partial(_diagnose, plan), threads=cfg.threads,
-                  hang_s=cfg.hang_s, timeout_s=cfg.timeout_s, error_text=_error_text, join=True)
+                  hang_s=cfg.hang_s, timeout_s=cfg.timeout_s, error_text=_error_text, join=True,
+                  backend=target.backend)
     steps = {r: d["steps"] for r, d in done.items()}
     params = {s: arrays for d in done.values() for s, arrays in d["params"].items()}
     times = [s["seconds"] for s in steps[0]]
@@ -225,9 +234,25 @@ def run_plan(plan: Plan, cfg: RunConfig, predicted_s: float | None = None) -> Ru
     return RunResult(measured_s=measured, predicted_s=predicted_s, error=error,
                      steps=cfg.steps, warmup=cfg.warmup, processes=world, per_step_s=times,
                      spread=(max(steady) - min(steady)) / measured, schedule=plan.schedule,
-                     replicas=plan.replicas, microbatch=int(x.shape[0]),
-                     warnings=target_warnings(plan) + input_warnings(plan, x), timeline_step=median_step,
+                     replicas=plan.replicas, microbatch=int(x.shape[0]), device=target.device,
+                     precision=target.precision,
+                     warnings=target_warnings(plan, target=target) + input_warnings(plan, x), timeline_step=median_step,
                      params=params, timeline=timeline)
+
+
+def run_target(plan: Plan, cfg: RunConfig, world: int) -> Target:
+    """The run's device and precision (``device.resolve``): one GPU for each process on this
+    machine (torchrun's ``LOCAL_WORLD_SIZE`` when joined, else every process); plans on
+    pipeplan's own executor run on the CPU (its messages need tags, which NCCL ignores)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if torchrun_world() is not None else world
+    target = resolve(cfg.device, cfg.precision, local)
+    if target.device == "cuda" and not uses_pipelining(plan):
+        if cfg.device == "cuda":
+            raise PipeplanError("run: --device cuda runs plans whose stages all have the same number of devices "
+                                "(torch's pipelining over NCCL); this plan's stages differ, so it runs on pipeplan's "
+                                "own executor, on CPU processes only (--device cpu)")
+        target = Target("cpu", target.precision)
+    return target
 
 
 def _diagnose(plan: Plan, failure: Failure) -> str:

@@ -422,7 +422,8 @@ def _run_joined(worker: Callable[..., Any], world: int, args: tuple, backend: st
 
 def main(argv: list[str] | None = None) -> int:
     """``torchrun --nnodes N --nproc-per-node G [--node-rank R --master-addr A --master-port P]
-    -m pipeplan.runtime.launch PLAN.json --model SPEC [--steps K] [--warmup W] [--check]``:
+    -m pipeplan.runtime.launch PLAN.json --model SPEC [--steps K] [--warmup W] [--device D]
+    [--precision P] [--check]``:
     this process as rank node x G + local rank of the plan's run (rank r runs the plan's
     process r, as ``pipeplan run`` numbers them). Exit 0 when the run (and the check against
     one-process training) passes, 1 when the check fails, 2 with one line on bad input."""
@@ -433,13 +434,19 @@ def main(argv: list[str] | None = None) -> int:
     from .check import check_run
     from .executor import RunConfig, run_plan
 
-    p = argparse.ArgumentParser(prog="python -m pipeplan.runtime.launch",
-                                description="one rank of a plan's run under torchrun")
+    class OneLine(argparse.ArgumentParser):
+        def error(self, message: str):  # one line, exit 2: no usage block
+            print(f"{self.prog}: error: {message}", file=sys.stderr)
+            raise SystemExit(2)
+
+    p = OneLine(prog="python -m pipeplan.runtime.launch", description="one rank of a plan's run under torchrun")
     p.add_argument("plan")
     p.add_argument("--model", required=True)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--check", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -449,19 +456,22 @@ def main(argv: list[str] | None = None) -> int:
         if min(args.steps, args.threads) < 1 or args.warmup < 0:
             raise PipeplanError("--steps and --threads must be >= 1, --warmup >= 0")
         plan = load_plan(args.plan)
-        cfg = RunConfig(spec=args.model, steps=args.steps, warmup=args.warmup, threads=args.threads)
+        cfg = RunConfig(spec=args.model, steps=args.steps, warmup=args.warmup, threads=args.threads,
+                        device=args.device, precision=args.precision)
         result = run_plan(plan, cfg)
         verdict = "not checked"
         if args.check:
             check = check_run(plan, args.model, result.params, steps=cfg.warmup + cfg.steps, lr=cfg.lr,
-                              seed=cfg.seed, threads=cfg.threads, microbatch=result.microbatch)
+                              seed=cfg.seed, threads=cfg.threads, microbatch=result.microbatch,
+                              device=result.device, precision=result.precision)
             verdict = f"check {check.verdict} (largest relative difference {check.max_rel_diff:.2e})"
             if check.verdict != "pass":
                 print(f"rank {os.environ['RANK']}: {verdict}", file=sys.stderr)
                 return 1
         tl = result.timeline
         devices = sum(tl.resource_is_device)
-        print(f"rank {os.environ['RANK']}: {result.processes} processes, {result.measured_s:.4f} s an iteration "
+        print(f"rank {os.environ['RANK']}: {result.processes} processes ({result.device}, {result.precision}), "
+              f"{result.measured_s:.4f} s an iteration "
               f"(median), measured timeline of {len(tl)} actions on {devices} devices, {verdict}")
         return 0
     except PipeplanError as e:

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..schedule import Kind, Program
+from .clock import Clock
 
 
 #: The executor's optimizer: SGD with this momentum (the check's reference trains the same).
@@ -34,7 +35,10 @@ def _actions(program: Program, stage: int | None) -> list[tuple[int, int]]:
 
 
 class Recorder(Protocol):
-    """What records a rank's actions: a ``Timed`` stage, or the group of a rank's stages."""
+    """What records a rank's actions: a ``Timed`` stage, or the group of a rank's stages,
+    with the rank's clock."""
+
+    clock: Clock
 
     def new_step(self) -> None: ...
 
@@ -46,17 +50,19 @@ class Recorder(Protocol):
 def run_steps(step: Callable[[], None], timed: Recorder, opt: torch.optim.Optimizer,
               count: int) -> list[dict]:
     """``count`` iterations between barriers; per step its start on this process's clock,
-    its length and the rank's actions (kind, microbatch, start, end)."""
-    out = []
+    its length and the rank's actions (kind, microbatch, start, end). On a GPU the step
+    starts once the device is idle and ends once it is again (``Clock.anchor``, ``sync``)."""
+    out, clock = [], timed.clock
     for _ in range(count):
         opt.zero_grad()
         timed.new_step()
         dist.barrier()
-        t0 = time.perf_counter()
+        t0 = clock.anchor()
         step()
-        t_opt = time.perf_counter()
+        t_opt = clock.mark()
         opt.step()
-        timed.record(Kind.UPDATE, t_opt, time.perf_counter())
+        timed.record(Kind.UPDATE, t_opt, clock.mark())
+        clock.sync()
         dist.barrier()
         out.append({"start": t0, "seconds": time.perf_counter() - t0, "actions": timed.finish()})
     return out
@@ -67,9 +73,9 @@ def allreduce_gradients(module: nn.Module, group, timed: Recorder) -> None:
     rank's timeline."""
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     if grads:
-        start = time.perf_counter()
+        start = timed.clock.mark()
         allreduce_tensors(grads, group)
-        timed.record(Kind.AR, start, time.perf_counter())
+        timed.record(Kind.AR, start, timed.clock.mark())
 
 
 def allreduce_tensors(tensors: list[torch.Tensor], group=None) -> None:

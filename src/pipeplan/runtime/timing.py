@@ -9,7 +9,9 @@ On torch's pipelining runtime (``marks=False``) the stage's backward calls are t
 instead (``pipelined.py``): B, or I then W for zero-bubble schedules (torch's first stage
 does its whole backward at W). A rank runs its actions one after another, so the microbatch
 of each call is the next of its kind in its program. Times are ``time.perf_counter()``, one
-monotonic clock for every process of the machine. pipeplan's own executor also records each
+monotonic clock for every process of the machine; on a GPU they are CUDA events, placed on
+that clock when the step ends (``clock.Clock``), so an action's span is when the GPU ran it,
+not when the host queued it. pipeplan's own executor also records each
 receive (``received``: the wait and the transfer) on its channel; torch's pipelining
 communicates internally, so there a forward's wait for its input falls before its start. A
 rank that holds several stages (model chunks) tags each action with its stage.
@@ -17,7 +19,7 @@ rank that holds several stages (model chunks) tags each action with its stage.
 
 from __future__ import annotations
 
-import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Callable
 
 import numpy as np
@@ -26,6 +28,7 @@ from torch import nn
 
 from ..schedule import Kind
 from ..schedule.timeline import Timeline
+from .clock import Clock
 
 
 class _Mark(torch.autograd.Function):
@@ -42,14 +45,17 @@ class _Mark(torch.autograd.Function):
 
 class Timed(nn.Module):
     """A stage module that records its F and B actions (module docstring); ``w_micro`` the
-    microbatches of its W actions, ``stage`` its stage when the rank holds several."""
+    microbatches of its W actions, ``stage`` its stage when the rank holds several; ``clock``
+    the rank's (CPU by default), ``autocast`` the precision its forward runs in."""
 
     def __init__(self, inner: nn.Module, f_micro: list[int], b_micro: list[int],
                  progress: Callable[[str], None] = lambda label: None, *, w_micro: list[int] | None = None,
-                 marks: bool = True, stage: int | None = None, clone_views: bool = False) -> None:
+                 marks: bool = True, stage: int | None = None, clone_views: bool = False, clock: Clock | None = None,
+                 autocast: Callable[[], AbstractContextManager] = nullcontext) -> None:
         super().__init__()
         self.inner, self.f_micro, self.b_micro, self.progress = inner, f_micro, b_micro, progress
         self.w_micro, self.marks, self.stage, self.clone_views = w_micro or [], marks, stage, clone_views
+        self.clock, self.autocast = clock or Clock(torch.device("cpu")), autocast
         self.events: list[tuple] = []  # (kind, microbatch, start, end[, channel, stage])
         self._f = self._b = self._w = 0
         self._open: list | None = None
@@ -64,11 +70,11 @@ class Timed(nn.Module):
 
     def _touch(self) -> None:
         if self._open is not None:
-            self._open[3] = time.perf_counter()
+            self._open[3] = self.clock.mark()
 
     def _begin_backward(self) -> None:
         self._close()
-        now = time.perf_counter()
+        now = self.clock.mark()
         self._open = [int(Kind.B), self.b_micro[self._b % len(self.b_micro)], now, now]
         self._b += 1
         self.progress(f"backward of microbatch {self._open[1]}")
@@ -83,17 +89,18 @@ class Timed(nn.Module):
 
     def forward(self, *args: torch.Tensor):
         self._close()
-        start = time.perf_counter()
+        start = self.clock.mark()
         if self.marks and any(a.requires_grad for a in args):
             args = _Mark.apply(self._touch, *args)
-        out = self.inner(*args)
+        with self.autocast():
+            out = self.inner(*args)
         outs = out if isinstance(out, tuple) else (out,)
         if self.clone_views:  # torch's I detaches a stage's outputs in place: a view refuses
             outs = tuple(o.clone() if o._is_view() else o for o in outs)
         if self.marks and any(o.requires_grad for o in outs):
             outs = _Mark.apply(self._begin_backward, *outs)
         m = self.f_micro[self._f % len(self.f_micro)]
-        self._add(int(Kind.F), m, start, time.perf_counter())
+        self._add(int(Kind.F), m, start, self.clock.mark())
         self._f += 1
         self.progress(f"forward of microbatch {m}")
         return outs if isinstance(out, tuple) else outs[0]
@@ -120,8 +127,10 @@ class Timed(nn.Module):
         self._add(int(kind), -1, start, end)
 
     def finish(self) -> list[tuple]:
+        """The step's actions, their marks as host times."""
         self._close()
-        return list(self.events)
+        self.clock.sync()
+        return [(k, m, self.clock.seconds(a), self.clock.seconds(b), *rest) for k, m, a, b, *rest in self.events]
 
 
 def measured_timeline(devices: list[str], stage_of_rank: list[int], events: dict[int, list],
