@@ -146,7 +146,13 @@ def test_beam_of_one_is_the_greedy_policy_and_a_wide_beam_finds_the_optimum() ->
     keeps them all, so it returns the exact optimum of the instance."""
     import torch
 
-    agent = load_agent()
+    from pipeplan.learn.dqn import q_network
+    from pipeplan.learn.harness import load_checkpoint
+    from pipeplan.planners.automap.infer import AGENT, POINTS, config
+
+    agent = load_agent()  # planning's network, in numpy; the replay below runs torch's on the same weights
+    online = q_network(InferEnv.OBS, POINTS, config())
+    online.load_state_dict({k: v.float() for k, v in load_checkpoint(str(SHIPPED), AGENT)["state"].items()})
     g = Graph.chain("six", fwd=[1.0, 3.0, 2.0, 1.0, 4.0, 1.0], bwd=[2.0, 6.0, 4.0, 2.0, 8.0, 2.0],
                     params=[1.0] * 6, act=[3.0, 1.0, 2.0, 5.0, 1.0, 1.0])
     inst = from_graph(g, hierarchical("2x2", 2, 2, 1e9, 1e8, speed=1.0), 4, 3)
@@ -156,7 +162,7 @@ def test_beam_of_one_is_the_greedy_policy_and_a_wide_beam_finds_the_optimum() ->
     done = False
     while not done:
         with torch.no_grad():
-            q = agent.online(torch.as_tensor(obs)[None])[0].numpy()
+            q = online(torch.as_tensor(obs)[None])[0].numpy()
         obs, _, done, _, info = env.step(int(np.argmax(np.where(info["action_mask"], q, -np.inf))))
     found = beam(agent, InferEnv(), inst, 1)
     assert (found.bounds, found.dcuts) == (info["bounds"], info["dcuts"])
@@ -228,10 +234,68 @@ def test_plan_reports_set_up_apart_and_loads_the_agent_once(tmp_path, capsys) ->
     os.utime(ck, ns=(ck.stat().st_atime_ns, ck.stat().st_mtime_ns + 10**9))
     assert main(argv) == 0
     first = " ".join(capsys.readouterr().out.split())
-    assert re.search(r"\(planned in [\d.]+ m?s; set-up [\d.]+ m?s: torch and the agent, loaded once a process\)", first)
+    assert re.search(r"\(planned in [\d.]+ m?s; set-up [\d.]+ m?s: the agent, loaded once a process\)", first)
     assert main(argv) == 0
     second = " ".join(capsys.readouterr().out.split())
     assert re.search(r"\(planned in [\d.]+ ms\)", second) and "set-up" not in second
     assert load_agent(ck) is not before
     readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
     assert "plans any model zero-shot in under a second" in readme and "(`planned in ...; set-up ...`)" in readme
+
+
+def test_planning_runs_torchs_network_in_numpy_from_the_shipped_twin() -> None:
+    """The shipped ``.npz`` is the ``.pt``'s weights (as stored), made from its very bytes, and
+    the numpy forward gives torch's ``PointwiseQ`` Q-values on random observations."""
+    import hashlib
+
+    import torch
+
+    from pipeplan.learn.dqn import q_network
+    from pipeplan.learn.harness import load_checkpoint
+    from pipeplan.planners.automap.infer import AGENT, POINTS, config
+    from pipeplan.planners.automap.policy import SOURCE, twin
+
+    data = load_checkpoint(str(SHIPPED), AGENT)
+    with np.load(twin(SHIPPED)) as npz:
+        assert str(npz[SOURCE]) == hashlib.sha256(SHIPPED.read_bytes()).hexdigest()
+        for k, v in data["state"].items():
+            assert np.array_equal(npz[k], v.numpy())
+    online = q_network(InferEnv.OBS, POINTS, config())
+    online.load_state_dict({k: v.float() for k, v in data["state"].items()})
+    obs = np.random.default_rng(0).random((8, InferEnv.OBS), dtype=np.float32)
+    with torch.no_grad():
+        theirs = online(torch.as_tensor(obs)).numpy()
+    assert np.allclose(load_agent().q(obs), theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_a_replaced_checkpoint_is_not_planned_with_its_stale_twin(tmp_path) -> None:
+    """A twin made from other bytes is ignored: the checkpoint's own weights are loaded."""
+    import shutil
+
+    import torch
+
+    from pipeplan.learn.harness import checkpoint, load_checkpoint, save_bytes
+    from pipeplan.planners.automap.infer import AGENT, config
+    from pipeplan.planners.automap.policy import twin
+
+    data = load_checkpoint(str(SHIPPED), AGENT)
+    zeroed = {k: torch.zeros_like(v) for k, v in data["state"].items()}
+    ck = tmp_path / "agent.pt"
+    ck.write_bytes(save_bytes(checkpoint(AGENT, config(), zeroed, {})))
+    shutil.copyfile(twin(SHIPPED), twin(ck))  # the shipped weights' twin beside other weights
+    obs = np.random.default_rng(1).random((2, InferEnv.OBS), dtype=np.float32)
+    assert np.allclose(load_agent(ck).q(obs), 0.0) and not np.allclose(load_agent().q(obs), 0.0)
+
+
+def test_a_plan_with_the_shipped_agent_loads_neither_torch_nor_numba_nor_gymnasium() -> None:
+    """What makes its cold start short (benchmarks/automap/infer_latency.py measures it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pipeplan.cli import main\n"
+            "assert main(['plan', '--model', 'zoo:bert-48', '--cluster', 'automap-b', '--planner', 'automap-infer', "
+            "'--json']) == 0\n"
+            "print(sorted(m for m in ('torch', 'numba', 'gymnasium', 'scipy', 'networkx') if m in sys.modules), "
+            "file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stderr.strip() == "[]"

@@ -97,11 +97,11 @@ def test_the_shipped_checkpoint_beats_random_weights_and_the_equal_compute_rule(
     is below 1, and random weights of the same network are far worse than the agent."""
     from pipeplan.learn.dqn import q_network
     from pipeplan.planners.automap import InferOptions
-    from pipeplan.planners.automap.infer import POINTS, InferEnv, Policy, beam, config, generated, load_agent
-    from pipeplan.planners.automap.infer import zoo_instance
+    from pipeplan.planners.automap.infer import POINTS, InferEnv, beam, config, generated, load_agent, zoo_instance
+    from pipeplan.planners.automap.policy import torch_policy
 
     torch.manual_seed(0)
-    shipped, random = load_agent(), Policy(q_network(InferEnv.OBS, POINTS, config()), config())
+    shipped, random = load_agent(), torch_policy(q_network(InferEnv.OBS, POINTS, config()), config().gamma)
     width, ours, theirs, rule = InferOptions.beam, [], [], []
     for seed in range(12):
         rng = np.random.default_rng(1000 + seed)

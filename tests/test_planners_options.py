@@ -212,3 +212,14 @@ def test_spp_stage_count_option():
     assert [e["stages"] for e in plan.extra["per_stage_count"]] == [2]
     with pytest.raises(PipeplanError, match="stages=9: expected 1 to 3"):
         run_planner("spp", g, c, PlanOptions(microbatches=4, settings=planner_settings(["spp"], [("stages", "9")])))
+
+
+def test_the_table_of_planner_modules_is_what_the_modules_register():
+    """``base.MODULES`` (each planner imported on demand) names every registered planner and
+    the module that registers it."""
+    from pipeplan.planners.base import MODULES, load_all
+
+    registry = load_all()
+    assert set(MODULES) == set(registry)
+    for name, module in MODULES.items():
+        assert registry[name].fn.__module__.removeprefix("pipeplan.planners.").split(".")[0] == module, name

@@ -146,3 +146,49 @@ def test_ctrl_c_while_the_kernels_compile_is_held_then_delivered():
         assert reached and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, outer)
+
+
+_RANDOM_TASKS = '''
+import json, sys
+import numpy as np
+from pipeplan.sim import engine
+
+def graphs(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 60))
+    edges = sorted({(int(a), int(b)) for a, b in rng.integers(0, n, (2 * n, 2)) if a < b})
+    succ = [[b for a, b in edges if a == i] for i in range(n)]
+    ptr = np.cumsum([0] + [len(s) for s in succ])
+    npred = np.bincount([b for _, b in edges], minlength=n)
+    chan = np.where(rng.random(n) < 0.4, rng.integers(0, 3, n), -1)
+    table = np.round(rng.random((4, 5)) * 10, 1)  # ties: equal times, broken by task id
+    cls = rng.integers(0, 5, n)
+    return table, cls, ptr, np.array([b for s in succ for b in s], dtype=np.int64), npred, chan
+
+out = []
+for seed in range(30):
+    table, cls, ptr, succ, npred, chan = graphs(seed)
+    end, done = engine.run_batch(table, cls, ptr, succ, npred, chan, 3)
+    start, end1, done1 = engine.run_tasks(table[0, cls], ptr, succ, npred, chan, 3)
+    out.append([end.tolist(), done.tolist(), start.tolist(), end1.tolist(), done1])
+print(json.dumps({"numba_loaded": "numba" in sys.modules, "runs": out}))
+'''
+
+
+@pytest.mark.slow
+def test_small_runs_as_python_equal_the_compiled_kernels():
+    """30 random task graphs with channels and tied times, run by the kernels as Python (a
+    fresh process, where small calls never load numba) and compiled (another, which compiles
+    them first): the same start and end times, bit for bit."""
+    import json
+    import subprocess
+    import sys
+
+    def run(code: str) -> dict:
+        return json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                         check=True).stdout)
+
+    python = run(_RANDOM_TASKS)
+    compiled = run(_RANDOM_TASKS.replace("out = []", "engine._compile()\nout = []"))
+    assert python["numba_loaded"] is False and compiled["numba_loaded"] is True
+    assert compiled["runs"] == python["runs"]

@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 from .argtypes import calibration_seconds, non_negative_int, positive_seconds, seed as _seed, threads
 from .argtypes import names as _names, positive_int as _positive_int
@@ -154,6 +155,8 @@ def cmd_train(args) -> int:
     stem = args.out[:-3]
     outs.want("curve CSV", stem + ".csv", "csv")
     outs.want("curve PNG", stem + ".png", "figure")
+    if args.agent == "automap-infer":
+        outs.want("numpy twin", stem + ".npz", "npz")  # what planning loads without torch
     if args.planner_option or args.global_batch:
         raise PipeplanError("train: -O and --global-batch are options of plan and compare, not of train")
     seconds = parse_duration(args.budget, "--budget") if args.budget else None
@@ -197,6 +200,7 @@ def _train_automap_infer(args, outs: Outputs, budget, command: str) -> int:
 
     from ..learn.harness import save_bytes
     from ..planners.automap.infer import train
+    from ..planners.automap.policy import twin_bytes
 
     if args.model or args.cluster:
         raise PipeplanError("train automap-infer: it trains on generated problems; --model and --cluster are "
@@ -204,7 +208,9 @@ def _train_automap_infer(args, outs: Outputs, budget, command: str) -> int:
     with training_progress("training automap-infer") as progress:
         trained = train(budget, args.seed, args.data or "mix", args.init, progress, command)
     title = f"automap-infer on {args.data or 'mix'} problems (seed {args.seed})"
-    outs.set("--out", lambda p: Path(p).write_bytes(save_bytes(trained.checkpoint)))
+    data = save_bytes(trained.checkpoint)
+    outs.set("--out", lambda p: Path(p).write_bytes(data))
+    outs.set("numpy twin", lambda p: Path(p).write_bytes(twin_bytes(trained.checkpoint, data)))
     outs.set("curve CSV", lambda p: Path(p).write_text(trained.curve.csv_text()))
     outs.set("curve PNG", lambda p: trained.curve.figure(title).savefig(p, format="png"))
     outs.write_all()
@@ -579,7 +585,16 @@ def cmd_clusters(args) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors are one line too (exit code 2), like every other user error."""
+    """Usage errors are one line too (exit code 2), like every other user error. An epilog
+    that needs work (every planner's options) is made when help is printed (``epilog_of``):
+    a command that plans with one planner imports only that planner."""
+
+    epilog_of: Callable[[], str] | None = None
+
+    def format_help(self) -> str:
+        if self.epilog is None and self.epilog_of is not None:
+            self.epilog = self.epilog_of()
+        return super().format_help()
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
@@ -627,9 +642,9 @@ def _device_options(sp) -> None:
 
 
 def _planner_names() -> list[str]:
-    from ..planners.base import planner_catalog
+    from ..planners.base import MODULES  # the names, without importing every planner
 
-    return [e["name"] for e in planner_catalog()]
+    return sorted(MODULES)
 
 
 def _schedule_names() -> list[str]:
@@ -706,8 +721,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"pipeplan {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    sp = sub.add_parser("plan", help="plan one model on one cluster", epilog=_planner_epilog(),
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp = sub.add_parser("plan", help="plan one model on one cluster", formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp.epilog_of = _planner_epilog
     _model_cluster(sp)
     sp.add_argument("--planner", default="best",
                     help=f"{', '.join(_planner_names())}, or 'best': every planner, keep the fastest plan that "

@@ -112,7 +112,7 @@ def _inference_time(info: dict) -> str:
         return ""
     setup = info.get("setup_s", 0.0)
     return (f" (planned in {fmt_time(info['inference_s'])}"
-            + (f"; set-up {fmt_time(setup)}: torch and the agent, loaded once a process)" if setup >= 1e-3 else ")"))
+            + (f"; set-up {fmt_time(setup)}: the agent, loaded once a process)" if setup >= 1e-3 else ")"))
 
 
 def print_prediction(result: SimResult, console: Console, plan: Plan | None = None, searched: bool = True) -> None:

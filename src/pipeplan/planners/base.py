@@ -10,6 +10,7 @@ with ``PlanOptions.settings_of``.
 from __future__ import annotations
 
 import time
+from importlib import import_module
 from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Callable, TypeVar
 
@@ -71,6 +72,7 @@ class PlannerInfo:
     in_best: bool = True  # run by ``best`` and a compare without --planners
     after_others: bool = False  # compare runs it last, with the others' plans as ``known_plans``
     own_batch: bool = False  # on decoder LLMs it picks the microbatch size itself (``register``)
+    searches: bool = True  # it evaluates many plans: the simulator's kernels are loaded before its timer
 
     def describe(self) -> dict[str, Any]:
         """What ``pipeplan planners`` lists."""
@@ -83,7 +85,7 @@ REGISTRY: dict[str, PlannerInfo] = {}
 
 def register(name: str, description: str, default_schedule: str, options: type | None = None,
              memory_variants: bool = True, estimate: Estimate | None = None, in_best: bool = True,
-             after_others: bool = False, own_batch: bool = False):
+             after_others: bool = False, own_batch: bool = False, searches: bool = True):
     """Register ``fn(graph, cluster, PlanOptions) -> Plan`` under ``name``; ``options``: the
     frozen dataclass of its ``-O`` options (None: it takes none); ``estimate``: how many
     seconds it may take on an instance, for progress bars (None: well under a second);
@@ -91,7 +93,9 @@ def register(name: str, description: str, default_schedule: str, options: type |
     ``after_others``: it starts from other planners' plans, so ``compare`` runs it last and
     hands it theirs (``PlanOptions.known_plans``) instead of having it plan them again;
     ``own_batch``: on decoder LLM graphs it chooses the microbatch size for ``--global-batch``
-    and keeps memory within bounds itself (no split loop, no ``fit_memory`` rework)."""
+    and keeps memory within bounds itself (no split loop, no ``fit_memory`` rework);
+    ``searches``: False for a planner that simulates a handful of plans, which the simulator
+    then runs without loading its compiled kernels (``sim.engine``)."""
     if options is not None and not is_dataclass(options):
         raise TypeError(f"planner {name!r}: options must be a dataclass, got {options!r}")
     cls = options or NoOptions
@@ -99,24 +103,38 @@ def register(name: str, description: str, default_schedule: str, options: type |
 
     def deco(fn: Callable[[Graph, Cluster, PlanOptions], Plan]):
         REGISTRY[name] = PlannerInfo(name, description, default_schedule, fn, cls, memory_variants, estimate,
-                                     in_best, after_others, own_batch)
+                                     in_best, after_others, own_batch, searches)
         return fn
     return deco
 
 
-def get_planner(name: str) -> PlannerInfo:
-    from . import ALL  # noqa: F401  (imports every planner module so that it registers)
+#: Each planner's module (under ``pipeplan.planners``), imported when the planner is first
+#: asked for, so that one planner's command loads only what that planner needs
+#: (``tests/test_planners_options.py`` checks the table against what the modules register).
+MODULES = {"dp": "simple", "gpipe": "simple", "pipedream": "pipedream", "hetpipe": "hetpipe", "spp": "spp",
+           "exact": "exact", "resalloc": "resalloc", "drl-pp": "drlpp", "automap": "automap",
+           "automap-infer": "automap", "megatron": "megatron", "joint": "joint"}
 
+
+def load_all() -> dict[str, PlannerInfo]:
+    """Every planner registered (their modules imported): the registry."""
+    for module in sorted(set(MODULES.values())):
+        import_module(f"{__package__}.{module}")
+    return REGISTRY
+
+
+def get_planner(name: str) -> PlannerInfo:
+    if name not in REGISTRY and name in MODULES:
+        import_module(f"{__package__}.{MODULES[name]}")
     info = REGISTRY.get(name)
     if info is None:
-        raise PipeplanError(f"unknown planner {name!r} (known: {', '.join(sorted(REGISTRY))})")
+        raise PipeplanError(f"unknown planner {name!r} (known: {', '.join(sorted(load_all()))})")
     return info
 
 
 def planner_catalog() -> list[dict[str, Any]]:
     """Every planner: name, description, default schedule, options (``pipeplan planners``)."""
-    get_planner("dp")  # loads the registry
-    return [REGISTRY[n].describe() for n in sorted(REGISTRY)]
+    return [info.describe() for _, info in sorted(load_all().items())]
 
 
 def planner_settings(planners: list[str], pairs: Pairs) -> tuple[Any, ...]:
@@ -145,7 +163,7 @@ def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions)
         raise PipeplanError(f"--microbatches must be >= 1, got {options.microbatches}")
     check_microbatches(options.microbatches, "--microbatches")
     info = get_planner(name)
-    setup_s = warm_up()  # the simulator's kernels compiled or loaded: set-up, not search
+    setup_s = warm_up() if info.searches else 0.0  # the simulator's kernels compiled or loaded: set-up
     t0 = time.perf_counter()
     own_batch = info.own_batch and is_decoder(graph)
     if options.global_batch is not None and not own_batch:

@@ -16,7 +16,7 @@ from ..errors import Infeasible, PipeplanError
 from ..graph import Graph
 from ..plan import Plan
 from ..sim import SimResult
-from .base import REGISTRY, PlanOptions, get_planner, memory_over_bytes, overflow_text, run_planner
+from .base import PlanOptions, get_planner, load_all, memory_over_bytes, overflow_text, run_planner
 from .ranking import rank_key
 
 
@@ -79,9 +79,8 @@ def default_planners(cluster: Cluster) -> list[str]:
     """Every planner but those run only when named (the exhaustive yardstick ``exact``, the
     learning agents); ``resalloc`` (an asynchronous forward/backward steady state) where some
     device has several resources."""
-    get_planner("dp")  # loads the registry
     multi = any(len(d.resources) > 1 for d in cluster.devices)
-    return sorted(n for n, info in REGISTRY.items() if info.in_best and (n != "resalloc" or multi))
+    return sorted(n for n, info in load_all().items() if info.in_best and (n != "resalloc" or multi))
 
 
 Progress = Callable[[str, int, int, float | None], None]  # (planner about to run, its index, how many,

@@ -9,6 +9,12 @@ broken by task id, so results are deterministic.
 This is the inner loop of every search and learning agent (10^5-10^6 evaluations), so it is
 compiled with numba: flat arrays, an array heap, channel queues as linked lists.
 ``run_batch`` runs many candidates that share one task graph and differ in durations.
+
+The kernels are plain Python functions, compiled (or loaded from numba's cache) the first time
+a call is large (``PYTHON_BELOW`` task runs or more) or a planner warms them up: a command that
+simulates a few plans runs them as Python and never loads numba (loading it and the cached
+kernels takes about a second). The two run the same code on the same float64 arithmetic, and
+their results are identical (``tests/test_sim_properties.py``).
 """
 
 from __future__ import annotations
@@ -21,15 +27,12 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
-from numba import njit
 
 
-@njit(cache=True, inline="always", error_model="numpy")
 def _less(ta: float, ia: int, tb: float, ib: int) -> bool:
     return ta < tb or (ta == tb and ia < ib)
 
 
-@njit(cache=True, inline="always", error_model="numpy")
 def _push(ht: np.ndarray, hi: np.ndarray, size: int, t: float, i: int) -> int:
     k = size
     while k > 0:
@@ -42,7 +45,6 @@ def _push(ht: np.ndarray, hi: np.ndarray, size: int, t: float, i: int) -> int:
     return size + 1
 
 
-@njit(cache=True, inline="always", error_model="numpy")
 def _pop(ht: np.ndarray, hi: np.ndarray, size: int) -> int:
     """Remove the root (the caller has read it); returns the new size."""
     size -= 1
@@ -62,7 +64,6 @@ def _pop(ht: np.ndarray, hi: np.ndarray, size: int) -> int:
     return size
 
 
-@njit(cache=True, error_model="numpy")
 def _workspace(n: int, nchan: int):
     c = max(nchan, 1)
     return (np.empty(n, dtype=np.int64), np.empty(c, dtype=np.bool_), np.empty(c, dtype=np.int64),
@@ -70,7 +71,6 @@ def _workspace(n: int, nchan: int):
             np.empty(n, dtype=np.int64))
 
 
-@njit(cache=True, error_model="numpy")
 def _run(dur, ptr, succ, npred, chan, nchan, start, end, ws) -> int:
     """Fill ``start`` and ``end``; return the number of tasks completed. ``ws``: scratch
     arrays from ``_workspace`` (reused across the rows of a batch)."""
@@ -136,16 +136,15 @@ def run_tasks(dur: np.ndarray, ptr: np.ndarray, succ: np.ndarray, npred: np.ndar
               nchan: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Return (start, end, number of tasks completed). Task i's successors are
     ``succ[ptr[i]:ptr[i+1]]`` (CSR); ``chan[i]`` is its channel or -1."""
-    if not _ready():
-        _compile()
     n = dur.size
+    if not _ready() and n >= PYTHON_BELOW:
+        _compile()
     start, end = np.empty(n), np.empty(n)
     done = _run(np.ascontiguousarray(dur, dtype=np.float64), ptr.astype(np.int64), succ.astype(np.int64),
                 npred.astype(np.int64), chan.astype(np.int64), int(nchan), start, end, _workspace(n, int(nchan)))
     return start, end, int(done)
 
 
-@njit(cache=True, error_model="numpy")
 def _run_rows(table, cls, ptr, succ, npred, chan, nchan, end, done) -> None:
     n = cls.size
     ws = _workspace(n, nchan)
@@ -161,7 +160,7 @@ def run_batch(table: np.ndarray, cls: np.ndarray, ptr: np.ndarray, succ: np.ndar
               chan: np.ndarray, nchan: int) -> tuple[np.ndarray, np.ndarray]:
     """Candidates share the dependencies and channels; task i of candidate b lasts
     ``table[b, cls[i]]``. Returns the end times (candidates x tasks) and tasks completed."""
-    if not _ready():
+    if not _ready() and table.shape[0] * cls.size >= PYTHON_BELOW:
         _compile()
     end = np.empty((table.shape[0], cls.size))
     done = np.empty(table.shape[0], dtype=np.int64)
@@ -190,15 +189,36 @@ def _ready() -> bool:
     return _COMPILED
 
 
+#: a call of fewer task runs (tasks x candidates) runs the kernels as Python while numba is
+#: not loaded: ~1 us a task event, where loading numba costs about a second
+PYTHON_BELOW = 20_000
+#: the kernels numba compiles: helpers inlined into the others, entry points
+_INLINE, _KERNELS = ("_less", "_push", "_pop"), ("_workspace", "_run", "_run_rows")
+_LOCK = threading.Lock()
+
+
 def _compile() -> None:
-    """Run both kernels on two tasks, with the argument types every call has, Ctrl-C held."""
+    """Compile the kernels with numba (or load them from its cache), once a process: the
+    module's functions are replaced by their compiled versions, so compiled kernels call
+    compiled helpers; then both entry points run on two tasks, with the argument types every
+    call has, Ctrl-C held."""
     global _COMPILED
-    ptr, succ, npred, chan = (np.array(a, dtype=np.int64) for a in ([0, 1, 1], [1], [0, 1], [-1, 0]))
-    with sigint_deferred():
-        _run(np.ones(2), ptr, succ, npred, chan, 1, np.empty(2), np.empty(2), _workspace(2, 1))
-        _run_rows(np.ones((1, 2)), np.array([0, 1], dtype=np.int64), ptr, succ, npred, chan, 1, np.empty((1, 2)),
-                  np.empty(1, dtype=np.int64))
-    _COMPILED = True
+    with _LOCK:
+        if _COMPILED:
+            return
+        from numba import njit
+
+        ptr, succ, npred, chan = (np.array(a, dtype=np.int64) for a in ([0, 1, 1], [1], [0, 1], [-1, 0]))
+        g = globals()
+        with sigint_deferred():
+            for name in _INLINE:
+                g[name] = njit(cache=True, inline="always", error_model="numpy")(g[name])
+            for name in _KERNELS:
+                g[name] = njit(cache=True, error_model="numpy")(g[name])
+            _run(np.ones(2), ptr, succ, npred, chan, 1, np.empty(2), np.empty(2), _workspace(2, 1))
+            _run_rows(np.ones((1, 2)), np.array([0, 1], dtype=np.int64), ptr, succ, npred, chan, 1,
+                      np.empty((1, 2)), np.empty(1, dtype=np.int64))
+        _COMPILED = True
 
 
 @contextlib.contextmanager

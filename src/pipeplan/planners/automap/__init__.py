@@ -101,7 +101,7 @@ class InferOptions:
 
 @register("automap-infer", "Auto-MAP (online inference): a DQN trained once on generated array-partition "
           "problems picks stage boundaries and device cuts for any model zero-shot", "1f1b",
-          options=InferOptions, in_best=False)
+          options=InferOptions, in_best=False, searches=False)
 def plan_automap_infer(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """Coarsen the model to 128 points (§4.5.1), let the trained agent pick K-1 boundaries
     and device cuts (greedily, or keeping a beam of its best partial plans), and map them

@@ -26,11 +26,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-import gymnasium as gym
 import numpy as np
 
 from ...errors import PipeplanError
 from .arrays import MAX_DEVICES, POINTS, Instance, coarsen
+from .policy import NumpyQ, Policy, load_twin, torch_policy
 
 if TYPE_CHECKING:
     from ...learn.dqn import Config
@@ -83,7 +83,7 @@ def _clip(x: np.ndarray) -> np.ndarray:
     return np.clip(x, 0.0, 4.0) / 4.0
 
 
-class InferEnv(gym.Env):
+class InferEnv:
     """One episode = K-1 boundaries and K-1 device cuts of one instance, alternating.
 
     The observation holds what §4.5.2 lists (C*, A*, W*, the topology, the partition so far)
@@ -103,8 +103,6 @@ class InferEnv(gym.Env):
 
     def __init__(self, sample: Callable[[], Instance] | None = None, gamma: float | None = None) -> None:
         self.sample = sample
-        self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(self.OBS,), dtype=np.float32)
-        self.action_space = gym.spaces.Discrete(POINTS)
         self.inst: Instance | None = None
         self.played = 0
         self.cache: dict[tuple, float] = {}
@@ -180,8 +178,23 @@ class InferEnv(gym.Env):
         obs = np.concatenate([self.rows(valid).ravel(), glob]).astype(np.float32)
         return obs, {"action_mask": valid, "bounds": list(self.bounds), "dcuts": list(self.dcuts)}
 
+    @property
+    def observation_space(self):
+        """gymnasium's Box of the observations (gymnasium imported when asked: planning needs
+        none of it)."""
+        from gymnasium.spaces import Box
+
+        return Box(0.0, 1.0, shape=(self.OBS,), dtype=np.float32)
+
+    @property
+    def action_space(self):
+        from gymnasium.spaces import Discrete
+
+        return Discrete(POINTS)
+
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
-        super().reset(seed=seed)
+        """A new episode (gymnasium's ``Env.reset``; ``seed`` unused: instances come from the
+        sampler's own generator)."""
         if self.sample is not None and (self.inst is None or self.played >= EPISODES_PER_INSTANCE):
             self.use(self.sample())
         self.played += 1
@@ -312,21 +325,17 @@ def config(seed: int = 0) -> "Config":
     return Config(hidden=(64, 64), train_every=4, point_features=FEATURES, seed=seed, gamma=1.0)
 
 
-def greedy(agent, env: InferEnv, inst: Instance) -> Inferred:
+def greedy(agent: Policy, env: InferEnv, inst: Instance) -> Inferred:
     """The agent's plan for ``inst``: every step the valid action of largest Q (§3.5.3)."""
     return beam(agent, env, inst, 1)
 
 
-def beam(agent, env: InferEnv, inst: Instance, width: int) -> Inferred:
+def beam(agent: Policy, env: InferEnv, inst: Instance, width: int) -> Inferred:
     """Beyond the paper: the agent's best actions kept as a beam of ``width`` partial plans,
     ranked by the agent's estimate of their final reward (Q plus the shaping potential Φ of
     the state, which the shaped Q leaves out); V scores the complete plans and the best is
     returned. ``width`` 1 is §3.5.3's greedy plan."""
     import time
-
-    import torch
-
-    from ...learn.dqn import masked
 
     t0 = time.perf_counter()
     env.use(inst)
@@ -335,10 +344,9 @@ def beam(agent, env: InferEnv, inst: Instance, width: int) -> Inferred:
         seen, potential = [], []
         for b, d in states:
             seen.append(env.load(b, d))
-            potential.append(env.potential(agent.cfg.gamma))
-        obs = torch.as_tensor(np.stack([o for o, _ in seen]))
-        with torch.no_grad():
-            q = masked(agent.online(obs), torch.as_tensor(np.stack([i["action_mask"] for _, i in seen]))).numpy()
+            potential.append(env.potential(agent.gamma))
+        q = agent.q(np.stack([o for o, _ in seen]))
+        q = np.where(np.stack([i["action_mask"] for _, i in seen]), q, -np.inf)  # §4.4: invalid actions
         score = q + np.array(potential)[:, None]
         states = _best(states, score, inst.positions, width)
     values = inst.values(np.array([b for b, _ in states]), np.array([d for _, d in states]))
@@ -402,7 +410,8 @@ def train(budget, seed: int = 0, data: str = "mix", init: str | None = None, pro
         episodes += 1
         returns.append(info["ratio"])
         if episodes % CHECK_EVERY == 0:
-            val = np.mean([_ratio(probe, greedy(agent, probe, v)) for v in validation])
+            policy = torch_policy(agent.online, agent.cfg.gamma)
+            val = np.mean([_ratio(probe, greedy(policy, probe, v)) for v in validation])
             curve.add(Point(episodes, budget.elapsed, episodes, float(np.mean(returns[-CHECK_EVERY:])), float(val),
                             float("nan")))
             if progress is not None:
@@ -436,18 +445,11 @@ def load_weights(agent, path: str | Path) -> dict:
     return data
 
 
-@dataclass(frozen=True)
-class Policy:
-    """What planning needs of a trained agent (``beam``): its Q-network and config; no
-    target network, replay or optimizer."""
-
-    online: Any
-    cfg: "Config"
-
-
 def load_agent(path: str | Path | None = None) -> Policy:
     """The policy of a checkpoint (default: the one shipped with pipeplan), loaded once a
-    process for each version of the file (its size and modification time)."""
+    process for each version of the file (its size and modification time): from its numpy
+    twin when the twin was made from these very bytes (no torch), else from the checkpoint
+    through torch; either way the network runs in numpy (``policy.py``)."""
     from ...readers import regular_file
 
     path = Path(path) if path else SHIPPED
@@ -459,13 +461,9 @@ def load_agent(path: str | Path | None = None) -> Policy:
 
 @lru_cache(maxsize=4)
 def _policy(path: str, mtime_ns: int, size: int) -> Policy:
-    import torch
-
-    from ...learn.dqn import q_network
-
-    torch.set_num_threads(1)
+    found = load_twin(Path(path), POINTS, FEATURES, InferEnv.OBS)
+    if found is not None:
+        return found
     cfg = config()
     data = _checked(path, cfg)
-    online = q_network(InferEnv.OBS, POINTS, cfg)
-    online.load_state_dict({k: v.float() for k, v in data["state"].items()})
-    return Policy(online.eval(), cfg)
+    return Policy(NumpyQ({k: v.float().numpy() for k, v in data["state"].items()}, POINTS, FEATURES), cfg.gamma)
