@@ -1,0 +1,111 @@
+"""How fast ``automap-infer`` plans, measured from the command line: the millisecond planner.
+
+Cold: a fresh process runs ``pipeplan plan --model M --cluster C --planner automap-infer
+--json`` (Python's start, the imports, the shipped agent's numpy twin, the plan, its
+simulation and the JSON), wall-clock from outside, ``--runs`` times per row after one
+unmeasured run (the file cache warm, as on a machine that has run pipeplan before). Warm:
+the same command run twice in one process (``pipeplan.cli.main``); the second's wall time and
+its ``search_s``. Targets: cold under 1 s, warm under 100 ms (medians; exit 1 if missed). Also
+reported: which heavy modules a cold plan loaded (none of torch, numba, gymnasium, scipy,
+networkx is needed).
+
+    python benchmarks/automap/infer_latency.py [--runs N] [--out DIR]
+
+Writes benchmarks/results/automap/infer_latency.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _results import add_out_argument, write_json, write_markdown  # noqa: E402
+
+ROWS = [("zoo:bert-48", "automap-b"), ("zoo:t5-11b", "automap-c"), ("zoo:vgg16", "automap-a"),
+        ("zoo:bert-48?granularity=op", "automap-c")]
+COLD_LIMIT_S, WARM_LIMIT_S = 1.0, 0.1
+HEAVY = ("torch", "numba", "gymnasium", "scipy", "networkx")
+PROBE = ("import json, sys; from pipeplan.cli import main; code = main({argv!r}); "
+         "print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)), file=sys.stderr); raise SystemExit(code)")
+
+
+def argv(model: str, cluster: str) -> list[str]:
+    return ["plan", "--model", model, "--cluster", cluster, "--planner", "automap-infer", "--json"]
+
+
+def cold(model: str, cluster: str, runs: int) -> dict:
+    """Wall seconds of fresh processes (the first, unmeasured, warms the file cache)."""
+    cmd = [sys.executable, "-m", "pipeplan", *argv(model, cluster)]
+    subprocess.run(cmd, capture_output=True, check=True)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        times.append(time.perf_counter() - t0)
+    probe = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv(model, cluster), heavy=HEAVY)],
+                           capture_output=True, text=True, check=True)
+    plan = json.loads(out)
+    return {"cold_s": times, "cold_median_s": statistics.median(times), "iteration_s": plan["iteration_s"],
+            "heavy_modules_loaded": json.loads(probe.stderr.strip().splitlines()[-1])}
+
+
+def warm(model: str, cluster: str, runs: int) -> dict:
+    """The command again in this process, after a first run: wall and search seconds."""
+    import contextlib
+    import io
+
+    from pipeplan.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        main(argv(model, cluster))
+    walls, searches = [], []
+    for _ in range(runs):
+        buf = io.StringIO()
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(buf):
+            main(argv(model, cluster))
+        walls.append(time.perf_counter() - t0)
+        searches.append(json.loads(buf.getvalue())["search_s"])
+    return {"warm_s": walls, "warm_median_s": statistics.median(walls), "search_median_s": statistics.median(searches)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    add_out_argument(parser, "automap")
+    args = parser.parse_args()
+    rows = []
+    for model, cluster in ROWS:
+        r = {"model": model, "cluster": cluster, **cold(model, cluster, args.runs), **warm(model, cluster, args.runs)}
+        rows.append(r)
+        print(f"{model:<28} {cluster:<10} cold {r['cold_median_s'] * 1e3:6.0f} ms  warm {r['warm_median_s'] * 1e3:5.1f} ms "
+              f"(search {r['search_median_s'] * 1e3:5.1f} ms)  heavy modules loaded: {r['heavy_modules_loaded'] or 'none'}",
+              flush=True)
+    cold_ok = all(r["cold_median_s"] < COLD_LIMIT_S for r in rows)
+    warm_ok = all(r["warm_median_s"] < WARM_LIMIT_S for r in rows)
+    verdict = {"cold_under_1s": cold_ok, "warm_under_100ms": warm_ok}
+    print(f"cold < {COLD_LIMIT_S:g} s: {'met' if cold_ok else 'MISSED'}; warm < {WARM_LIMIT_S * 1e3:g} ms: "
+          f"{'met' if warm_ok else 'MISSED'}")
+    write_json(args.out / "infer_latency.json", {"runs": args.runs, "rows": rows, **verdict})
+    lines = ["# automap-infer planning latency, from the command line", "",
+             f"`python benchmarks/automap/infer_latency.py --runs {args.runs}`: medians of {args.runs} runs "
+             "(cold: a fresh `pipeplan plan ... --planner automap-infer --json` process, timed from outside; "
+             "warm: the same command again in one process).", "",
+             "| model | cluster | cold (ms) | warm (ms) | search (ms) | heavy modules loaded |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['cluster']} | {r['cold_median_s'] * 1e3:.0f} | {r['warm_median_s'] * 1e3:.1f} | "
+              f"{r['search_median_s'] * 1e3:.1f} | {', '.join(r['heavy_modules_loaded']) or 'none'} |" for r in rows]
+    lines += ["", f"Targets: cold under {COLD_LIMIT_S:g} s {'met' if cold_ok else 'missed'}, warm under "
+              f"{WARM_LIMIT_S * 1e3:g} ms {'met' if warm_ok else 'missed'}."]
+    write_markdown(args.out / "infer_latency.md", "\n".join(lines) + "\n")
+    if not (cold_ok and warm_ok):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
