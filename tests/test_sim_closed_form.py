@@ -195,3 +195,19 @@ def test_sent_outputs_and_gradient_pairs_closed_form():
     assert g2.saved.tolist() == [100.0, 0.0, 10.0] and g2.sent_held.tolist() == [0.0, 0.0, 0.0]
     r = simulate(chain_plan(g2, one_server(2), [0, 2, 3], [1, 1], 2, "gpipe"), timeline=False)
     assert r.memory_bytes.tolist() == pytest.approx([2 * 100 + 200, 2 * (10 + 100) + 110])
+
+
+@pytest.mark.parametrize("v,m,bw", [(2, 8, 1e6), (4, 8, 1e6), (2, 6, 1e12), (4, 12, 2e7)])
+@pytest.mark.parametrize("replicas", ["round-robin", "split"])
+def test_asynchronous_data_parallelism_synchronizes_once_a_round(v, m, bw, replicas):
+    """PipeDream's asynchronous pipeline (SOSP'19 §3.1): replicas all-reduce their gradients
+    once a round, overlapping the next round's compute, so per M microbatches a device is busy
+    max(compute, rounds x all-reduce): M / v rounds of whole microbatches (round-robin), M of
+    shares (split). Ring all-reduce of P bytes over v devices: 2 (v-1)/v P / bandwidth."""
+    f, b, params = 0.2, 0.5, 1e6
+    g = uniform_chain(3, f, b, params=params)
+    c = one_server(v, bw)
+    p = Plan(g, c, [Stage(g.ids, c.names)], m, schedule="async-1f1b", replicas=replicas)
+    allreduce = 2 * (v - 1) / v * 3 * params / bw
+    rounds, compute = (m / v, m / v * 3 * (f + b)) if replicas == "round-robin" else (m, m * 3 * (f + b) / v)
+    assert simulate(p).iteration_s == pytest.approx(max(compute, rounds * allreduce))

@@ -8,7 +8,8 @@
   replicas (PipeDream's NOAM, §3.2).
 - ``spp-pe``: SPP's PE order (Alg. 1, ``pe.py``), run as soon as ready.
 - ``async-1f1b``: PipeDream's original pipeline (no flush, weight stashing): 1F1B over a
-  stream of 3M microbatches with no all-reduce barrier, evaluated in its steady state of M.
+  stream of 3M microbatches with no flush, evaluated in its steady state of M; a replicated
+  stage synchronizes its replicas' gradients once a round (``sim/steady.py``).
 - ``fb-parallel``: the same stream with forward and backward in two lanes side by side
   (resalloc.txt §III-B).
 - ``zb-h1``: zero-bubble ZB-H1 (Qi et al. ICLR'24 §3.1): 1F1B with the backward split into I
@@ -19,8 +20,10 @@
 A schedule's ``placement`` says which stages a device holds (``layout.py``): one, chunks in a
 loop, or a V; a plan of another shape is refused with one line.
 With ``split`` replicas every replica runs every microbatch (a share of it); with
-``round-robin`` replica r of k runs whole microbatches r, r+k, r+2k, ... A synchronous
-schedule ends with the stage's all-reduce when it has more than one device.
+``round-robin`` replica r of k runs whole microbatches r, r+k, r+2k, ... A program of a stage
+with more than one device ends with the stage's all-reduce: once an iteration in a synchronous
+schedule; in a stream (``steady_state``) it stands for the all-reduce each round repeats, which
+the steady state charges per round (``sim/steady.py``).
 """
 
 from __future__ import annotations
@@ -132,7 +135,7 @@ def _make_schedule(name: str, stage_devices: tuple[tuple[int, ...], ...], microb
     if kind.device_order is not None:
         devs, progs = _chunked_programs(kind, lay, m_count, replicas)
     else:
-        devs, progs = _stage_programs(kind, stage_devices, m_count, replicas, synchronous)
+        devs, progs = _stage_programs(kind, stage_devices, m_count, replicas)
     sched = Schedule(name, m_count, devs, progs, steady_state=None if synchronous else microbatches,
                      lanes=kind.lanes)
     check_schedule(sched, len(stage_devices))
@@ -140,7 +143,7 @@ def _make_schedule(name: str, stage_devices: tuple[tuple[int, ...], ...], microb
 
 
 def _stage_programs(kind: ScheduleKind, stage_devices: tuple[tuple[int, ...], ...], m_count: int,
-                    replicas: str, synchronous: bool) -> tuple[list[int], list[Program]]:
+                    replicas: str) -> tuple[list[int], list[Program]]:
     """One program per device of each stage, from the stage's order."""
     warm = warmups([list(g) for g in stage_devices], replicas)
     s_count = len(stage_devices)
@@ -148,8 +151,7 @@ def _stage_programs(kind: ScheduleKind, stage_devices: tuple[tuple[int, ...], ..
     for s, group in enumerate(stage_devices):
         k = len(group)
         if replicas == "split":
-            prog = _program(s, kind.order(list(range(m_count)), warm[s], s, s_count, m_count),
-                            synchronous and k > 1)
+            prog = _program(s, kind.order(list(range(m_count)), warm[s], s, s_count, m_count), k > 1)
             for d in group:  # replicas share one program object: they run in lockstep
                 devs.append(d)
                 progs.append(prog)
@@ -157,7 +159,7 @@ def _stage_programs(kind: ScheduleKind, stage_devices: tuple[tuple[int, ...], ..
             for r, d in enumerate(group):
                 devs.append(d)
                 order = kind.order(list(range(r, m_count, k)), warm[s], s, s_count, m_count)
-                progs.append(_program(s, order, synchronous and k > 1))
+                progs.append(_program(s, order, k > 1))
     return devs, progs
 
 

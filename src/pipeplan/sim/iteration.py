@@ -23,7 +23,7 @@ from .durations import Layout, durations
 from .engine import run_batch, run_tasks
 from .formulas import optimizer_shards, precision_of
 from .memory import GroupWalk, device_memory
-from .steady import period, steady_iteration
+from .steady import period, round_sync, steady_iteration
 
 _F, _AR = int(Kind.F), int(Kind.AR)
 
@@ -113,8 +113,8 @@ def _run(sh: Shape, lay: Layout, c: StageCosts, cl: Cluster, meta: dict, fs: np.
             iteration, path = end.max(axis=1, initial=0.0), path_bound(tg, table)
         else:
             window = period(tg, end, sh.steady, sh.stream)
-            iteration = steady_iteration(tg, table, window, sh.steady, sh.stream, busy,
-                                         _allreduce_per_device(tg, lay, table))
+            sync = round_sync(tg, lay.groups, _allreduce_per_device(tg, lay, table))
+            iteration = steady_iteration(tg, table, window, sh.steady, sh.stream, busy, sync)
             busy, path = busy * (sh.steady / sh.stream), np.zeros(table.shape[0])
     return Outcome(table, start, end, ran, (ran == tg.n) & ~bad.any(axis=1), bad, iteration, path, busy,
                    np.zeros(0), window, None)
