@@ -141,3 +141,28 @@ def test_a_short_ppo_run_reaches_the_brute_forced_optimum():
     found = [t for s in schemes for t, ok in zip(s.times, s.valid) if ok]
     assert np.mean(np.isclose(found, optimum, rtol=1e-9)) >= 0.75, (optimum, sorted(found)[:8])
     assert curve.points[-1].mean_reward > curve.points[0].mean_reward
+
+
+def test_measured_training_optimizes_what_the_runner_measures():
+    """DRL-PP §3.4 on measured rewards: with a runner (here the simulator's time made 20x
+    slower for any plan that runs a partition on device 0 alone, a cost the simulator does not
+    see), every reward is -ln of what the runner returned, each distinct plan is run once, and
+    the best plan is the runner's best among those scored, not the simulator's."""
+    from pipeplan.learn.harness import Budget
+    from pipeplan.planners import PlanOptions
+    from pipeplan.planners.drlpp.run import train_agent
+
+    graph = _dag(6, [(i, i + 1) for i in range(5)])
+    cluster = load_cluster("hier:servers=1,gpus=3,intra=10Gbps,inter=10Gbps")
+    runs: list[float] = []
+
+    def runner(plan) -> float:
+        alone = any(st.devices == [cluster.names[0]] for st in plan.stages)
+        runs.append(simulate(plan, timeline=False).iteration_s * (20.0 if alone else 1.0))
+        return runs[-1]
+
+    trained = train_agent(graph, cluster, PlanOptions(microbatches=4), Budget(evaluations=96), seed=1, runner=runner)
+    info = trained.checkpoint["trained_on"]
+    assert info["rewards"] == "measured" and info["runs"] == len(runs) <= info["evaluations"]
+    assert trained.best.iteration_s == min(runs)
+    assert not any(st.devices == [cluster.names[0]] for st in trained.plan.stages)

@@ -90,3 +90,16 @@ def test_train_defaults_to_a_checkpoint_named_after_the_agent(agent, argv, tmp_p
     (tmp_path / f"{agent}.pt").mkdir()
     assert main(["train", agent, *argv, "--evaluations", "8"]) == 2
     assert capsys.readouterr().err == f"pipeplan: error: --out {agent}.pt: is a directory; name a file in it\n"
+
+
+@pytest.mark.slow
+def test_train_measured_runs_plans_for_real(tmp_path, capsys):
+    """``train drl-pp --measured``: the model spec profiled here, each distinct plan trained on
+    worker processes, the checkpoint saying its rewards were measured and how many runs."""
+    out = tmp_path / "m.pt"
+    assert main(["train", "drl-pp", "--measured", "--model", "example:tiny", "--cluster",
+                 "hier:servers=1,gpus=2,intra=10Gbps,inter=10Gbps", "--evaluations", "8", "--out", str(out),
+                 "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["rewards"] == "measured" and 1 <= summary["runs"] <= summary["evaluations"]
+    assert out.is_file() and summary["best_iteration_s"] > 0

@@ -166,14 +166,18 @@ def cmd_train(args) -> int:
     if args.init:  # a checkpoint to start from is read before any work (its weights again by the agent)
         load_checkpoint(args.init, args.agent)
     if args.agent == "automap-infer":
+        if args.measured:
+            raise PipeplanError("train automap-infer: --measured is drl-pp's (automap-infer trains on generated "
+                                "problems, not on runs)")
         return _train_automap_infer(args, outs, budget, command)
     if args.data is not None:
         raise PipeplanError("train: --data is an option of automap-infer, which trains on generated problems")
     if not args.model or not args.cluster:
         raise PipeplanError(f"train {args.agent}: --model and --cluster are required")
-    graph, cluster = _load_inputs(args)
+    graph, cluster, runner = _measured_inputs(args) if args.measured else (*_load_inputs(args), None)
     with training_progress(f"training {args.agent}") as progress:
-        trained = train_agent(graph, cluster, _options(args), budget, args.seed, args.init, progress, command)
+        trained = train_agent(graph, cluster, _options(args), budget, args.seed, args.init, progress, command,
+                              runner=runner)
     title = f"{args.agent} on {graph.name} / {cluster.name} (seed {args.seed})"
     outs.set("--out", lambda p: Path(p).write_bytes(save_bytes(trained.checkpoint)))
     outs.set("curve CSV", lambda p: Path(p).write_text(trained.curve.csv_text()))
@@ -181,17 +185,34 @@ def cmd_train(args) -> int:
     outs.write_all()
     summary = {k: trained.checkpoint["trained_on"][k] for k in ("evaluations", "seconds", "best_iteration_s")}
     summary["updates"] = len(trained.curve.points)
+    summary.update({k: trained.checkpoint["trained_on"][k] for k in ("rewards", "runs") if k in trained.checkpoint["trained_on"]})
     if args.json:
         print(json.dumps({**summary, "checkpoint": args.out, "plan": trained.plan.to_dict()}))
         return 0
     print_plan(trained.plan, simulate(trained.plan, timeline=False), searched=False)
-    print(f"trained {summary['updates']} updates, {summary['evaluations']:,} plans scored in "
+    runs = f" ({summary['runs']:,} distinct plans run for real)" if "runs" in summary else ""
+    print(f"trained {summary['updates']} updates, {summary['evaluations']:,} plans scored{runs} in "
           f"{summary['seconds']:.1f} s")
     print(f"checkpoint written to {args.out} (curve: {stem}.csv, {stem}.png); plan with it: pipeplan plan "
           f"--model {shlex.quote(args.model)} --cluster {shlex.quote(args.cluster)} --planner {args.agent} "
           f"-O checkpoint={shlex.quote(args.out)}")
     return 0
 
+
+
+def _measured_inputs(args):
+    """``train drl-pp --measured``: the model spec profiled on this machine (the graph the
+    agent cuts, its nodes the layers the runtime runs), the cluster, and the runner that
+    trains a plan for real (``pipeplan run``, CPU processes) and returns its seconds per
+    iteration."""
+    from ..cluster import load_cluster
+    from ..runtime.measure import plan_runner
+    from ..runtime.profiler import profile_model
+
+    cluster = load_cluster(args.cluster)
+    if args.memory_limit is not None:
+        raise PipeplanError("train --measured: --memory-limit is not used (plans run on this machine's workers)")
+    return profile_model(args.model, reps=5), cluster, plan_runner(args.model)
 
 
 def _train_automap_infer(args, outs: Outputs, budget, command: str) -> int:
@@ -699,6 +720,10 @@ def _add_train_parser(sub) -> None:
                          "unless --budget alone is given)")
     sp.add_argument("--seed", type=_seed, default=0, help="seed of the weights and samples (default 0)")
     sp.add_argument("--init", help="start from this checkpoint (fine-tune) instead of from scratch")
+    sp.add_argument("--measured", action="store_true",
+                    help="drl-pp: score plans by running them (DRL-PP §3.4): --model is then a runtime model spec "
+                         "(example:NAME, hf:..., module:factory), profiled here, and each distinct plan is trained "
+                         "for a few steps on one CPU process per device of --cluster (from pipeplan calibrate)")
     sp.add_argument("--out", help="write the checkpoint (.pt) here, and its learning curve as .csv and .png beside it "
                                   "(default: NAME.pt, e.g. drl-pp.pt, in the current directory)")
     sp.set_defaults(fn=cmd_train)

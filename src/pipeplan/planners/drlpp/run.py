@@ -4,6 +4,7 @@ checkpoint), train it within a budget, sample plans, and return the best as a Pl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -34,8 +35,18 @@ class Trained:
     checkpoint: dict
 
 
-def instance(graph: Graph, cluster: Cluster, options: PlanOptions, replicas: str = REPLICAS) -> Instance:
+def instance(graph: Graph, cluster: Cluster, options: PlanOptions, replicas: str = REPLICAS,
+             runner: Callable[[Plan], float] | None = None) -> Instance:
+    """The training instance: plans scored by the simulator, or with ``runner`` (a plan's
+    measured seconds per iteration, ``runtime.measure.plan_runner``) by running them, as
+    DRL-PP §3.4 scores plans in the real environment (``learn.env.RuntimeScorer``: each
+    distinct plan run once; the simulator still says which plans cannot run or fit)."""
     schedule = options.schedule or "1f1b"
+    if runner is not None:
+        from ...learn.env import RuntimeScorer
+
+        return Instance(graph, cluster, RuntimeScorer(graph, cluster, options.microbatches, runner, schedule, replicas,
+                                                      options.optimizer))
     return Instance(graph, cluster, Scorer(graph, cluster, options.microbatches, schedule, replicas,
                                            options.optimizer))
 
@@ -56,18 +67,21 @@ def load_agent(path: str, devices: int, seed: int) -> Agent:
 
 def train_agent(graph: Graph, cluster: Cluster, options: PlanOptions, budget: Budget, seed: int = 0,
                 init: str | None = None, progress: Progress | None = None, command: str = "",
-                replicas: str = REPLICAS) -> Trained:
+                replicas: str = REPLICAS, runner: Callable[[Plan], float] | None = None) -> Trained:
     """Train DRL-PP on (graph, cluster) within ``budget``, from a checkpoint ``init`` or from
-    scratch; the result holds the checkpoint to save."""
+    scratch, on the simulator's rewards or, with ``runner``, on measured ones (``instance``);
+    the result holds the checkpoint to save."""
     torch.set_num_threads(1)  # small networks: one thread is fastest, and runs are reproducible
-    inst = instance(graph, cluster, options, replicas)
+    inst = instance(graph, cluster, options, replicas, runner)
     agent = load_agent(init, len(cluster), seed) if init else new_agent(Config(seed=seed), len(cluster))
     best, curve = train(agent, inst, budget, progress)
     plan = _plan(inst, best)
     trained_on = {"model": graph.name, "cluster": cluster.name, "devices": len(cluster),
-                  "microbatches": options.microbatches, "schedule": inst.scorer.schedule, "replicas": replicas,
+                  "microbatches": options.microbatches, "schedule": options.schedule or "1f1b", "replicas": replicas,
                   "evaluations": inst.scorer.evaluations, "seconds": budget.elapsed,
-                  "best_iteration_s": best.iteration_s, "from": init, "command": command}
+                  "best_iteration_s": best.iteration_s, "from": init, "command": command,
+                  "rewards": "measured" if runner is not None else "simulated",
+                  **({"runs": inst.scorer.measured} if runner is not None else {})}
     return Trained(agent, inst, best, curve, plan, checkpoint(AGENT, agent.cfg, agent.state_dict(), trained_on))
 
 
