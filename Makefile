@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/schedules/gains.py --runs 5
 	$(BIN)/python benchmarks/drlpp/table1.py --budget 120
 	$(BIN)/python benchmarks/drlpp/evaluate.py
+	$(BIN)/python benchmarks/drlpp/measured.py
 	$(BIN)/python benchmarks/drlpp/env_speed.py
 	$(BIN)/python benchmarks/automap/table7.py --budget 300
 	$(BIN)/python benchmarks/automap/enumeration.py
