@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 from pipeplan.errors import PipeplanError
-from pipeplan.planners import REGISTRY, PlanOptions, run_planner
+from pipeplan.planners import PlanOptions, run_planner
+from pipeplan.planners.base import load_all
 from pipeplan.planners.compare import best
 from pipeplan.runtime.calibrate import calibrate
 from pipeplan.runtime.check import check_run
@@ -40,7 +41,7 @@ def plans_of(graph, cluster) -> dict[str, object]:
     """Planner name -> the plan it makes with the CLI's defaults (or the reason it made none)."""
     options = PlanOptions()
     out: dict[str, object] = {}
-    for name in [*REGISTRY, "best"]:
+    for name in [*load_all(), "best"]:
         try:
             out[name] = best(graph, cluster, options).plan if name == "best" else \
                 run_planner(name, graph, cluster, options)[0]
