@@ -178,7 +178,8 @@ def _config(arch: str, opts: dict, spec: str, seq: int, micro: int):
     _check_shape(arch, {**{k: getattr(defaults, k) for k in _SHAPE[arch].values()}, **settings}, seq, micro, spec)
     try:
         cfg = cls(**settings)
-        cfg._attn_implementation = "sdpa" if arch == "llama" else cfg._attn_implementation  # causal without a mask
+        if arch == "llama":  # torch's scaled-dot-product attention: causal without a mask tensor
+            cfg._attn_implementation = "sdpa"
         return transformers, cfg
     except Exception as e:  # noqa: BLE001 (transformers' validation: one line)
         raise PipeplanError(f"model spec {spec!r}: {cls.__name__} refuses these settings "
