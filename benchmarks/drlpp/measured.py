@@ -14,7 +14,7 @@ measured seconds per iteration of each, the runs measured training made and its 
 (training is planning time). Where measured training wins, and where it only costs runs, is
 in the table either way.
 
-    python benchmarks/drlpp/measured.py [--seeds 3] [--evaluations 48] [--repeats 5] [--out DIR]
+    python benchmarks/drlpp/measured.py [--seeds 3] [--evaluations 40] [--repeats 3] [--out DIR]
 
 Writes benchmarks/results/drlpp/measured.{md,json}.
 """
@@ -86,8 +86,8 @@ def one_seed(spec: str, graph, cluster, seed: int, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--evaluations", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--evaluations", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     add_out_argument(parser, "drlpp")
     args = parser.parse_args()
