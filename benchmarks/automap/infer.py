@@ -41,6 +41,7 @@ from pipeplan.planners.automap import default_stages
 from pipeplan.planners.automap.arrays import from_graph, real_plan
 from pipeplan.planners.automap.coarse_optimum import boundary_points, optimum
 from pipeplan.planners.automap import InferOptions
+from pipeplan.sim.engine import warm_up
 from pipeplan.planners.automap.infer import SHIPPED, InferEnv, beam, greedy, load_agent, train
 from pipeplan.planners.automap.problem import layer_of
 from pipeplan.planners.compare import best
@@ -200,6 +201,7 @@ def main() -> None:
     add_out_argument(parser, "automap")
     args = parser.parse_args()
     agent = load_agent(args.checkpoint)
+    warm_up()  # the simulator's compiled kernels, as in a process that has planned before
     row(agent, "warm-up", "zoo:bert-large?layers=4", "A")  # first calls pay for imports and allocations
     table8 = [row(agent, m, f"zoo:{m}?granularity=op&microbatch=16", "C") for m in TABLE8]
     for r in table8:

@@ -11,9 +11,10 @@ compiled with numba: flat arrays, an array heap, channel queues as linked lists.
 ``run_batch`` runs many candidates that share one task graph and differ in durations.
 
 The kernels are plain Python functions, compiled (or loaded from numba's cache) the first time
-a call is large (``PYTHON_BELOW`` task runs or more) or a planner warms them up: a command that
+a call is large (``PYTHON_BELOW`` task runs or more), once this process has spent
+``PYTHON_BUDGET_S`` running them as Python, or when a planner warms them up: a command that
 simulates a few plans runs them as Python and never loads numba (loading it and the cached
-kernels takes about a second). The two run the same code on the same float64 arithmetic, and
+kernels takes about a second), while a long-lived process soon runs them compiled. The two run the same code on the same float64 arithmetic, and
 their results are identical (``tests/test_sim_properties.py``).
 """
 
@@ -137,11 +138,11 @@ def run_tasks(dur: np.ndarray, ptr: np.ndarray, succ: np.ndarray, npred: np.ndar
     """Return (start, end, number of tasks completed). Task i's successors are
     ``succ[ptr[i]:ptr[i+1]]`` (CSR); ``chan[i]`` is its channel or -1."""
     n = dur.size
-    if not _ready() and n >= PYTHON_BELOW:
-        _compile()
+    python = _as_python(n)
     start, end = np.empty(n), np.empty(n)
     done = _run(np.ascontiguousarray(dur, dtype=np.float64), ptr.astype(np.int64), succ.astype(np.int64),
                 npred.astype(np.int64), chan.astype(np.int64), int(nchan), start, end, _workspace(n, int(nchan)))
+    _spent(python)
     return start, end, int(done)
 
 
@@ -160,13 +161,29 @@ def run_batch(table: np.ndarray, cls: np.ndarray, ptr: np.ndarray, succ: np.ndar
               chan: np.ndarray, nchan: int) -> tuple[np.ndarray, np.ndarray]:
     """Candidates share the dependencies and channels; task i of candidate b lasts
     ``table[b, cls[i]]``. Returns the end times (candidates x tasks) and tasks completed."""
-    if not _ready() and table.shape[0] * cls.size >= PYTHON_BELOW:
-        _compile()
+    python = _as_python(table.shape[0] * cls.size)
     end = np.empty((table.shape[0], cls.size))
     done = np.empty(table.shape[0], dtype=np.int64)
     _run_rows(np.ascontiguousarray(table, dtype=np.float64), cls.astype(np.int64), ptr.astype(np.int64),
               succ.astype(np.int64), npred.astype(np.int64), chan.astype(np.int64), int(nchan), end, done)
+    _spent(python)
     return end, done
+
+
+def _as_python(runs: int) -> float | None:
+    """Whether this call of ``runs`` task runs goes as Python (its start time) or compiled
+    (None: compiling first if it is large or Python has had its budget)."""
+    if _ready():
+        return None
+    if runs >= PYTHON_BELOW or _PYTHON_SPENT[0] >= PYTHON_BUDGET_S:
+        _compile()
+        return None
+    return time.perf_counter()
+
+
+def _spent(started: float | None) -> None:
+    if started is not None:
+        _PYTHON_SPENT[0] += time.perf_counter() - started
 
 
 def warm_up() -> float:
@@ -192,6 +209,10 @@ def _ready() -> bool:
 #: a call of fewer task runs (tasks x candidates) runs the kernels as Python while numba is
 #: not loaded: ~1 us a task event, where loading numba costs about a second
 PYTHON_BELOW = 20_000
+#: seconds of kernels run as Python after which the process compiles them (a long-lived
+#: process: a benchmark, compare, a learning planner)
+PYTHON_BUDGET_S = 0.25
+_PYTHON_SPENT = [0.0]
 #: the kernels numba compiles: helpers inlined into the others, entry points
 _INLINE, _KERNELS = ("_less", "_push", "_pop"), ("_workspace", "_run", "_run_rows")
 _LOCK = threading.Lock()
