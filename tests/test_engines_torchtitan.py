@@ -185,8 +185,8 @@ LLAMA = ("hf:llama?hidden_size=64&num_hidden_layers=4&num_attention_heads=4&num_
 
 
 def test_a_plan_for_another_decoder_is_refused_before_any_process_starts(tmp_path, capsys):
-    plan = Plan(*(lambda g, c: (g, c, megatron_stages(c.names, 4, 1, 2, 1, 1), 4))(
-        load_graph(LLAMA), load_cluster("hier:servers=1,gpus=2,intra=128Gbps,inter=50Gbps,kind=H100-SXM")))
+    g, c = load_graph(LLAMA), load_cluster("hier:servers=1,gpus=2,intra=128Gbps,inter=50Gbps,kind=H100-SXM")
+    plan = Plan(g, c, megatron_stages(c.names, 4, 1, 2, 1, 1), 4)
     plan.save(tmp_path / "plan.json")
     other = LLAMA.replace("vocab_size=512", "vocab_size=500")
     assert main(["run", str(tmp_path / "plan.json"), "--model", other]) == 2

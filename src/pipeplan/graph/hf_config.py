@@ -21,6 +21,12 @@ LLAMA_LIKE = ("llama", "mistral", "qwen2")
 DEFAULT_SEQ = 4096
 
 
+def default_seq(positions: int) -> int:
+    """The sequence length a spec without ``seq`` gets: ``DEFAULT_SEQ``, or the model's
+    positions if fewer (also the runtime's Llama, ``runtime/hf.py``)."""
+    return min(DEFAULT_SEQ, positions) if positions > 0 else DEFAULT_SEQ
+
+
 def config_value(text: str) -> int | float | bool | str:
     """A query value as a transformers config wants it: an integer, a number, true/false,
     else text (also ``runtime/hf.py``'s)."""
@@ -64,12 +70,12 @@ def _decoder(spec: str, cfg, seq: int | None) -> DecoderSpec:
         raise PipeplanError(f"model {spec!r}: mixture-of-experts models ({kind}) are not planned yet")
     try:
         if kind == "gpt2":
-            return gpt(name, int(cfg.n_embd), int(cfg.n_layer), int(cfg.n_head), seq or min(DEFAULT_SEQ, int(cfg.n_positions)),
+            return gpt(name, int(cfg.n_embd), int(cfg.n_layer), int(cfg.n_head), seq or default_seq(int(cfg.n_positions)),
                        int(cfg.vocab_size), int(cfg.n_inner or 4 * cfg.n_embd))
         if kind in LLAMA_LIKE:
             heads = int(cfg.num_attention_heads)
             return DecoderSpec(name, int(cfg.hidden_size), int(cfg.num_hidden_layers), heads,
-                               seq or min(DEFAULT_SEQ, int(cfg.max_position_embeddings)), int(cfg.vocab_size),
+                               seq or default_seq(int(cfg.max_position_embeddings)), int(cfg.vocab_size),
                                int(cfg.intermediate_size), int(getattr(cfg, "num_key_value_heads", None) or heads),
                                gated=True, tied=bool(cfg.tie_word_embeddings), norm="rmsnorm", bias=False,
                                positions="rope", dropout=False, flash=True, qkv_bias=kind == "qwen2")

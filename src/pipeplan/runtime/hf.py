@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import PipeplanError
-from ..graph.hf_config import DEFAULT_SEQ
+from ..graph.hf_config import DEFAULT_SEQ, default_seq
 from ..graph.hf_config import config_value as _value
 from ..limits import check_built_parameters, check_input_bytes, check_layers
 
@@ -91,7 +91,7 @@ def parse_spec(spec: str) -> tuple[str, dict, int, int]:
         from transformers import LlamaConfig
 
         positions = opts.get("max_position_embeddings", LlamaConfig().max_position_embeddings)
-        seq = min(DEFAULT_SEQ, positions) if isinstance(positions, int) and positions > 0 else DEFAULT_SEQ
+        seq = default_seq(positions) if isinstance(positions, int) else DEFAULT_SEQ
     if not isinstance(seq, int) or not isinstance(micro, int) or seq < 1 or micro < 1:
         raise PipeplanError(f"model spec {spec!r}: seq and microbatch must be positive integers")
     return arch, opts, seq, micro

@@ -175,15 +175,16 @@ def _as_python(runs: int) -> float | None:
     (None: compiling first if it is large or Python has had its budget)."""
     if _ready():
         return None
-    if runs >= PYTHON_BELOW or _PYTHON_SPENT[0] >= PYTHON_BUDGET_S:
+    if runs >= PYTHON_BELOW or _PYTHON_SPENT >= PYTHON_BUDGET_S:
         _compile()
         return None
     return time.perf_counter()
 
 
 def _spent(started: float | None) -> None:
+    global _PYTHON_SPENT
     if started is not None:
-        _PYTHON_SPENT[0] += time.perf_counter() - started
+        _PYTHON_SPENT += time.perf_counter() - started
 
 
 def warm_up() -> float:
@@ -212,7 +213,7 @@ PYTHON_BELOW = 20_000
 #: seconds of kernels run as Python after which the process compiles them (a long-lived
 #: process: a benchmark, compare, a learning planner)
 PYTHON_BUDGET_S = 0.25
-_PYTHON_SPENT = [0.0]
+_PYTHON_SPENT = 0.0  # seconds this process has run the kernels as Python
 #: the kernels numba compiles: helpers inlined into the others, entry points
 _INLINE, _KERNELS = ("_less", "_push", "_pop"), ("_workspace", "_run", "_run_rows")
 _LOCK = threading.Lock()
