@@ -164,5 +164,5 @@ def test_measured_training_optimizes_what_the_runner_measures():
     trained = train_agent(graph, cluster, PlanOptions(microbatches=4), Budget(evaluations=96), seed=1, runner=runner)
     info = trained.checkpoint["trained_on"]
     assert info["rewards"] == "measured" and info["runs"] == len(runs) <= info["evaluations"]
-    assert trained.best.iteration_s == min(runs)
+    assert trained.best.iteration_s == pytest.approx(min(runs), rel=1e-12)  # ties across executions
     assert not any(st.devices == [cluster.names[0]] for st in trained.plan.stages)

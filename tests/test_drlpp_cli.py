@@ -48,10 +48,13 @@ def test_plan_and_compare_with_the_checkpoint(checkpoint, vgg16, capsys):
                  "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["planner"] == "drl-pp" and plan["drl-pp"]["checkpoint"] == str(checkpoint)
-    assert plan["replicas"] == "round-robin"
+    assert plan["replicas"] in ("round-robin", "split") and plan["schedule"] in ("gpipe", "1f1b", "zb-h1", "spp-pe")
     assert main(["plan", *argv, "--planner", "drl-pp", "-O", f"checkpoint={checkpoint}", "-O", "samples=2",
-                 "-O", "replicas=split", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["replicas"] == "split"
+                 "-O", "replicas=split", "--schedule", "gpipe", "--json"]) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    assert (chosen["replicas"], chosen["schedule"]) == ("split", "gpipe")
+    assert main(["plan", *argv, "--planner", "drl-pp", "-O", f"checkpoint={checkpoint}", "--schedule", "zb-v"]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
     assert main(["compare", *argv, "--planners", "dp,gpipe,pipedream,spp,drl-pp", "-O",
                  f"checkpoint={checkpoint}", "--json"]) == 0
     rows = {r["planner"]: r for r in json.loads(capsys.readouterr().out)["results"]}

@@ -16,8 +16,8 @@ import torch
 from pipeplan.cluster import load_cluster
 from pipeplan.graph import Graph
 from pipeplan.learn.scoring import Scorer
-from pipeplan.planners.drlpp.ppo import (Config, Instance, _clipped, new_agent, placement_logits, placement_logp,
-                                         ppo_update, replay, sample_schemes)
+from pipeplan.planners.drlpp.ppo import (SYNCHRONOUS, Config, Instance, _clipped, action_logp, new_agent, ppo_update,
+                                         replay, sample_schemes)
 from pipeplan.sim import simulate
 
 
@@ -33,19 +33,20 @@ def test_the_clipped_objective_is_ppos():
     assert float(loss) == pytest.approx(-(2.4 - 0.8 + 1.1 + 1.5) / 4, rel=1e-12)
 
 
-def _instance() -> tuple[Instance, Graph]:
+def _instance(executions=None) -> tuple[Instance, Graph]:
     graph = Graph.chain("six", fwd=[1.0, 3.0, 2.0, 1.0, 4.0, 1.0], bwd=[2.0, 6.0, 4.0, 2.0, 8.0, 2.0],
                         params=[1e6] * 6, act=[3e6, 1e6, 2e6, 5e6, 1e6, 1e6])
     cluster = load_cluster("hier:servers=1,gpus=4,intra=10Gbps,inter=10Gbps")
-    return Instance(graph, cluster, Scorer(graph, cluster, 4, "1f1b")), graph
+    return Instance(graph, cluster, Scorer(graph, cluster, 4, "1f1b", executions=executions)), graph
 
 
 def test_one_update_moves_probability_towards_what_scored_above_the_baseline():
     """Rewards set by hand (one scheme's placements +1, every other's -1, baseline 0): one
     PPO update raises the advantage-weighted log-probability of what was sampled,
     sum A log pi over Algorithm 1's steps (each with its scheme's advantage) and over the
-    placements: the direction PPO ascends, which a flipped advantage would descend."""
-    inst, _ = _instance()
+    placements with their executions: the direction PPO ascends, which a flipped advantage
+    would descend."""
+    inst, _ = _instance(SYNCHRONOUS)
     agent = new_agent(Config(epochs=1, learning_rate=1e-2, entropy_coef=0.0, temperature=-2.0, seed=3), 4)
     schemes = sample_schemes(agent, inst, 4, torch.Generator().manual_seed(0))
     for i, s in enumerate(schemes):
@@ -57,7 +58,7 @@ def test_one_update_moves_probability_towards_what_scored_above_the_baseline():
         with torch.no_grad():
             h = agent.encoder(inst.x, inst.adj)
             steps, _, owner = replay(agent, h, [s.trajectory for s in schemes])
-            places = [placement_logp(placement_logits(agent, h, s.part), np.stack(s.placements)).sum() for s in schemes]
+            places = [action_logp(agent, h, inst, s)[0].sum() for s in schemes]
         return float((adv[owner] * steps.double()).sum() + (adv * torch.stack(places).double()).sum())
 
     before = weighted_logp()

@@ -65,7 +65,7 @@ from ..graph import Graph
 from ..plan import Plan
 from .features import DEVICE_FEATURES, NODE_FEATURES, adjacency, device_features, node_features
 from .partition import Ancestors, PartitionState
-from .scoring import Scorer, Scores
+from .scoring import Execution, Scorer, Scores
 
 PARTITIONING, PLACING, OVER = 0, 1, 2
 INVALID_ACTION_MODES = ("end", "raise")
@@ -79,9 +79,9 @@ class PlanScorer(Protocol):
     @property
     def infeasible_reward(self) -> float: ...
 
-    def score(self, part: np.ndarray, device_part: np.ndarray) -> Scores: ...
+    def score(self, part: np.ndarray, device_part: np.ndarray, execution: np.ndarray | None = None) -> Scores: ...
 
-    def plan(self, part: np.ndarray, device_part: np.ndarray) -> Plan: ...
+    def plan(self, part: np.ndarray, device_part: np.ndarray, execution: int = 0) -> Plan: ...
 
 
 def _padded(values: np.ndarray, rows: int, cols: int | None = None, fill: float = 0) -> np.ndarray:
@@ -241,9 +241,10 @@ class PartitionEnv(gymnasium.Env):
 
 # -- measured on the runtime (§2.2, §3.4) ---------------------------------------------------
 
-def plan_key(plan: Plan) -> tuple[tuple[frozenset[str], frozenset[str]], ...]:
-    """A plan's identity for the measurement cache: each stage's node set and device set."""
-    return tuple((frozenset(s.nodes), frozenset(s.devices)) for s in plan.stages)
+def plan_key(plan: Plan) -> tuple:
+    """A plan's identity for the measurement cache: its schedule and replica mode, each
+    stage's node set and device set."""
+    return (plan.schedule, plan.replicas, *((frozenset(s.nodes), frozenset(s.devices)) for s in plan.stages))
 
 
 class RuntimeScorer:
@@ -256,9 +257,12 @@ class RuntimeScorer:
     propagate. ``evaluations``: candidates scored; ``measured``: runs made."""
 
     def __init__(self, graph: Graph, cluster: Cluster, microbatches: int, runner: Callable[[Plan], float],
-                 schedule: str = "1f1b", replicas: str = "round-robin", optimizer: str = "adam") -> None:
+                 schedule: str = "1f1b", replicas: str = "round-robin", optimizer: str = "adam",
+                 executions: tuple[Execution, ...] | None = None) -> None:
         self.graph, self.cluster = graph, cluster
-        self.model = Scorer(graph, cluster, microbatches, schedule, replicas, optimizer)  # plans, feasibility, memory
+        # plans, feasibility, memory
+        self.model = Scorer(graph, cluster, microbatches, schedule, replicas, optimizer, executions)
+        self.executions = self.model.executions
         self.runner = runner
         self.cache: dict[tuple, float] = {}
         self.evaluations = 0
@@ -268,9 +272,9 @@ class RuntimeScorer:
     def infeasible_reward(self) -> float:
         return self.model.infeasible_reward
 
-    def plan(self, part: np.ndarray, device_part: np.ndarray) -> Plan:
+    def plan(self, part: np.ndarray, device_part: np.ndarray, execution: int = 0) -> Plan:
         """The Plan of one candidate."""
-        return self.model.plan(part, device_part)
+        return self.model.plan(part, device_part, execution)
 
     def measure(self, plan: Plan) -> float:
         """Measured seconds per iteration of ``plan`` (cached per ``plan_key``)."""
@@ -283,14 +287,16 @@ class RuntimeScorer:
             self.measured += 1
         return self.cache[key]
 
-    def score(self, part: np.ndarray, device_part: np.ndarray) -> Scores:
-        """Scores of candidates ``part`` (B, nodes) and ``device_part`` (B, devices)."""
+    def score(self, part: np.ndarray, device_part: np.ndarray, execution: np.ndarray | None = None) -> Scores:
+        """Scores of candidates ``part`` (B, nodes) and ``device_part`` (B, devices), under
+        ``executions[execution[b]]`` (the first when None)."""
         part, device_part = np.atleast_2d(part), np.atleast_2d(device_part)
-        predicted = self.model.score(part, device_part)
+        ex = np.zeros(len(part), dtype=np.int64) if execution is None else np.asarray(execution)
+        predicted = self.model.score(part, device_part, ex)
         iteration = np.full(len(part), np.inf)
         reward = np.full(len(part), self.infeasible_reward)
         for b in np.flatnonzero(predicted.fits):
-            iteration[b] = self.measure(self.plan(part[b], device_part[b]))
+            iteration[b] = self.measure(self.plan(part[b], device_part[b], int(ex[b])))
             reward[b] = -math.log(iteration[b])
         self.evaluations += len(part)
         return Scores(iteration, predicted.fits.copy(), reward)

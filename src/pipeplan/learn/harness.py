@@ -141,7 +141,10 @@ def config_from(cls: type, raw: dict, path: str, **override: Any) -> Any:
 
 
 def _typed(value: Any, like: Any, where: str) -> Any:
-    """``value`` as the type of ``like`` (an int is a float; a bool is no number)."""
+    """``value`` as the type of ``like`` (an int is a float; a bool is no number; a field
+    whose default is None is an optional number)."""
+    if like is None:
+        return None if value is None else _typed(value, 0.0, where)
     if isinstance(like, tuple):
         if not isinstance(value, (list, tuple)):
             raise PipeplanError(f"{where} is a {type(value).__name__}, not a list")

@@ -7,6 +7,10 @@ one call of a ``BatchEvaluator`` for that stage count. The reward is DRL-PP's Eq
 memory / limit)`` more (it cannot run, and more overflow is worse); one that cannot run at
 all (no link between stages that talk) scores as a plan e^3 times slower than running the
 whole model on one reference device. Every candidate scored counts as one evaluation.
+
+A scorer may offer several *executions*, (schedule, replica mode) pairs; a candidate then also
+names the execution it runs under (an index into ``executions``; 0 when not given), so that a
+planner can choose the schedule and how replicas share microbatches along with the plan.
 """
 
 from __future__ import annotations
@@ -33,35 +37,47 @@ class Scores:
     reward: np.ndarray
 
 
+Execution = tuple[str, str]  # (schedule, replica mode)
+
+
 class Scorer:
-    """Scores candidates of one (graph, cluster) under one schedule; counts evaluations."""
+    """Scores candidates of one (graph, cluster) under one schedule and replica mode, or under
+    the execution each candidate names among ``executions``; counts evaluations."""
 
     def __init__(self, graph: Graph, cluster: Cluster, microbatches: int, schedule: str,
-                 replicas: str = "round-robin", optimizer: str = "adam") -> None:
+                 replicas: str = "round-robin", optimizer: str = "adam",
+                 executions: tuple[Execution, ...] | None = None) -> None:
         self.graph, self.cluster = graph, cluster
-        self.microbatches, self.schedule, self.replicas, self.optimizer = microbatches, schedule, replicas, optimizer
-        self.evaluators: dict[int, BatchEvaluator] = {}
+        self.executions = tuple(executions) if executions else ((schedule, replicas),)
+        self.microbatches, self.optimizer = microbatches, optimizer
+        self.schedule, self.replicas = self.executions[0]
+        self.evaluators: dict[tuple[int, int], BatchEvaluator] = {}
         self.evaluations = 0
         serial = float(graph.fwd.sum() + graph.bwd.sum()) * microbatches
         self.infeasible_reward = -np.log(max(serial, 1e-12)) - INFEASIBLE_PENALTY
 
-    def evaluator(self, partitions: int) -> BatchEvaluator:
-        if partitions not in self.evaluators:
-            self.evaluators[partitions] = BatchEvaluator(self.graph, self.cluster, partitions, self.microbatches,
-                                                         self.schedule, self.replicas, self.optimizer)
-        return self.evaluators[partitions]
+    def evaluator(self, partitions: int, execution: int = 0) -> BatchEvaluator:
+        key = (partitions, execution)
+        if key not in self.evaluators:
+            schedule, replicas = self.executions[execution]
+            self.evaluators[key] = BatchEvaluator(self.graph, self.cluster, partitions, self.microbatches,
+                                                  schedule, replicas, self.optimizer)
+        return self.evaluators[key]
 
-    def score(self, part: np.ndarray, device_part: np.ndarray) -> Scores:
-        """Scores of candidates ``part`` (B, nodes) and ``device_part`` (B, devices)."""
+    def score(self, part: np.ndarray, device_part: np.ndarray, execution: np.ndarray | None = None) -> Scores:
+        """Scores of candidates ``part`` (B, nodes) and ``device_part`` (B, devices), each
+        run under ``executions[execution[b]]`` (all under the first when None)."""
         part, device_part = np.atleast_2d(part), np.atleast_2d(device_part)
         count = part.shape[0]
         it = np.full(count, np.inf)
         fits = np.zeros(count, dtype=bool)
         reward = np.full(count, self.infeasible_reward)
-        k = part.max(axis=1) + 1
-        for partitions in np.unique(k):
-            idx = np.flatnonzero(k == partitions)
-            res = self.evaluator(int(partitions)).evaluate(part[idx], device_part[idx])
+        ex = np.zeros(count, dtype=np.int64) if execution is None else np.asarray(execution, dtype=np.int64)
+        groups = (part.max(axis=1) + 1) * len(self.executions) + ex
+        for group in np.unique(groups):
+            idx = np.flatnonzero(groups == group)
+            partitions, e = divmod(int(group), len(self.executions))
+            res = self.evaluator(partitions, e).evaluate(part[idx], device_part[idx])
             ok = res.feasible
             ratio = np.max(res.memory_bytes / res.memory_limit[None, :], axis=1)
             over = ratio > 1.0
@@ -73,6 +89,6 @@ class Scorer:
         self.evaluations += count
         return Scores(it, fits, reward)
 
-    def plan(self, part: np.ndarray, device_part: np.ndarray) -> Plan:
+    def plan(self, part: np.ndarray, device_part: np.ndarray, execution: int = 0) -> Plan:
         """The Plan of one candidate."""
-        return self.evaluator(int(part.max()) + 1).plan(part, device_part)
+        return self.evaluator(int(part.max()) + 1, int(execution)).plan(part, device_part)

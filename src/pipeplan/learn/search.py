@@ -11,6 +11,10 @@ search and simulated annealing over the same action space". Both searches here t
 * stop on the same ``harness.Budget`` (evaluations and/or seconds; the evaluations of the
   last batch are trimmed so an evaluation budget is never exceeded when the scorer starts at 0).
 
+Where the scorer offers several executions (schedule, replica mode), a walk's last action
+picks one, uniformly in random search, so the searches reach what DRL-PP's execution head
+can; it is encoded as ``-1 - e`` for the scorer's execution ``e``.
+
 Random search samples complete plans by choosing uniformly among each step's valid actions.
 That is **uniform over actions, not over plans**: a plan reachable by few action sequences,
 or through steps with many alternatives, is rarer than one reached through forced steps (on
@@ -67,6 +71,7 @@ class SearchResult:
     reward: float = -math.inf
     part: np.ndarray | None = None
     device_part: np.ndarray | None = None
+    execution: int = 0  # an index into the scorer's executions
     iteration_s: float = math.inf
     fits: bool = False
     evaluations: int = 0
@@ -79,9 +84,9 @@ class SearchResult:
 class _Space:
     """A graph's constants for ``_Walk``: node sets as Python int bit sets (bit u: node u)."""
 
-    def __init__(self, graph: Graph, devices: int, ancestors: Ancestors | None = None) -> None:
+    def __init__(self, graph: Graph, devices: int, ancestors: Ancestors | None = None, executions: int = 1) -> None:
         matrix = (ancestors or Ancestors(graph)).matrix
-        self.n, self.devices = len(graph), devices
+        self.n, self.devices, self.executions = len(graph), devices, executions
         self.closure = [_bits(matrix[v]) | (1 << v) for v in range(self.n)]  # v and its ancestors
         self.succ = [0] * self.n
         for u, v in graph.edges:
@@ -106,7 +111,7 @@ class _Walk:
     numpy cost. ``actions``: the actions taken; ``choices``: how many were valid at each."""
 
     __slots__ = ("s", "free", "fed", "part", "k", "starting", "partitioning", "device_part",
-                 "held", "unheld", "actions", "choices")
+                 "held", "unheld", "execution", "actions", "choices")
 
     def __init__(self, space: _Space) -> None:
         self.s = space
@@ -116,14 +121,19 @@ class _Walk:
         self.device_part: list[int] = []
         self.held: list[int] = []  # devices per partition (placement phase)
         self.unheld = 0
+        self.execution = 0 if space.executions == 1 else -1  # chosen last, when there is a choice
         self.actions: list[int] = []
         self.choices: list[int] = []
         if space.devices == 1:
             self._rest()
 
     @property
-    def done(self) -> bool:
+    def placed(self) -> bool:
         return not self.partitioning and len(self.device_part) == self.s.devices
+
+    @property
+    def done(self) -> bool:
+        return self.placed and self.execution >= 0
 
     def _assign(self, nodes: int) -> None:
         self.free &= ~nodes
@@ -167,6 +177,8 @@ class _Walk:
             return out if self.starting else out + [n]
         if self.done:
             return []
+        if self.placed:
+            return [-1 - e for e in reversed(range(self.s.executions))]
         every = self._placement_all()
         return [n + 1 + p for p in range(self.k) if every or not self.held[p]]
 
@@ -174,7 +186,9 @@ class _Walk:
         """Take a valid action (not checked: replays and random draws only make valid ones)."""
         n = self.s.n
         self.actions.append(action)
-        if not self.partitioning:
+        if action < 0:
+            self.execution = -1 - action
+        elif not self.partitioning:
             p = action - n - 1
             self.device_part.append(p)
             self.unheld -= not self.held[p]
@@ -195,6 +209,9 @@ class _Walk:
             count = cand.bit_count() + (not self.starting)
             j = int(u * count)
             action = n if j == cand.bit_count() else _nth_bit(cand, j)
+        elif self.placed:
+            count = self.s.executions
+            action = -1 - int(u * count)
         else:
             ok = range(self.k) if self._placement_all() else [p for p in range(self.k) if not self.held[p]]
             count = len(ok)
@@ -237,11 +254,13 @@ class _Tracker:
         """Score the walks' plans in one call; update the best and the curve; the rewards."""
         part = np.array([w.part for w in walks], dtype=np.int64)
         device_part = np.array([w.device_part for w in walks], dtype=np.int64)
-        res = self.scorer.score(part, device_part)
+        execution = np.array([w.execution for w in walks], dtype=np.int64)
+        res = self.scorer.score(part, device_part, execution)
         i = int(np.argmax(res.reward))
         r = self.result
         if res.reward[i] > r.reward:
             r.reward, r.part, r.device_part = float(res.reward[i]), part[i].copy(), device_part[i].copy()
+            r.execution = int(execution[i])
             r.iteration_s, r.fits = float(res.iteration_s[i]), bool(res.fits[i])
         r.evaluations = self.scorer.evaluations - self.start
         r.seconds = self.budget.elapsed
@@ -257,7 +276,7 @@ def random_search(scorer: Scorer, graph: Graph, devices: int, budget: Budget, rn
     left (at least one)."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
-    space = _Space(graph, devices, ancestors)
+    space = _Space(graph, devices, ancestors, len(scorer.executions))
     py = random.Random(int(rng.integers(2**63)))
     track = _Tracker(scorer, budget)
     while True:
@@ -286,7 +305,7 @@ def simulated_annealing(scorer: Scorer, graph: Graph, devices: int, budget: Budg
         raise ValueError(f"neighbours must be at least 1, got {neighbours}")
     if not (t0 > 0 and t1 > 0):
         raise ValueError(f"temperatures must be positive, got t0={t0}, t1={t1}")
-    space = _Space(graph, devices, ancestors)
+    space = _Space(graph, devices, ancestors, len(scorer.executions))
     py = random.Random(int(rng.integers(2**63)))
     track = _Tracker(scorer, budget)
     walks = [_complete(_Walk(space), py) for _ in range(track.size(neighbours))]

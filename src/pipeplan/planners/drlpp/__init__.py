@@ -37,9 +37,9 @@ class DrlppOptions:
         "a wall-clock cap on training (90s, 3m, 1h; a bare number is seconds; default: none, so that the same "
         "command gives the same plan on any machine)")})
     seed: int = field(default=0, metadata={**SEED_RANGE, "help": "seed of the agent's weights and samples"})
-    replicas: str = field(default="round-robin", metadata={"choices": ("round-robin", "split"), "help": (
+    replicas: str | None = field(default=None, metadata={"choices": ("round-robin", "split"), "help": (
         "how a partition's accelerators share the microbatches: whole ones in turn (PipeDream's, the paper's) "
-        "or each split across them")})
+        "or each split across them (default: the agent chooses, per plan)")})
     samples: int = field(default=32, metadata={"min": 1, "help": (
         "partition schemes sampled from the trained agent (each with its placements); the best scored is kept")})
 
@@ -61,7 +61,8 @@ def _estimate_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float |
 
 
 @register("drl-pp", "DRL-PP: PPO agent (GCN encoder, recurrent DAG partitioner without branch compression, "
-          "accelerator scheduler); trains on the spot or plans with -O checkpoint=", "1f1b",
+          "accelerator scheduler, schedule and replica mode); trains on the spot or plans with -O checkpoint=",
+          "chosen: gpipe, 1f1b, zb-h1 or spp-pe",
           options=DrlppOptions, estimate=_estimate_s, in_best=False)
 def plan_drlpp(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """Train (or load) the agent, then sample plans from it; the best scored plan seen,

@@ -8,6 +8,7 @@ are in ``Config`` and in docs/drlpp.md.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,7 +30,9 @@ class Config:
     gcn_widths: tuple[int, ...] = (32, 64, 128)
     hidden: int = 128  # LSTM and MLP units
     accelerator_embedding: int = 128
-    temperature: float = 3.0  # T of Algorithm 1: the cut action's score is lowered by T (docs/drlpp.md)
+    # T of Algorithm 1: the cut action's score is lowered by T (docs/drlpp.md); None: ln(nodes /
+    # accelerators), so that an untrained agent's partitions of a chain hold about nodes / accelerators
+    temperature: float | None = None
     # sampling (§3.4): placements per partition scheme; invalid placements drawn again (§3.3)
     schemes_per_update: int = 8
     placements_per_scheme: int = 4
@@ -38,10 +41,22 @@ class Config:
     learning_rate: float = 1e-3
     epochs: int = 4
     clip: float = 0.2
-    entropy_coef: float = 0.01
+    entropy_coef: float = 0.05  # at the start of training, annealed geometrically to entropy_final (no collapse)
+    entropy_final: float = 0.005
     baseline_decay: float = 0.9  # the baseline is a moving average of the schemes' rewards
     max_grad_norm: float = 1.0
     seed: int = 0
+
+
+#: every (schedule, replica mode) the agent's execution head scores, whatever an instance allows:
+#: one vocabulary, so that a checkpoint plans under any allowed set
+EXECUTIONS: tuple[tuple[str, str], ...] = tuple(
+    (schedule, replicas) for schedule in ("gpipe", "1f1b", "zb-h1", "spp-pe", "async-1f1b")
+    for replicas in ("round-robin", "split"))
+#: the synchronous ones (one weight version, a flush per iteration): what the agent chooses
+#: among unless a schedule is named
+SYNCHRONOUS = tuple(e for e in EXECUTIONS if e[0] != "async-1f1b")
+PLACEMENT_FEATURES = 3
 
 
 # -- the agent -------------------------------------------------------------------------------
@@ -65,6 +80,9 @@ class Agent(nn.Module):
         self.candidate_score = _mlp(cfg.hidden, cfg.hidden)  # S_{v_i} (line 15)
         self.accelerators = nn.Embedding(devices, cfg.accelerator_embedding)  # §3.3
         self.pair_score = _mlp(width + cfg.accelerator_embedding, cfg.hidden)
+        # beyond the paper: the schedule and replica mode, read from the graph and the placement
+        self.execution_score = nn.Sequential(nn.Linear(width + PLACEMENT_FEATURES, cfg.hidden), nn.ReLU(),
+                                             nn.Linear(cfg.hidden, len(EXECUTIONS)))
 
 
 @dataclass
@@ -74,7 +92,8 @@ class Scheme:
     trajectory: Trajectory  # Algorithm 1's steps
     part: np.ndarray
     placements: list[np.ndarray] = field(default_factory=list)
-    placement_logp: list[float] = field(default_factory=list)
+    placement_logp: list[float] = field(default_factory=list)  # the placement's and its execution's
+    executions: list[int] = field(default_factory=list)  # per placement: an index into the instance's executions
     rewards: list[float] = field(default_factory=list)  # per placement (penalty if invalid)
     valid: list[bool] = field(default_factory=list)
     times: list[float] = field(default_factory=list)  # predicted iteration time per placement
@@ -109,6 +128,7 @@ class Trajectory:
 
     steps: list[Step]
     orders: list[list[int]]
+    temperature: float
 
 
 def walk(agent: Agent, h: torch.Tensor, state: PartitionState,
@@ -122,6 +142,7 @@ def walk(agent: Agent, h: torch.Tensor, state: PartitionState,
     more step (line 15). The cut's score is the current partition's score minus T (lines
     9-14; docs/drlpp.md). ``replay`` recomputes the same figures in a few batched calls."""
     cfg, n = agent.cfg, state.actions.nodes
+    temperature = cut_temperature(cfg, n, state.devices)
     zero = h.new_zeros(1, cfg.hidden)
     cut_state, sel_state = (zero, zero), (zero, zero)
     fed, grows, steps, logp = 0, 0, [], 0.0
@@ -141,7 +162,7 @@ def walk(agent: Agent, h: torch.Tensor, state: PartitionState,
                                                         sel_state[1].expand(len(cand), -1)))
         scores = agent.candidate_score(hc[0]).squeeze(1)
         if not state.starting:
-            scores = torch.cat([agent.cut_score(cut_state[0]).view(1) - cfg.temperature, scores])
+            scores = torch.cat([agent.cut_score(cut_state[0]).view(1) - temperature, scores])
         logp_all = torch.log_softmax(scores, dim=0)
         i = int(torch.multinomial(logp_all.exp(), 1, generator=generator))
         logp += float(logp_all[i])
@@ -149,7 +170,12 @@ def walk(agent: Agent, h: torch.Tensor, state: PartitionState,
                           float(logp_all[i])))
         state.step(n if (not state.starting and i == 0) else int(cand[i - (0 if state.starting else 1)]))
     orders = [[u for u in state.added if state.part[u] == k] for k in range(state.num_partitions)]
-    return Trajectory(steps, orders), logp
+    return Trajectory(steps, orders, temperature), logp
+
+
+def cut_temperature(cfg: Config, nodes: int, devices: int) -> float:
+    """T (Algorithm 1): ``cfg.temperature``, else ln(nodes / accelerators), at least 0."""
+    return cfg.temperature if cfg.temperature is not None else math.log(max(nodes / max(devices, 1), 1.0))
 
 
 def replay(agent: Agent, h: torch.Tensor, trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -157,7 +183,6 @@ def replay(agent: Agent, h: torch.Tensor, trajs: list[Trajectory]) -> tuple[torc
     the trajectory each step belongs to: the figures of ``walk``, batched over trajectories
     and steps (one LSTM call per time step of the longest sequence, one for every candidate
     of every step)."""
-    cfg = agent.cfg
     if not any(tr.steps for tr in trajs):  # one device: nothing was chosen
         return h.new_zeros(0), h.new_zeros(0), torch.zeros(0, dtype=torch.long)
     cut_h, cut_c, cut_at = _cutter_states(agent, h, trajs)
@@ -182,7 +207,8 @@ def replay(agent: Agent, h: torch.Tensor, trajs: list[Trajectory]) -> tuple[torc
     grow = [j for j, st in enumerate(steps) if not st.starting]
     if grow:
         at = torch.as_tensor([cut_at[traj_of[j]] + steps[j].grows + 1 for j in grow])
-        logits[torch.as_tensor(grow), 0] = agent.cut_score(cut_h[at]).squeeze(1) - cfg.temperature
+        temperature = torch.as_tensor([trajs[traj_of[j]].temperature for j in grow], dtype=h.dtype)
+        logits[torch.as_tensor(grow), 0] = agent.cut_score(cut_h[at]).squeeze(1) - temperature
     logp_all = torch.log_softmax(logits, dim=1)
     chosen = logp_all[torch.arange(len(steps)), torch.as_tensor([st.choice for st in steps])]
     probs = logp_all.exp()
@@ -261,6 +287,29 @@ def placement_logp(logits: torch.Tensor, placements: np.ndarray) -> torch.Tensor
     return logits[torch.arange(logits.shape[0])[None, :], idx].sum(dim=1)
 
 
+def execution_logits(agent: Agent, h: torch.Tensor, placements: np.ndarray, allowed: tuple[int, ...]) -> torch.Tensor:
+    """(placements, allowed) log-probabilities of the executions ``allowed`` (indices into
+    ``EXECUTIONS``) for each placement: an MLP over the graph's mean node representation and
+    the placement's shape (partitions, the largest partition's share of the accelerators, the
+    share of partitions that are replicated). Beyond the paper, whose schedule is fixed."""
+    placements = np.atleast_2d(placements)
+    devices = placements.shape[1]
+    k = placements.max(axis=1) + 1
+    counts = np.stack([np.bincount(p, minlength=devices) for p in placements])
+    shape = np.stack([k / devices, counts.max(axis=1) / devices, (counts > 1).sum(axis=1) / k], axis=1)
+    x = torch.cat([h.mean(0, keepdim=True).expand(len(placements), -1), torch.as_tensor(shape, dtype=h.dtype)], 1)
+    return torch.log_softmax(agent.execution_score(x)[:, list(allowed)], dim=1)
+
+
+def action_logp(agent: Agent, h: torch.Tensor, inst: Instance, scheme: Scheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each placement's log-probability with its execution's, and the executions' entropy."""
+    placed = np.stack(scheme.placements)
+    logp = placement_logp(placement_logits(agent, h, scheme.part), placed)
+    ex = execution_logits(agent, h, placed, inst.allowed)
+    chosen = ex[torch.arange(len(placed)), torch.as_tensor(scheme.executions)]
+    return logp + chosen, -(ex.exp() * ex).sum(1)
+
+
 # -- sampling plans --------------------------------------------------------------------------
 
 class Instance:
@@ -271,6 +320,10 @@ class Instance:
         self.x = torch.as_tensor(node_features(graph))
         self.adj = torch.as_tensor(adjacency(graph))
         self.ancestors = Ancestors(graph)
+        unknown = [e for e in scorer.executions if e not in EXECUTIONS]
+        if unknown:
+            raise ValueError(f"drl-pp cannot choose {unknown} (it knows {list(EXECUTIONS)})")
+        self.allowed = tuple(EXECUTIONS.index(e) for e in scorer.executions)  # the scorer's, in its order
 
     def state(self) -> PartitionState:
         return PartitionState(self.graph, len(self.cluster), self.ancestors)
@@ -292,8 +345,12 @@ def sample_schemes(agent: Agent, inst: Instance, count: int, generator: torch.Ge
             k = int(scheme.part.max()) + 1
             for _ in range(cfg.resample_rounds):
                 drawn = sample_placements(logits, cfg.placements_per_scheme, generator)
+                ex = execution_logits(agent, h, drawn, inst.allowed)
+                chosen = torch.multinomial(ex.exp(), 1, generator=generator).squeeze(1)
                 scheme.placements.extend(drawn)
-                scheme.placement_logp.extend(placement_logp(logits, drawn).tolist())
+                scheme.executions.extend(chosen.tolist())
+                scheme.placement_logp.extend((placement_logp(logits, drawn) +
+                                              ex[torch.arange(len(drawn)), chosen]).tolist())
                 scheme.valid.extend(placement_valid(p, k) for p in drawn)
                 if sum(scheme.valid) >= cfg.placements_per_scheme:
                     break
@@ -308,7 +365,8 @@ def _score(schemes: list[Scheme], scorer: Scorer) -> None:
         s.rewards = [scorer.infeasible_reward] * len(s.placements)
         s.times = [np.inf] * len(s.placements)
     if rows:
-        res = scorer.score(np.stack([s.part for s, _ in rows]), np.stack([s.placements[j] for s, j in rows]))
+        res = scorer.score(np.stack([s.part for s, _ in rows]), np.stack([s.placements[j] for s, j in rows]),
+                           np.array([s.executions[j] for s, j in rows]))
         for (s, j), r, t in zip(rows, res.reward, res.iteration_s):
             s.rewards[j], s.times[j] = float(r), float(t)
 
@@ -316,11 +374,13 @@ def _score(schemes: list[Scheme], scorer: Scorer) -> None:
 # -- §3.4: PPO -------------------------------------------------------------------------------
 
 def ppo_update(agent: Agent, opt: torch.optim.Optimizer, inst: Instance, schemes: list[Scheme],
-               baseline: float) -> None:
+               baseline: float, entropy_coef: float | None = None) -> None:
     """Clipped PPO on the partitioner (each step of Algorithm 1, advantage: its scheme's
-    reward minus the baseline) and on the scheduler (each placement, advantage: its reward
-    minus the baseline), advantages divided by their spread in the batch."""
+    reward minus the baseline) and on the scheduler (each placement with its execution,
+    advantage: its reward minus the baseline), advantages divided by their spread in the
+    batch; an entropy bonus (``entropy_coef``, default ``cfg.entropy_coef``) on both."""
     cfg = agent.cfg
+    entropy_coef = cfg.entropy_coef if entropy_coef is None else entropy_coef
     adv_s = np.array([s.reward for s in schemes]) - baseline
     adv_p = np.concatenate([np.array(s.rewards) for s in schemes]) - baseline
     spread = max(float(np.concatenate([adv_s, adv_p]).std()), 1e-6)
@@ -330,9 +390,10 @@ def ppo_update(agent: Agent, opt: torch.optim.Optimizer, inst: Instance, schemes
     for _ in range(cfg.epochs):
         h = agent.encoder(inst.x, inst.adj)
         new_s, ent, owner = replay(agent, h, [s.trajectory for s in schemes])
-        new_p = [placement_logp(placement_logits(agent, h, s.part), np.stack(s.placements)) for s in schemes]
+        new_p, ent_p = zip(*(action_logp(agent, h, inst, s) for s in schemes))
+        entropy = (ent.mean() if len(ent) else 0.0) + torch.cat(ent_p).mean()
         loss = (_clipped(new_s, old_s, adv_s[owner], cfg.clip) if len(owner) else 0.0) + \
-            _clipped(torch.cat(new_p), old_p, adv_p, cfg.clip) - cfg.entropy_coef * (ent.mean() if len(ent) else 0.0)
+            _clipped(torch.cat(new_p), old_p, adv_p, cfg.clip) - entropy_coef * entropy
         opt.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
@@ -354,12 +415,13 @@ class Best:
     part: np.ndarray | None = None
     device_part: np.ndarray | None = None
     iteration_s: float = np.inf
+    execution: int = 0  # an index into the scorer's executions
 
     def offer(self, schemes: list[Scheme]) -> None:
         for s in schemes:
-            for p, r, t, ok in zip(s.placements, s.rewards, s.times, s.valid):
+            for p, e, r, t, ok in zip(s.placements, s.executions, s.rewards, s.times, s.valid):
                 if ok and r > self.reward:
-                    self.reward, self.part, self.device_part, self.iteration_s = r, s.part, p, t
+                    self.reward, self.part, self.device_part, self.iteration_s, self.execution = r, s.part, p, t, e
 
 
 def train(agent: Agent, inst: Instance, budget: Budget, progress: Progress | None = None,
@@ -375,7 +437,8 @@ def train(agent: Agent, inst: Instance, budget: Budget, progress: Progress | Non
         best.offer(schemes)
         mean = float(np.mean([s.reward for s in schemes]))
         baseline = mean if baseline is None else cfg.baseline_decay * baseline + (1 - cfg.baseline_decay) * mean
-        ppo_update(agent, opt, inst, schemes, baseline)
+        spent = budget.fraction(inst.scorer.evaluations)
+        ppo_update(agent, opt, inst, schemes, baseline, cfg.entropy_coef * (cfg.entropy_final / cfg.entropy_coef) ** spent)
         step += 1
         point = Point(step, budget.elapsed, inst.scorer.evaluations, mean, baseline, best.iteration_s)
         curve.add(point)

@@ -16,10 +16,9 @@ from ...learn.harness import (Budget, Curve, Progress, check_state, checkpoint, 
 from ...learn.scoring import Scorer
 from ...plan import Plan
 from ..base import PlanOptions
-from .ppo import Agent, Best, Config, Instance, new_agent, sample_best, train
+from .ppo import EXECUTIONS, SYNCHRONOUS, Agent, Best, Config, Instance, new_agent, sample_best, train
 
 AGENT = "drl-pp"
-REPLICAS = "round-robin"  # a partition on several accelerators is data-parallel (§3.3, PipeDream's)
 
 
 @dataclass
@@ -35,20 +34,34 @@ class Trained:
     checkpoint: dict
 
 
-def instance(graph: Graph, cluster: Cluster, options: PlanOptions, replicas: str = REPLICAS,
+def executions(schedule: str | None, replicas: str | None) -> tuple[tuple[str, str], ...]:
+    """What the agent chooses among: the named schedule, else every synchronous one (the
+    asynchronous pipeline changes what training computes, so it is chosen only by name);
+    with the named replica mode, else both (whole microbatches in turn, PipeDream's and
+    the paper's, or each microbatch split across a partition's accelerators)."""
+    pool = [e for e in EXECUTIONS if e[0] == schedule] if schedule else list(SYNCHRONOUS)
+    if not pool:
+        names = sorted({e[0] for e in EXECUTIONS})
+        raise PipeplanError(f"drl-pp: schedule {schedule!r} is not one it can choose (it knows {', '.join(names)})")
+    return tuple(e for e in pool if replicas in (None, e[1]))
+
+
+def instance(graph: Graph, cluster: Cluster, options: PlanOptions, replicas: str | None = None,
              runner: Callable[[Plan], float] | None = None) -> Instance:
     """The training instance: plans scored by the simulator, or with ``runner`` (a plan's
     measured seconds per iteration, ``runtime.measure.plan_runner``) by running them, as
     DRL-PP §3.4 scores plans in the real environment (``learn.env.RuntimeScorer``: each
-    distinct plan run once; the simulator still says which plans cannot run or fit)."""
-    schedule = options.schedule or "1f1b"
+    distinct plan run once; the simulator still says which plans cannot run or fit); under
+    the ``executions`` the options allow."""
+    allowed = executions(options.schedule, replicas)
+    schedule, mode = allowed[0]
     if runner is not None:
         from ...learn.env import RuntimeScorer
 
-        return Instance(graph, cluster, RuntimeScorer(graph, cluster, options.microbatches, runner, schedule, replicas,
-                                                      options.optimizer))
-    return Instance(graph, cluster, Scorer(graph, cluster, options.microbatches, schedule, replicas,
-                                           options.optimizer))
+        return Instance(graph, cluster, RuntimeScorer(graph, cluster, options.microbatches, runner, schedule, mode,
+                                                      options.optimizer, allowed))
+    return Instance(graph, cluster, Scorer(graph, cluster, options.microbatches, schedule, mode, options.optimizer,
+                                           allowed))
 
 
 def load_agent(path: str, devices: int, seed: int) -> Agent:
@@ -67,7 +80,7 @@ def load_agent(path: str, devices: int, seed: int) -> Agent:
 
 def train_agent(graph: Graph, cluster: Cluster, options: PlanOptions, budget: Budget, seed: int = 0,
                 init: str | None = None, progress: Progress | None = None, command: str = "",
-                replicas: str = REPLICAS, runner: Callable[[Plan], float] | None = None) -> Trained:
+                replicas: str | None = None, runner: Callable[[Plan], float] | None = None) -> Trained:
     """Train DRL-PP on (graph, cluster) within ``budget``, from a checkpoint ``init`` or from
     scratch, on the simulator's rewards or, with ``runner``, on measured ones (``instance``);
     the result holds the checkpoint to save."""
@@ -77,7 +90,7 @@ def train_agent(graph: Graph, cluster: Cluster, options: PlanOptions, budget: Bu
     best, curve = train(agent, inst, budget, progress)
     plan = _plan(inst, best)
     trained_on = {"model": graph.name, "cluster": cluster.name, "devices": len(cluster),
-                  "microbatches": options.microbatches, "schedule": options.schedule or "1f1b", "replicas": replicas,
+                  "microbatches": options.microbatches, "executions": [list(e) for e in inst.scorer.executions],
                   "evaluations": inst.scorer.evaluations, "seconds": budget.elapsed,
                   "best_iteration_s": best.iteration_s, "from": init, "command": command,
                   "rewards": "measured" if runner is not None else "simulated",
@@ -88,13 +101,13 @@ def train_agent(graph: Graph, cluster: Cluster, options: PlanOptions, budget: Bu
 def _plan(inst: Instance, best: Best) -> Plan:
     if best.part is None:
         raise PipeplanError(f"drl-pp: no valid placement sampled for {inst.graph.name!r} on {inst.cluster.name!r}")
-    plan = inst.scorer.plan(best.part, best.device_part)
+    plan = inst.scorer.plan(best.part, best.device_part, best.execution)
     plan.planner = AGENT
     return plan
 
 
 def plan_with_agent(graph: Graph, cluster: Cluster, options: PlanOptions, path: str | None,
-                    budget: Budget | None, seed: int, samples: int, replicas: str = REPLICAS) -> Plan:
+                    budget: Budget | None, seed: int, samples: int, replicas: str | None = None) -> Plan:
     """The planner: train from scratch or fine-tune within ``budget``, or only sample from
     the checkpoint ``path`` (no budget); then ``samples`` schemes from the agent. The best
     scored plan seen wins; its ``extra`` says how it was found."""
