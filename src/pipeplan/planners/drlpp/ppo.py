@@ -1,8 +1,9 @@
 """DRL-PP (drl-pp.txt): a PPO agent that partitions a model's DAG and places the partitions.
 
 One module, top to bottom: the hyper-parameters (``Config``), the agent (graph encoder §3.1,
-recurrent partitioner §3.2 / Algorithm 1, pipeline scheduler §3.3), how it samples a plan,
-and the PPO loop that trains the three parts jointly (§3.4). Choices the paper leaves open
+recurrent partitioner §3.2 / Algorithm 1, pipeline scheduler §3.3, and beyond the paper an
+execution head choosing the schedule and replica mode), how it samples a plan, and the PPO
+loop that trains the parts jointly (§3.4). Choices the paper leaves open
 are in ``Config`` and in docs/drlpp.md.
 """
 
