@@ -7,7 +7,7 @@ this process; the second run's wall time is its warm planning time. The budget i
 budget. Also reported: each plan's simulated iteration time and whether it fits, and the
 gap of each plan to the best any planner found (given all the time it took). Clusters: 4
 servers of 8 A100s (32 GPUs, the most the agent's topology input holds) and 32 servers of 8
-(256 GPUs, which the agent refuses, so spp wins there by default if it plans at all).
+(256 GPUs, which the agent refuses). A refusal's reason is listed under the table.
 
     python benchmarks/automap/large.py [--out DIR]
 
@@ -94,6 +94,9 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         lines.append(f"| {r['model']} | {r['cluster']} | {r['nodes']:,} | " +
                      " | ".join(_cell(r["planners"][p]) for p in PLANNERS) + f" | {verdict(r)} |")
+    lines += ["", "Refusals:", ""]
+    lines += [f"- {r['model']} on {r['cluster']}, {p}: {r['planners'][p]['error']}"
+              for r in rows for p in PLANNERS if "error" in r["planners"][p]]
     return "\n".join(lines) + "\n"
 
 
