@@ -65,7 +65,7 @@ def _drop(section: str | None, key: Any) -> Callable[[dict], None]:
 
 def _wrong_type(value: Any) -> Any:
     """A value of another type than ``value``'s."""
-    return "x" if isinstance(value, (int, float, list, tuple)) and not isinstance(value, bool) else 3
+    return "x" if value is None or isinstance(value, (int, float, list, tuple)) and not isinstance(value, bool) else 3
 
 
 def mutations(data: dict, reads: tuple[str, ...]) -> Iterator[Mutation]:

@@ -459,6 +459,11 @@ def load_agent(path: str | Path | None = None) -> Policy:
     return _policy(str(path), st.st_mtime_ns, st.st_size)
 
 
+def agent_loads() -> int:
+    """How many checkpoints this process has loaded (each version of a file once)."""
+    return _policy.cache_info().misses
+
+
 @lru_cache(maxsize=4)
 def _policy(path: str, mtime_ns: int, size: int) -> Policy:
     found = load_twin(Path(path), POINTS, FEATURES, InferEnv.OBS)
