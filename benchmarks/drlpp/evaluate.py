@@ -74,8 +74,8 @@ MODELS = {"gnmt (48 layers)": str(PROFILES / "gnmt"), "bert-48": "zoo:bert-48", 
 
 
 def instances() -> list[tuple[str, Graph, str, Cluster]]:
-    """Every model on 8 GPUs; GNMT also on 16 heterogeneous GPUs (on 16 GPUs an agent's
-    training takes minutes a seed, and the same-wall-clock searches as long again)."""
+    """Every model on 8 GPUs; GNMT also on 16 heterogeneous GPUs (a run with every model on 16
+    GPUs had not finished BERT-48's row after 33 minutes)."""
     cs = clusters()
     pairs = [(m, "8 x V100 (2 servers)") for m in MODELS] + [("gnmt (48 layers)", "16 hetero (4 servers)")]
     return [(m, load_graph(MODELS[m]), c, cs[c]) for m, c in pairs if m in MODELS]
