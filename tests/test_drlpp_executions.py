@@ -57,6 +57,7 @@ def test_the_searches_choose_the_execution_too(search):
     assert res.iteration_s == pytest.approx(best_any, rel=1e-9)  # 300 plans: its plan's best execution
 
 
+@pytest.mark.slow  # 400 plans scored: about 9 s
 def test_the_agent_learns_the_execution_that_pays():
     """A runner makes every plan 5x slower unless it runs zb-h1 with split replicas: training
     raises the policy's share of that execution well above its untrained share."""
