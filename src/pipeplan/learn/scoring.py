@@ -50,7 +50,6 @@ class Scorer:
         self.graph, self.cluster = graph, cluster
         self.executions = tuple(executions) if executions else ((schedule, replicas),)
         self.microbatches, self.optimizer = microbatches, optimizer
-        self.schedule, self.replicas = self.executions[0]
         self.evaluators: dict[tuple[int, int], BatchEvaluator] = {}
         self.evaluations = 0
         serial = float(graph.fwd.sum() + graph.bwd.sum()) * microbatches
