@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 
 from pipeplan.cluster import hierarchical, load_cluster
+from pipeplan.errors import PipeplanError
 from pipeplan.graph import Graph, load_graph
 from pipeplan.planners import PlanOptions, run_planner
 from pipeplan.planners.automap.arrays import POINTS, Instance, coarsen, from_graph, real_plan, topology
 from pipeplan.planners.automap.coarse_optimum import lower_bounds, optimum
 from pipeplan.planners.automap.enumerate import plans
-from pipeplan.planners.automap.infer import SHIPPED, InferEnv, beam, generated, load_agent
+from pipeplan.planners.automap.infer import SHIPPED, InferEnv, beam, load_agent
+from pipeplan.planners.automap.training_data import generated
 from pipeplan.planners.automap.problem import CutProblem
 from pipeplan.sim import simulate
 
@@ -117,7 +119,7 @@ def test_env_alternates_boundaries_and_device_cuts_under_masks() -> None:
     k = inst.stages
     assert info["action_mask"][0] == 0 and info["action_mask"][1] and not info["action_mask"][POINTS - 1]
     obs, _, done, _, info = env.step(40)
-    assert not done and info["action_mask"].sum() == inst.devices - 1 - (k - 2)
+    assert not done and info["action_mask"].sum() == inst.units - 1 - (k - 2)
     assert not info["action_mask"][inst.devices - (k - 1) + 1:].any()
     obs, _, done, _, info = env.step(1)
     if k > 2:
@@ -312,3 +314,77 @@ def test_on_thousands_of_operators_the_agent_plans_where_spp_refuses() -> None:
     assert len(plan.stages) == 4 and result.iteration_s > 0
     with pytest.raises(Infeasible, match=r"spp: 2,697 layers .* would take it about"):
         run_planner("spp", graph, cluster, PlanOptions(microbatches=16))
+
+
+# -- beyond 32 GPUs: device cuts by whole servers ----------------------------------------------
+
+def _chain(n: int, seed: int) -> Graph:
+    """A chain whose layers' backward is twice their forward, as the abstract problem has it."""
+    from pipeplan.graph.model import NodeSpec
+
+    rng = np.random.default_rng(seed)
+    fwd = rng.uniform(1e-3, 3e-3, n)
+    nodes = [NodeSpec(f"l{i}", fwd[i], 2 * fwd[i], float(rng.uniform(1e6, 5e7)), float(rng.uniform(1e6, 2e7)))
+             for i in range(n)]
+    return Graph.from_nodes("chain", nodes, [(f"l{i}", f"l{i + 1}") for i in range(n - 1)])
+
+
+def test_beyond_32_gpus_device_cuts_count_whole_servers_and_the_value_is_the_real_simulation() -> None:
+    """On 8 servers of 8 GPUs the agent cuts in units of one server: unit cuts (1, 4, 6) are
+    GPU cuts (8, 32, 48), and the coarse value times the common maximum is the real model's
+    simulated iteration on those GPUs (a chain whose backward is twice its forward, as the
+    abstract problem splits compute)."""
+    g = _chain(300, 0)
+    c = hierarchical("8x8", 8, 8, 400e9, 25e9, kind="V100")
+    inst = from_graph(g, c, 8, 4)
+    assert (inst.unit, inst.units, inst.devices) == (8, 8, 64)
+    bounds, dcuts = [30, 60, 90], [1, 4, 6]
+    plan = real_plan(g, c, inst, bounds, dcuts, 8)
+    assert [s.devices[0] for s in plan.stages] == ["s0g0", "s1g0", "s4g0", "s6g0"]
+    assert [len(s.devices) for s in plan.stages] == [8, 24, 16, 16]
+    real = simulate(plan).iteration_s
+    assert inst.values(np.array([bounds]), np.array([dcuts]))[0] * inst.scale == pytest.approx(real, rel=1e-9)
+
+
+def test_unit_cuts_coarse_optimum_equals_brute_force_and_the_env_masks_units() -> None:
+    """The exact search over unit cuts against brute force on a 6-server (48 GPU) instance;
+    the environment offers device cuts 1..units-1 only."""
+    rng = np.random.default_rng(3)
+    topo = topology(hierarchical("6x8", 6, 8, 400e9, 40e9, kind="V100"))
+    c, a, w, pos, top = coarsen(rng.random(12), np.concatenate(([0], rng.random(11), [0])) * 0.2,
+                                rng.random(12) * 0.3, points=13)
+    inst = Instance(c, a, w, topo, 4, 3, pos, top, unit=8)
+    combos = [(b, d) for b in itertools.combinations(range(1, 12), 2) for d in itertools.combinations(range(1, 6), 2)]
+    best = inst.values(np.array([b for b, _ in combos]), np.array([d for _, d in combos])).min()
+    assert optimum(inst).value == pytest.approx(best, rel=1e-12)
+    c, a, w, pos, top = coarsen(rng.random(400), np.concatenate(([0], rng.random(399), [0])) * 0.05,
+                                rng.random(400) * 0.02)
+    env = InferEnv()
+    env.use(Instance(c, a, w, topo, 8, 3, pos, top, unit=8))
+    env.load([30], [])
+    assert np.flatnonzero(env.mask()).tolist() == [1, 2, 3, 4]  # one unit left for the last stage
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("hier:servers=37,gpus=1,intra=100Gbps,inter=100Gbps", "37 servers cannot be grouped into 2 to 32 equal units"),
+    ("hier:servers=5,gpus=8,intra=100Gbps,inter=10Gbps", None),
+])
+def test_unit_choice_and_refusal(spec: str, message: str | None) -> None:
+    cluster = load_cluster(spec)
+    graph = load_graph("zoo:bert-large?layers=4")
+    if message is None:
+        assert from_graph(graph, cluster, 4, 2).unit == 8
+        return
+    with pytest.raises(PipeplanError, match=message):
+        from_graph(graph, cluster, 4, 2)
+
+
+def test_on_256_gpus_the_agent_plans_on_server_boundaries() -> None:
+    """32 servers of 8 GPUs: the shipped agent plans at most 8 stages (its K), each on whole
+    servers."""
+    graph = load_graph("zoo:bert-large?layers=24")
+    cluster = load_cluster("hier:servers=32,gpus=8,intra=2400Gbps,inter=200Gbps,kind=A100")
+    plan, result = run_planner("automap-infer", graph, cluster, PlanOptions(microbatches=16))
+    assert 2 <= len(plan.stages) <= 8 and result.iteration_s > 0
+    assert all(len(s.devices) % 8 == 0 and s.devices[0].endswith("g0") for s in plan.stages)
+    assert sum(len(s.devices) for s in plan.stages) == 256

@@ -101,7 +101,7 @@ def test_train_measured_runs_plans_for_real(tmp_path, capsys):
     worker processes, the checkpoint saying its rewards were measured and how many runs."""
     out = tmp_path / "m.pt"
     assert main(["train", "drl-pp", "--measured", "--model", "example:tiny", "--cluster",
-                 "hier:servers=1,gpus=2,intra=10Gbps,inter=10Gbps", "--evaluations", "8", "--out", str(out),
+                 "hier:servers=1,gpus=2,intra=10Gbps,inter=10Gbps", "--evaluations", "3", "--out", str(out),
                  "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["rewards"] == "measured" and 1 <= summary["runs"] <= summary["evaluations"]

@@ -177,7 +177,15 @@ def option_cases() -> list[Case]:
             at = base.index("{plan}")
             cases += input_cases(f"{command} PLAN", lambda p, b=base, i=at: b[:i] + [p] + b[i + 1:], "plan",
                                  contents=command == "simulate")
-    return cases + planner_option_cases()
+    return cases + planner_option_cases() + schedule_cases()
+
+
+def schedule_cases() -> list[Case]:
+    """A schedule DRL-PP cannot choose (its actions hold the synchronous flushes and
+    PipeDream's asynchronous pipeline), given to the planner and to its training."""
+    plan = _with(_with(BASE["plan"], "--planner", "drl-pp"), "--schedule", "zb-v")
+    return [Case("plan --planner drl-pp --schedule zb-v", tuple(plan), planner_runs=True),
+            Case("train --schedule zb-v", tuple(_with(BASE["train"], "--schedule", "zb-v")), planner_runs=True)]
 
 
 def planner_option_cases() -> list[Case]:
@@ -501,6 +509,7 @@ KEY_CASES = {
     "plan --schedule empty", "compare --planners empty", "dynamic --devices empty", "compare --planners list 'gpipe,'",
     f"train --seed {10**20}", "dynamic --seed -1", f"plan --planner joint -O seed={10**20}",
     "plan --planner drl-pp -O checkpoint=empty", "profile --threads 100000", "dynamic --threads 100000",
+    "plan --planner drl-pp --schedule zb-v", "train --schedule zb-v",
 }
 #: The fast share of the corpus (``-m "not slow"``): the key cases, every other of the rest
 #: but the bulk, one in 15 of those.

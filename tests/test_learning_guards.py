@@ -81,24 +81,14 @@ def test_drl_pps_reward_is_minus_the_log_of_the_simulated_iteration():
 
 # -- the shipped Auto-MAP checkpoint ------------------------------------------------------------
 
-def equal_compute(inst) -> float:
-    """The value of a rule anyone could write: K stages of equal compute (cuts at the points
-    nearest j/K of the prefix sum C), each on an equal share of the devices in order."""
-    k, n = inst.stages, inst.devices
-    points = np.arange(1, inst.C.size - 1)
-    bounds = [int(points[np.argmin(np.abs(inst.C[points] - j / k * inst.C[-1]))]) for j in range(1, k)]
-    if len(set(bounds)) < len(bounds):
-        return math.inf
-    return float(inst.values(np.array([bounds]), np.array([[round(j * n / k) for j in range(1, k)]]))[0])
-
-
 def test_the_shipped_checkpoint_beats_random_weights_and_the_equal_compute_rule():
     """On 12 fixed instances (zoo models and generated arrays, 2-32 devices), at the
     planner's default beam: the geometric mean of the shipped agent's iteration over the rule's
     is below 1, and random weights of the same network are far worse than the agent."""
     from pipeplan.learn.dqn import q_network
     from pipeplan.planners.automap import InferOptions
-    from pipeplan.planners.automap.infer import POINTS, InferEnv, beam, config, generated, load_agent, zoo_instance
+    from pipeplan.planners.automap.infer import POINTS, InferEnv, beam, config, load_agent
+    from pipeplan.planners.automap.training_data import generated, zoo_instance
     from pipeplan.planners.automap.policy import torch_policy
 
     torch.manual_seed(0)
@@ -109,7 +99,7 @@ def test_the_shipped_checkpoint_beats_random_weights_and_the_equal_compute_rule(
         inst = generated(rng) if seed % 2 else zoo_instance(rng)
         ours.append(beam(shipped, InferEnv(), inst, width).value)
         theirs.append(beam(random, InferEnv(), inst, width).value)
-        rule.append(equal_compute(inst))
+        rule.append(inst.equal_compute())
     ours, theirs, rule = map(np.array, (ours, theirs, rule))
     assert np.exp(np.mean(np.log(ours / rule))) < 1.0
     assert np.exp(np.mean(np.log(theirs / ours))) > 1.5

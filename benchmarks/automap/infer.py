@@ -86,7 +86,7 @@ def random_search(inst, seconds: float | None = None, plans: int | None = None, 
     while (plans is None or scored < plans) and (seconds is None or time.perf_counter() - t0 < seconds):
         n = min(64, plans - scored) if plans else 64
         bounds = np.sort(points[np.argsort(rng.random((n, points.size)), axis=1)[:, :k]], axis=1)
-        dcuts = np.sort(1 + np.argsort(rng.random((n, inst.devices - 1)), axis=1)[:, :k], axis=1)
+        dcuts = np.sort(1 + np.argsort(rng.random((n, inst.units - 1)), axis=1)[:, :k], axis=1)
         best = min(best, float(inst.values(bounds, dcuts).min()))
         scored += n
     return {"value": best, "plans": scored}

@@ -6,8 +6,8 @@ this process; the second run's wall time is its warm planning time. The budget i
 ``automap-infer``'s warm time: a planner whose warm time is over it has no plan at that
 budget. Also reported: each plan's simulated iteration time and whether it fits, and the
 gap of each plan to the best any planner found (given all the time it took). Clusters: 4
-servers of 8 A100s (32 GPUs, the most the agent's topology input holds) and 32 servers of 8
-(256 GPUs, which the agent refuses). A refusal's reason is listed under the table.
+servers of 8 A100s (32 GPUs, where the agent cuts GPU by GPU), 32 and 64 servers of 8 (256
+and 512 GPUs, where it cuts by whole servers). A refusal's reason is listed under the table.
 
     python benchmarks/automap/large.py [--out DIR]
 
@@ -31,7 +31,8 @@ from _results import add_out_argument, write_json, write_markdown  # noqa: E402
 
 MODELS = ["zoo:bert-48?granularity=op", "zoo:t5-11b?granularity=op", "zoo:bert-large?layers=192&granularity=op"]
 CLUSTERS = {"32 x A100 (4 servers)": "hier:servers=4,gpus=8,intra=2400Gbps,inter=200Gbps,kind=A100",
-            "256 x A100 (32 servers)": "hier:servers=32,gpus=8,intra=2400Gbps,inter=200Gbps,kind=A100"}
+            "256 x A100 (32 servers)": "hier:servers=32,gpus=8,intra=2400Gbps,inter=200Gbps,kind=A100",
+            "512 x A100 (64 servers)": "hier:servers=64,gpus=8,intra=2400Gbps,inter=200Gbps,kind=A100"}
 PLANNERS = ("automap-infer", "spp", "gpipe")
 MICROBATCHES = 16
 

@@ -142,7 +142,7 @@ def cmd_train(args) -> int:
     import shlex
 
     from ..learn.harness import Budget, load_checkpoint, save_bytes
-    from ..planners.drlpp.run import train_agent
+    from ..planners.drlpp.run import executions, train_agent
     from .report import print_plan
     from ..sim import simulate
     from ..units import parse_duration
@@ -174,6 +174,7 @@ def cmd_train(args) -> int:
         raise PipeplanError("train: --data is an option of automap-infer, which trains on generated problems")
     if not args.model or not args.cluster:
         raise PipeplanError(f"train {args.agent}: --model and --cluster are required")
+    executions(args.schedule, None)  # a schedule the agent cannot choose: refused before any run or calibration
     graph, cluster, runner = _measured_inputs(args) if args.measured else (*_load_inputs(args), None)
     with training_progress(f"training {args.agent}") as progress:
         trained = train_agent(graph, cluster, _options(args), budget, args.seed, args.init, progress, command,
@@ -708,9 +709,10 @@ def _add_train_parser(sub) -> None:
                                       "generated problems); save a checkpoint")
     sp.add_argument("agent", metavar="NAME", help=f"the learning planner: {', '.join(LEARNING_PLANNERS)}")
     _model_cluster(sp, required=False)
-    sp.add_argument("--data", choices=["mix", "generated", "cnn"], default=None,
-                    help="automap-infer's training problems: generated and zoo models (mix, the default), "
-                         "generated only, or the zoo's CNNs (the paper's CNN fine-tuning)")
+    sp.add_argument("--data", choices=["mix", "wide", "generated", "cnn"], default=None,
+                    help="automap-infer's training problems: generated and zoo models (mix, the default), the same "
+                         "with decoder LLMs, random graphs and clusters of up to 512 GPUs (wide), generated only, or "
+                         "the zoo's CNNs (the paper's CNN fine-tuning)")
     sp.add_argument("--schedule", default=None, help=f"{', '.join(_schedule_names())} (default 1f1b)")
     sp.add_argument("--budget", default=None, help="a wall-clock cap, e.g. 90s, 3m, 1h (alone: the only limit; "
                                                    "not reproducible across machines)")

@@ -93,7 +93,7 @@ class InferOptions:
     checkpoint: str | None = field(default=None, metadata={
         "help": "a checkpoint from `pipeplan train automap-infer` (default: the one shipped with pipeplan)"})
     stages: int | None = field(default=None, metadata={"min": 2, "help": (
-        "K, the number of stages (default: one per server, at least 2)")})
+        "K, the number of stages (default: one per server, at least 2, at most 8)")})
     beam: int = field(default=16, metadata={"min": 1, "help": (
         "partial plans kept per step, ranked by the agent; the complete ones are scored with the value "
         "function and the best kept (1: the paper's greedy plan)")})
@@ -106,14 +106,14 @@ def plan_automap_infer(graph: Graph, cluster: Cluster, options: PlanOptions) -> 
     """Coarsen the model to 128 points (§4.5.1), let the trained agent pick K-1 boundaries
     and device cuts (greedily, or keeping a beam of its best partial plans), and map them
     back to the model."""
-    from .arrays import from_graph, real_plan
+    from .arrays import MAX_STAGES, from_graph, real_plan
     from .infer import InferEnv, agent_loads, beam, load_agent
 
     opts = options.settings_of(InferOptions)
     if options.schedule not in (None, "1f1b", "gpipe"):
         raise PipeplanError(f"automap-infer: schedule {options.schedule!r} is not a synchronous pipeline "
                             "(use 1f1b or gpipe)")
-    inst = from_graph(graph, cluster, options.microbatches, opts.stages or default_stages(cluster))
+    inst = from_graph(graph, cluster, options.microbatches, opts.stages or min(default_stages(cluster), MAX_STAGES))
     t0, loads = time.perf_counter(), agent_loads()
     policy = load_agent(opts.checkpoint)  # torch and the agent: once a process
     setup_s = time.perf_counter() - t0 if agent_loads() > loads else 0.0  # 0: it was loaded already
@@ -124,7 +124,7 @@ def plan_automap_infer(graph: Graph, cluster: Cluster, options: PlanOptions) -> 
     order = linearize(graph).order
     after = [graph.ids[int(order[c - 1])] for c in cuts]
     plan.extra = {"automap-infer": {"cuts": cuts, "nodes": len(graph), "after": after,
-                                    "layers": [layer_of(a) for a in after], "device_cuts": found.dcuts,
+                                    "layers": [layer_of(a) for a in after], "device_cuts": [d * inst.unit for d in found.dcuts],
                                     "boundaries": found.bounds, "granularity": 128, "beam": opts.beam,
                                     "checkpoint": opts.checkpoint or "shipped", "inference_s": found.seconds,
                                     "setup_s": setup_s}}

@@ -2,7 +2,7 @@
 of the zero-shot agent, by branch and bound over every (boundaries, device cuts) pair.
 
 Plans are boundary tuples among the points at distinct real positions times device-cut
-tuples. A device tuple is dropped whole when its best bottleneck over all boundaries
+tuples (device cuts in the instance's units). A device tuple is dropped whole when its best bottleneck over all boundaries
 (``M c_k / n_k``, by a parametric search) cannot beat the incumbent; for the others every
 boundary tuple gets the pipeline lower bound of ``bounds.py`` and those below the incumbent
 are evaluated, in order of their bound, until the bound reaches the best value found.
@@ -46,7 +46,7 @@ def lower_bounds(inst: Instance, bounds: np.ndarray, dcuts: np.ndarray) -> np.nd
     """``bounds.pipeline_lower_bound`` of boundary rows (T, K-1) on one device tuple (K-1,)."""
     t, n_dev, topo = len(bounds), inst.devices, inst.topology
     edges = np.concatenate([np.zeros((t, 1), dtype=np.int64), bounds, np.full((t, 1), inst.C.size - 1)], axis=1)
-    devs = [0, *[int(d) for d in dcuts], n_dev]
+    devs = [0, *[int(d) * inst.unit for d in dcuts], n_dev]
     sizes = np.diff(devs).astype(float)
     work = np.diff(inst.C[edges], axis=1) / sizes[None, :]
     ar_unit = _ar_units(inst, dcuts)
@@ -59,7 +59,7 @@ def lower_bounds(inst: Instance, bounds: np.ndarray, dcuts: np.ndarray) -> np.nd
 
 def _ar_units(inst: Instance, dcuts: np.ndarray) -> np.ndarray:
     """All-reduce seconds per normalized byte of each stage's device group (ring, SPP Eq. 1)."""
-    devs = [0, *[int(d) for d in dcuts], inst.devices]
+    devs = [0, *[int(d) * inst.unit for d in dcuts], inst.devices]
     return np.array([2 * (b - a - 1) / (b - a) / inst.topology[a:b, a:b].min() if b - a > 1 else 0.0
                      for a, b in zip(devs, devs[1:])])
 
@@ -90,8 +90,8 @@ def optimum(inst: Instance, chunk: int = 2048) -> CoarseOptimum:
     tuples = np.array(list(itertools.combinations(pts.tolist(), k - 1)), dtype=np.int64)
     if len(tuples) > MAX_PLANS:
         raise PipeplanError(f"{inst.name}: {len(tuples):,} boundary tuples; the exact search holds {MAX_PLANS:,}")
-    dtuples = np.array(list(itertools.combinations(range(1, n_dev), k - 1)), dtype=np.int64)
-    sizes = np.diff(np.concatenate([np.zeros((len(dtuples), 1), dtype=np.int64), dtuples,
+    dtuples = np.array(list(itertools.combinations(range(1, inst.units), k - 1)), dtype=np.int64)  # in units
+    sizes = np.diff(np.concatenate([np.zeros((len(dtuples), 1), dtype=np.int64), dtuples * inst.unit,
                                     np.full((len(dtuples), 1), n_dev)], axis=1), axis=1).astype(float)
     neck = np.array([best_bottleneck(inst, s, _ar_units(inst, d)) for s, d in zip(sizes, dtuples)])
     best, best_b, best_d, evaluated = np.inf, [], [], 0

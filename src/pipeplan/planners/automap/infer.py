@@ -1,11 +1,9 @@
 """Auto-MAP's pipeline planning by online inference (auto-map.txt §3.5, §4.5): a DQN trained
 once on generated array-partition problems, then asked for any model zero-shot.
 
-Training data (§4.5.1 "Data Generation"): instances whose C, A, W are drawn from uniform,
-normal and binomial distributions (plus, with ``data="mix"``, the zoo's training models),
-each through the same prefix-sum / coarsen / normalize steps as a real model; each instance
-is played ``EPISODES_PER_INSTANCE`` = 50 times (§3.5.3). Clusters are drawn too (1-4
-servers of 4 or 8 GPUs, links between servers 2-100x slower), and so are K and M.
+Training data (§4.5.1 "Data Generation", ``training_data.py``): generated arrays and the zoo's
+training models on random clusters (``wide``: with LLMs, random graphs and up to 512 GPUs);
+each instance is played ``EPISODES_PER_INSTANCE`` = 50 times (§3.5.3).
 
 State (§4.5.2): C*, A*, W*, the topology matrix and the partition so far, arranged per
 action (``InferEnv``): each of the 128 actions gets a row of features computed from those
@@ -29,49 +27,15 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ...errors import PipeplanError
-from .arrays import MAX_DEVICES, POINTS, Instance, coarsen
+from .arrays import MAX_DEVICES, MAX_STAGES, POINTS, Instance
 from .policy import NumpyQ, Policy, load_twin, torch_policy
+from .training_data import generated, sampler
 
 if TYPE_CHECKING:
     from ...learn.dqn import Config
 
 EPISODES_PER_INSTANCE = 50      # §3.5.3
-MAX_STAGES = 8
-DISTRIBUTIONS = ("uniform", "normal", "binomial")
 SHIPPED = Path(__file__).with_name("automap-infer.pt")
-
-
-# -- training data ------------------------------------------------------------------------------
-def _draw(rng: np.random.Generator, dist: str, n: int) -> np.ndarray:
-    if dist == "uniform":
-        return rng.random(n)
-    if dist == "normal":
-        return np.clip(rng.normal(0.5, 0.2, n), 0.0, 1.0)
-    return rng.binomial(10, rng.uniform(0.1, 0.9), n) / 10.0
-
-
-def random_topology(rng: np.random.Generator) -> tuple[np.ndarray, int]:
-    """A hierarchical cluster's normalized bandwidths and its number of servers."""
-    servers = int(rng.integers(1, 5))
-    gpus = int(rng.choice([4, 8])) if servers > 1 else int(rng.choice([2, 4, 8]))
-    inter = 10 ** rng.uniform(-2, np.log10(0.5))
-    server = np.repeat(np.arange(servers), gpus)
-    topo = np.where(server[:, None] == server[None, :], 1.0, inter)
-    return topo, servers
-
-
-def generated(rng: np.random.Generator, dist: str | None = None) -> Instance:
-    """One generated instance (§4.5.1): C, A, W from one distribution, random relative
-    scales (compute- to communication-bound), a random cluster, K and M."""
-    dist = dist or str(rng.choice(DISTRIBUTIONS))
-    n = int(rng.integers(POINTS, 4000))
-    compute = _draw(rng, dist, n)
-    act = np.concatenate(([0.0], _draw(rng, dist, n - 1), [0.0])) * 10 ** rng.uniform(-3, 0)
-    params = _draw(rng, dist, n) * (rng.random(n) < rng.uniform(0.05, 0.6)) * 10 ** rng.uniform(-3, 0)
-    topo, servers = random_topology(rng)
-    stages = servers if servers > 1 else int(rng.integers(2, 5))
-    c, a, w, pos, top = coarsen(compute, act, params)
-    return Instance(c, a, w, topo, int(rng.choice([4, 8, 16, 32])), min(stages, topo.shape[0]), pos, top, dist)
 
 
 # -- environment ---------------------------------------------------------------------------------
@@ -91,7 +55,8 @@ class InferEnv:
     from those inputs, then ``GLOBALS`` numbers. Boundary at point i (stage j closes there):
     the stage's compute share and the mean share left to each later stage (both x K), the
     activation crossing i over the stage's compute, the stage's and the rest's parameter
-    shares. Device cut at d (stage j gets devices [d_prev, d)): its device share over its
+    shares. Device cut at d (stage j gets units [d_prev, d) of ``inst.unit`` GPUs, one GPU up
+    to 32, whole servers beyond; shares below count GPUs): its device share over its
     compute share, the same for the rest, its all-reduce time over the ideal iteration, how
     much slower its slowest inner link is than the fastest, whether d is on a server
     boundary, its per-device compute over the ideal. Last column: the action is valid.
@@ -130,7 +95,7 @@ class InferEnv:
         else:
             last = self.dcuts[-1] if self.dcuts else 0
             d = np.arange(POINTS)
-            ok = (d > last) & (d <= inst.devices - (inst.stages - 1 - j))
+            ok = (d > last) & (d <= inst.units - (inst.stages - 1 - j))
         return ok
 
     def ideal(self) -> float:
@@ -154,18 +119,20 @@ class InferEnv:
         return f * valid[:, None]
 
     def _device_rows(self, j: int) -> np.ndarray:
-        inst, n_dev = self.inst, self.inst.devices
+        """Device cut d (in units of ``inst.unit`` GPUs; GPU counts below are in GPUs)."""
+        inst, n_dev, u = self.inst, self.inst.devices, self.inst.unit
         start = self.bounds[j - 1] if j else 0
-        d_prev = self.dcuts[-1] if self.dcuts else 0
+        g_prev = (self.dcuts[-1] if self.dcuts else 0) * u
         share, rest = self.frac[self.bounds[j]] - self.frac[start], 1 - self.frac[self.bounds[j]]
         w_stage = inst.W[self.bounds[j]] - inst.W[start]
         out = np.zeros((POINTS, 6))
-        for d in range(d_prev + 1, n_dev):
-            n = d - d_prev
-            inner = float(inst.topology[d_prev:d, d_prev:d].min())
+        for d in range(g_prev // u + 1, inst.units):
+            g = d * u
+            n = g - g_prev
+            inner = float(inst.topology[g_prev:g, g_prev:g].min())
             ar = 2 * (n - 1) / n * w_stage / inner if n > 1 else 0.0
-            out[d] = [_clip((n / n_dev) / max(share, 1e-12)), _clip(((n_dev - d) / n_dev) / max(rest, 1e-12)),
-                      _clip(ar / self.ideal()), 1 - inner, float(inst.topology[d - 1, d] < 1),
+            out[d] = [_clip((n / n_dev) / max(share, 1e-12)), _clip(((n_dev - g) / n_dev) / max(rest, 1e-12)),
+                      _clip(ar / self.ideal()), 1 - inner, float(inst.topology[g - 1, g] < 1),
                       _clip(inst.microbatches * (share * inst.C[-1]) / n / self.ideal())]
         return out
 
@@ -174,7 +141,7 @@ class InferEnv:
         k = len(self.bounds) + len(self.dcuts)
         valid = self.mask()
         glob = [float(len(self.bounds) == len(self.dcuts)), k / (2 * (MAX_STAGES - 1)), inst.stages / MAX_STAGES,
-                inst.devices / MAX_DEVICES, np.log2(inst.microbatches) / 6.0]
+                inst.units / MAX_DEVICES, np.log2(inst.microbatches) / 6.0]
         obs = np.concatenate([self.rows(valid).ravel(), glob]).astype(np.float32)
         return obs, {"action_mask": valid, "bounds": list(self.bounds), "dcuts": list(self.dcuts)}
 
@@ -218,7 +185,7 @@ class InferEnv:
         over the most devices it can get, the rest over the devices left (M microbatches)."""
         inst, m, n_dev = self.inst, self.inst.microbatches, self.inst.devices
         c, w, k = inst.C, inst.W, inst.stages
-        edges, devs = [0, *self.bounds], [0, *self.dcuts]
+        edges, devs = [0, *self.bounds], [0, *[d * inst.unit for d in self.dcuts]]
         worst = self.ideal()
         for s in range(len(self.dcuts)):
             a, b = devs[s], devs[s + 1]
@@ -226,9 +193,9 @@ class InferEnv:
             worst = max(worst, m * (c[edges[s + 1]] - c[edges[s]]) / (b - a) + (w[edges[s + 1]] - w[edges[s]]) * ar)
         open_stage = len(self.bounds) > len(self.dcuts)
         if open_stage:
-            room = n_dev - devs[-1] - (k - 1 - len(self.dcuts))
+            room = n_dev - devs[-1] - (k - 1 - len(self.dcuts)) * inst.unit
             worst = max(worst, m * (c[edges[-1]] - c[edges[-2]]) / room)
-        worst = max(worst, m * (c[-1] - c[edges[-1]]) / (n_dev - devs[-1] - open_stage))
+        worst = max(worst, m * (c[-1] - c[edges[-1]]) / (n_dev - devs[-1] - open_stage * inst.unit))
         return self.ideal() / worst
 
     def potential(self, gamma: float) -> float:
@@ -259,53 +226,6 @@ class Inferred:
     dcuts: list[int]
     value: float
     seconds: float
-
-
-# -- training models from the zoo (the rest of the zoo and PipeDream's profiles stay unseen) ------
-TRAIN_MODELS = {  # zoo name -> options drawn per instance
-    "bert-large": {"layers": (6, 36)}, "transformer": {"layers": (2, 12)}, "xlnet-large": {"layers": (6, 36)},
-    "gnmt-4": {"layers": (2, 8)}, "vgg16": {}, "resnet50": {}, "alexnet": {}, "googlenet": {},
-}
-OP_LEVEL = ("bert-large", "transformer")
-CNN_MODELS = ("vgg16", "resnet50", "alexnet", "googlenet")
-
-
-def zoo_instance(rng: np.random.Generator, names: tuple[str, ...] | None = None) -> Instance:
-    """A training model from the zoo (random depth, microbatch, granularity) on a random
-    hierarchical V100 cluster, through the same steps as any real model."""
-    from ...cluster import hierarchical
-    from ...graph.zoo import build
-    from .arrays import from_graph
-
-    name = str(rng.choice(names or tuple(TRAIN_MODELS)))
-    opts = {k: str(int(rng.integers(lo, hi + 1))) for k, (lo, hi) in TRAIN_MODELS[name].items()}
-    opts["microbatch"] = str(int(rng.choice([4, 8, 16, 32])))
-    if name in OP_LEVEL and rng.random() < 0.5:
-        opts["granularity"] = "op"
-    graph = build(name, opts)
-    topo, servers = random_topology(rng)
-    gpus = topo.shape[0] // servers
-    intra = 400e9
-    cluster = hierarchical("train", servers, gpus, intra, intra * float(topo[0, -1]) if servers > 1 else intra,
-                           kind="V100")
-    stages = servers if servers > 1 else int(rng.integers(2, 5))
-    return from_graph(graph, cluster, int(rng.choice([4, 8, 16, 32])), min(stages, len(cluster)))
-
-
-def sampler(rng: np.random.Generator, data: str) -> Callable[[], Instance]:
-    """Training instances: ``mix`` (generated from the three distributions, and a quarter
-    from the zoo's training models), ``generated`` or ``cnn`` (the CNN training models, the
-    paper's fine-tuning distribution for CNNs, §5.2.4)."""
-    if data not in ("mix", "generated", "cnn"):
-        raise PipeplanError(f"automap-infer: unknown training data {data!r} (known: mix, generated, cnn)")
-
-    def draw() -> Instance:
-        if data == "cnn":
-            return zoo_instance(rng, CNN_MODELS)
-        if data == "mix" and rng.random() < 0.25:
-            return zoo_instance(rng)
-        return generated(rng)
-    return draw
 
 
 # -- the agent: training once, planning zero-shot ------------------------------------------------
@@ -402,7 +322,7 @@ def train(budget, seed: int = 0, data: str = "mix", init: str | None = None, pro
         agent.steps = agent.cfg.eps_decay_steps
     env, probe = InferEnv(sampler(rng, data), agent.cfg.gamma), InferEnv()
     val_rng = np.random.default_rng(10_000 + seed)
-    validation = [generated(val_rng) for _ in range(VALIDATION)]
+    validation = [generated(val_rng, wide=data == "wide") for _ in range(VALIDATION)]
     curve = Curve("mean reward (ideal/L, last 500 episodes)", "greedy reward on 16 held-out instances", "episode")
     episodes, returns = 0, []
     while budget.left(episodes):
