@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/automap/infer.py
 	$(BIN)/python benchmarks/automap/infer_latency.py
 	$(BIN)/python benchmarks/automap/large.py
+	$(BIN)/python benchmarks/automap/wide_data.py
 	$(BIN)/python benchmarks/learning_mutations.py
 	$(BIN)/python benchmarks/automap/shard.py --set t5
 	$(BIN)/python benchmarks/automap/shard.py --set vgg

@@ -209,9 +209,9 @@ def test_cli_trains_automap_infer_briefly(tmp_path, capsys) -> None:
     from pipeplan.cli import main
 
     out = tmp_path / "ai.pt"
-    assert main(["train", "automap-infer", "--evaluations", "500", "--seed", "1", "--out", str(out), "--json"]) == 0
+    assert main(["train", "automap-infer", "--evaluations", "120", "--seed", "1", "--out", str(out), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["episodes"] == 500 and summary["greedy_reward"] > 0 and out.is_file() and (tmp_path / "ai.csv").is_file()
+    assert summary["episodes"] == 120 and summary["greedy_reward"] > 0 and out.is_file() and (tmp_path / "ai.csv").is_file()
     assert main(["plan", "--model", "zoo:t5-base", "--cluster", "automap-a", "--planner", "automap-infer",
                  "-O", f"checkpoint={out}", "--json"]) == 0
 

@@ -329,7 +329,7 @@ def train(budget, seed: int = 0, data: str = "mix", init: str | None = None, pro
         _, _, info = run_episode(env, agent)
         episodes += 1
         returns.append(info["ratio"])
-        if episodes % CHECK_EVERY == 0:
+        if episodes % CHECK_EVERY == 0 or not budget.left(episodes):  # and a last point where it stops
             policy = torch_policy(agent.online, agent.cfg.gamma)
             val = np.mean([_ratio(probe, greedy(policy, probe, v)) for v in validation])
             curve.add(Point(episodes, budget.elapsed, episodes, float(np.mean(returns[-CHECK_EVERY:])), float(val),
