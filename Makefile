@@ -60,6 +60,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/dynpartition/learning.py
 	$(BIN)/python benchmarks/dynpartition/stream.py
 	$(BIN)/python benchmarks/gpu/gemm_efficiency.py
+	$(BIN)/python benchmarks/gpu/layer_timing.py --if-gpu
 	$(BIN)/python benchmarks/gpu/run_accuracy.py
 	$(BIN)/python benchmarks/published/calibrate.py
 	$(BIN)/python benchmarks/published/megatron_sc21.py

@@ -51,3 +51,15 @@ def default_sigint() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def layout_stages(names: list[str], layers: int, tp: int, pp: int, dp: int, vpp: int = 1,
+                  counts: list[int] | None = None) -> list[Stage]:
+    """A plan's stages in Megatron's layout (``llm.layout.stages``): ``counts`` layers a chunk,
+    default the even split."""
+    from pipeplan.llm.layout import even, stages
+    from pipeplan.llm.parallelism import Parallelism
+
+    par = Parallelism(tp, pp, dp, tuple(counts) if counts else even(layers, pp, vpp), vpp,
+                      schedule="1f1b" if vpp == 1 else "interleaved-1f1b")
+    return [Stage(*chunk) for chunk in stages(names, par)]

@@ -16,10 +16,13 @@ from pipeplan.cluster import load_cluster
 from pipeplan.engines import megatron, shape
 from pipeplan.errors import PipeplanError
 from pipeplan.graph import load_graph
-from pipeplan.layouts import megatron_stages
+from pipeplan.llm.layout import even
+from pipeplan.llm.parallelism import Parallelism
 from pipeplan.plan import Plan
 from pipeplan.planners import llm3d
 from pipeplan.sim import simulate
+
+from helpers import layout_stages as megatron_stages
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "megatron_arguments.json").read_text())
 KNOWN = set(FIXTURE["arguments"])
@@ -42,7 +45,9 @@ def test_the_fixture_says_where_it_comes_from():
 @pytest.mark.parametrize("model", [GPT, "zoo:llama3-8b?layers=8"])
 def test_every_argument_is_megatrons_and_says_what_the_plan_does(model):
     g, c = load_graph(model), load_cluster("dgx-h100x4")
-    cfg = llm3d.Config(4, 2, 4, 2, 2, "selective", 1, True, "interleaved-1f1b", True)
+    layers = llm3d.spec_of(g).layers
+    cfg = Parallelism(4, 2, 4, even(layers, 2, 2), 2, microbatch=2, recompute="selective", zero=1, sp=True,
+                      overlap_grad_reduce=True, schedule="interleaved-1f1b")
     plan = llm3d.plan_of(g, c, cfg, 64)
     f = flags(megatron.arguments(plan))
     assert set(f) <= KNOWN, sorted(set(f) - KNOWN)
@@ -75,9 +80,17 @@ def _refused(plan: Plan) -> str:
     return str(e.value)
 
 
+def test_any_other_layout_is_megatrons_layout_string():
+    """Unequal middle stages (which Megatron's first/last flags cannot say) go as
+    --pipeline-model-parallel-layout: E and L once, the chunks' layers in chunk order."""
+    g, c = load_graph(GPT), load_cluster("dgx-h100x1")
+    plan = Plan(g, c, megatron_stages(c.names, 12, 2, 4, 1, counts=[3, 2, 4, 3]), 8, replicas="round-robin")
+    f = flags(megatron.arguments(plan))
+    assert f["--pipeline-model-parallel-layout"] == "Et*3|t*2|t*4|t*3L"
+    assert "--decoder-first-pipeline-num-layers" not in f and set(f) <= KNOWN
+
+
 @pytest.mark.parametrize("change, why", [
-    (lambda p: replace(p, stages=megatron_stages(p.cluster.names, 12, 2, 4, 1, counts=[3, 2, 4, 3])),
-     "middle stages have unequal layer counts"),
     (lambda p: replace(p, schedule="zb-h1"), "schedule zb-h1"),
     (lambda p: replace(p, recompute=[True, False, False, False]), "some stages recompute"),
 ])

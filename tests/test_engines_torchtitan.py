@@ -18,9 +18,11 @@ from pipeplan.cluster import load_cluster
 from pipeplan.engines import torchtitan
 from pipeplan.errors import PipeplanError
 from pipeplan.graph import load_graph
-from pipeplan.layouts import megatron_stages
 from pipeplan.plan import Plan
+from pipeplan.llm.parallelism import Parallelism
 from pipeplan.planners import llm3d
+
+from helpers import layout_stages as megatron_stages
 
 SCHEMA = json.loads((Path(__file__).parent / "fixtures" / "torchtitan_config.json").read_text())
 GPT = "zoo:gpt?hidden=1024&layers=16&heads=16&seq=512&vocab=8192"
@@ -56,7 +58,9 @@ def _check_keys(files: dict[str, str]):
 
 def test_a_3d_plan_is_torchtitans_configuration():
     g, c = load_graph("zoo:llama3-8b?layers=8"), load_cluster("dgx-h100x4")
-    plan = llm3d.plan_of(g, c, llm3d.Config(4, 2, 4, 2, 2, "selective", 1, True, "interleaved-1f1b", True), 64)
+    par = Parallelism(4, 2, 4, (2, 2, 2, 2), 2, microbatch=2, recompute="selective", zero=1, sp=True,
+                      overlap_grad_reduce=True, schedule="interleaved-1f1b")
+    plan = llm3d.plan_of(g, c, par, 64)
     files = torchtitan.export(plan)
     assert set(files) == {"torchtitan.toml", "torchtitan-0.3.args"}
     toml = _check_keys(files)

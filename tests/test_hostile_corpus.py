@@ -51,6 +51,7 @@ BASE = {
                 "--microbatches", "2"],
     "simulate": ["simulate", "{plan}"],
     "export-plan": ["export-plan", "{plan}", "--to", "megatron"],
+    "explain": ["explain", "{plan}"],
     "profile": ["profile", "example:mlp"],
     "export": ["export", "example:mlp", "--out", "{out}"],
     "calibrate": ["calibrate", "--workers", "1", "--no-runtime"],
@@ -177,6 +178,7 @@ def option_cases() -> list[Case]:
             at = base.index("{plan}")
             cases += input_cases(f"{command} PLAN", lambda p, b=base, i=at: b[:i] + [p] + b[i + 1:], "plan",
                                  contents=command == "simulate")
+    cases += input_cases("explain PLAN_B", lambda p: ["explain", "{plan}", p], "plan", contents=False)
     return cases + planner_option_cases() + schedule_cases()
 
 
@@ -543,6 +545,6 @@ def test_every_command_has_a_valid_base(tmp_path, monkeypatch, capsys):
     """The corpus's bases are valid: each command runs (or reaches its work), so that its
     cases fail for the hostile value only."""
     assert set(BASE) == set(COMMANDS)
-    for command in ("plan", "compare", "simulate", "run", "profile", "train"):
+    for command in ("plan", "compare", "simulate", "explain", "run", "profile", "train"):
         code, _, err, _ = run_case(Case(command, tuple(BASE[command])), tmp_path, monkeypatch, capsys)
         assert code in (0, "reached work"), (command, code, err)

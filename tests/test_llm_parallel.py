@@ -12,7 +12,8 @@ from pipeplan.cluster import load_cluster
 from pipeplan.errors import PipeplanError
 from pipeplan.graph import load_graph
 from pipeplan.graph.llm import gpt
-from pipeplan.layouts import layer_counts
+from pipeplan.llm.layout import candidates, stage_counts
+from pipeplan.llm.parallelism import Parallelism
 from pipeplan.plan import Plan, Stage, plan_from_dict
 from pipeplan.planners import llm3d
 from pipeplan.sim import llm_costs, simulate
@@ -40,8 +41,9 @@ def test_one_tensor_parallel_group_runs_each_microbatch_in_the_layers_closed_for
     layer = llm_costs.layer_cost(spec, H100, 2, 8, False, "none", *links)
     per_layer = (layer.fwd_s + layer.bwd_s) / llm_costs.END_TO_END + layer.fwd_comm_s + layer.bwd_comm_s
     ends = sum(sum(node_costs(spec, role, H100, 2, 8, False, "none", links)[:2]) for role in ("embed", "head"))
+    step = 34 * spec.total_params() / 8 / 3350e9  # Adam: 34 bytes a parameter through the H100's HBM, 1/8 a rank
     r = simulate(one_stage(g, c, 8), timeline=False)
-    assert r.iteration_s == pytest.approx(4 * (spec.layers * per_layer + ends), rel=1e-9)
+    assert r.iteration_s == pytest.approx(4 * (spec.layers * per_layer + ends) + step, rel=1e-9)
     assert r.devices == ["s0g0..s0g7"] and r.members == {"s0g0..s0g7": c.names}
 
 
@@ -55,17 +57,24 @@ def test_per_gpu_memory_is_the_state_over_tp_plus_what_one_microbatch_keeps():
     kept = spec.layers * spec.layer_activation_bytes(2, 4, False, "none") \
         + node_costs(spec, "head", H100, 2, 4, False, "none", group_links(c, range(4)))[2]
     assert r.memory_bytes[0] == pytest.approx(state + kept, rel=0.02)
-    assert r.memory_limit[0] == c.memory[0]
+    # usable: 80 GiB less the reserve (0.75 GiB context + 1.25 GiB NCCL + 3% fragmentation)
+    assert r.memory_limit[0] == pytest.approx((80 - 0.75 - 1.25 - 0.03 * 80) * 2**30, rel=1e-12)
 
 
 def test_zero1_shards_master_weights_and_adam_states_over_the_replicas():
-    """ZeRO-1 over d replicas saves 12 (1 - 1/d) bytes a parameter per rank: 18 -> 6 + 12/d."""
+    """ZeRO-1 over d replicas saves 12 (1 - 1/d) bytes a parameter per rank: 18 -> 6 + 12/d; its
+    reduce-scatter of fp32 gradients and all-gather of bf16 weights move 6 (d-1)/d bytes a
+    parameter where the fp32 all-reduce moves 8 (d-1)/d, and each rank steps 1/d of the
+    parameters (34 bytes each through HBM)."""
     g, c = load_graph(SMALL), load_cluster("dgx-h100x1")
     base = simulate(one_stage(g, c, 2, devices=c.names), timeline=False)
     zero = simulate(one_stage(g, c, 2, devices=c.names, zero=1), timeline=False)
     params = llm3d.spec_of(g).total_params()
     assert base.memory_bytes[0] - zero.memory_bytes[0] == pytest.approx(12 * params * (1 - 1 / 4) / 2, rel=1e-9)
-    assert base.iteration_s == zero.iteration_s
+    rank, d, bus = params / 2, 4, 450e9 * 0.8  # TP 2; 4 replicas on one server's NVLink at NCCL's 80%
+    saved_comm = (2 * (d - 1) / d * 4 * rank - (d - 1) / d * 6 * rank) / bus
+    saved_step = 34 * rank * (1 - 1 / d) / 3350e9
+    assert base.iteration_s - zero.iteration_s == pytest.approx(saved_comm + saved_step, rel=1e-6)
 
 
 def test_overlapping_the_gradient_all_reduce_hides_up_to_the_last_backward():
@@ -78,7 +87,8 @@ def test_overlapping_the_gradient_all_reduce_hides_up_to_the_last_backward():
            for role in ["embed"] + ["layer"] * spec.layers + ["head"]]
     fwd, bwd = sum(p[0] for p in per), sum(p[1] for p in per)
     base = simulate(one_stage(g, c, 2, devices=c.names, microbatches=8), timeline=False)
-    ar = base.iteration_s - 2 * (fwd + bwd)
+    step = 34 * spec.total_params() / 2 / 3350e9  # Adam through one H100's HBM, half the parameters a rank
+    ar = base.iteration_s - 2 * (fwd + bwd) - step
     assert ar > 0
     over = simulate(one_stage(g, c, 2, devices=c.names, microbatches=8, overlap_grad_reduce=True), timeline=False)
     assert over.iteration_s == pytest.approx(base.iteration_s - min(ar, bwd), rel=1e-9)
@@ -100,14 +110,14 @@ def test_group_links_are_the_rails_of_their_rank_pairs():
     assert gc.bandwidth[0, 1] == 8 * c.bandwidth[0, 8] and gc.latency[0, 1] == c.latency[0, 8]
     gc = group_cluster(c, [[0, 1], [2, 3], [8, 9, 10, 11]])
     assert gc.bandwidth[0, 1] == 2 * c.bandwidth[0, 2] and gc.bandwidth[1, 2] == 2 * c.bandwidth[2, 8]
-    assert gc.memory.tolist() == [2 * c.memory[0], 2 * c.memory[0], 4 * c.memory[0]]
+    assert gc.memory.tolist() == [2 * c.usable[0], 2 * c.usable[0], 4 * c.usable[0]]  # the GPUs' usable memory
 
 
 @pytest.mark.parametrize("h, layers, heads, batch", [(2304, 24, 24, 512), (12288, 96, 96, 1536)])
 def test_hardware_flops_with_full_recomputation_are_megatrons_eq3(h, layers, heads, batch):
     """Narayanan et al. 2021 Eq. 3: 96 B s l h^2 (1 + s / 6h + V / 16lh) a iteration."""
     g, c = load_graph(f"zoo:gpt?hidden={h}&layers={layers}&heads={heads}"), load_cluster("dgx-a100x2")
-    cfg = llm3d.Config(8, 2, 1, 1, 1, "full", 0, False, "1f1b")
+    cfg = Parallelism(8, 2, 1, (layers // 2, layers // 2), recompute="full")
     plan = llm3d.plan_of(g, c, cfg, batch // 8)
     r = simulate(plan, timeline=False)
     s, v, b = 2048, 51200, batch // 8
@@ -145,39 +155,57 @@ def test_tensor_parallelism_on_gpus_without_bf16_rates_is_refused():
 
 
 def test_every_configuration_is_realizable():
-    spec, c = gpt("g", 4096, 24, 32), load_cluster("dgx-a100x4")
+    """Megatron-LM's rules, checked here independently of the search (docs/megatron-rules.md):
+    TP divides a server's GPUs, the heads and the key/value heads; the layout's PP x v chunks
+    hold every layer; without interleaving the middle stages are equal and the first and last
+    at most as heavy; interleaving runs a multiple of PP microbatches a replica."""
+    spec, c = gpt("g", 4096, 24, 32, kv_heads=4), load_cluster("dgx-a100x4")
     cfgs = llm3d.configs(spec, c, 256)
     assert cfgs and len(set(cfgs)) == len(cfgs)
     for cfg in cfgs:
         assert 8 % cfg.tp == 0 and spec.heads % cfg.tp == 0 and cfg.tp * cfg.pp * cfg.dp == 32
+        assert 4 % cfg.tp == 0 or cfg.tp % 4 == 0  # key/value heads split or replicated (Megatron-core)
         assert 256 % (cfg.dp * cfg.microbatch) == 0 and cfg.pp <= spec.layers
-        counts = layer_counts(spec.layers, cfg.pp, cfg.vpp)  # Megatron's rule, checked independently:
-        assert counts is not None and sum(counts) == spec.layers  # equal, or first = last, middle equal
-        assert len(set(counts)) == 1 or (cfg.vpp == 1 and (cfg.pp == 2 or (counts[0] == counts[-1]
-                                                                            and len(set(counts[1:-1])) == 1)))
+        assert len(cfg.layout) == cfg.pp * cfg.vpp and sum(cfg.layout) == spec.layers and min(cfg.layout) >= 1
+        stages = [sum(cfg.layout[s::cfg.pp]) for s in range(cfg.pp)]
+        if cfg.pp > 2:
+            assert len(set(stages[1:-1])) == 1 and max(stages[0], stages[-1]) <= stages[1]
         if cfg.vpp > 1:
-            assert cfg.schedule == "interleaved-1f1b" and spec.layers % (cfg.pp * cfg.vpp) == 0
-            assert (256 // (cfg.dp * cfg.microbatch)) % cfg.pp == 0
+            assert cfg.schedule == "interleaved-1f1b" and (256 // (cfg.dp * cfg.microbatch)) % cfg.pp == 0
+        assert cfg.sp == (cfg.tp > 1) and cfg.overlap_grad_reduce == (cfg.dp > 1) and cfg.grad_reduce == "fp32"
+        assert cfg.overlap_p2p == (cfg.vpp > 1) and (cfg.vpp == 1 or cfg.pp >= 2)
     assert {cfg.tp for cfg in cfgs} == {1, 2, 4, 8} and {cfg.recompute for cfg in cfgs} == {"none", "selective", "full"}
+    assert any(len(set(cfg.layout)) > 1 for cfg in cfgs)  # uneven layouts are searched too
 
 
-@pytest.mark.parametrize("layers, pp, vpp, counts", [
-    (126, 16, 1, [7] + [8] * 14 + [7]),  # Llama 3 405B's split (Dubey et al. 2024 §3.3.2)
-    (30, 4, 1, [7, 8, 8, 7]), (7, 2, 1, [4, 3]), (80, 4, 5, [4] * 20),
-    (13, 4, 1, None),  # 13 - 2f is odd: no first = last with an equal middle (Megatron refuses the rest)
-    (30, 4, 2, None),  # interleaving needs equal chunks
+@pytest.mark.parametrize("layers, pp, counts", [
+    (126, 16, (7,) + (8,) * 14 + (7,)),  # Llama 3 405B's split (Dubey et al. 2024 §3.3.2)
+    (30, 4, (7, 8, 8, 7)), (7, 2, (4, 3)), (7, 2, (3, 4)), (80, 4, (20,) * 4),
+    (13, 4, (2, 4, 4, 3)), (13, 4, (3, 4, 4, 2)),  # first and last chosen independently
 ])
-def test_layer_splits_are_the_ones_megatron_accepts(layers, pp, vpp, counts):
-    assert layer_counts(layers, pp, vpp) == counts
+def test_stage_layer_counts_include_the_published_and_uneven_splits(layers, pp, counts):
+    assert counts in stage_counts(layers, pp)
+
+
+def test_llama3_405b_interleaved_layout_puts_one_layer_less_on_the_first_and_last_stage():
+    """126 layers, 16 stages of 2 chunks: positions 0 and 15 hold 3 + 4 layers, the others 4 + 4,
+    the lighter chunk where the embedding (chunk 0) or the head (chunk 31) rides."""
+    lay = (3,) + (4,) * 30 + (3,)
+    assert lay in candidates(126, 16, 2)
+    assert [lay[s] + lay[s + 16] for s in range(16)] == [7] + [8] * 14 + [7]
+    # V = 8: "the first model chunk on the first stage has only the embedding, and the last model
+    # chunk on the last stage has only output projection and loss calculation" (Dubey et al. 2024)
+    assert candidates(126, 16, 8) == [(0,) + (1,) * 126 + (0,)]
 
 
 def test_the_screening_estimate_is_near_the_simulation():
     """The closed form screens; it stays within 15% of the simulated iteration on uniform plans."""
     g, c = load_graph("zoo:gpt?hidden=4096&layers=32&heads=32"), load_cluster("dgx-a100x4")
     spec = llm3d.spec_of(g)
-    for cfg in (llm3d.Config(8, 4, 1, 1, 1, "selective", 0, True, "1f1b"),
-                llm3d.Config(4, 2, 4, 2, 2, "full", 1, True, "interleaved-1f1b"),
-                llm3d.Config(2, 1, 16, 1, 4, "none", 1, True, "1f1b")):
+    for cfg in (Parallelism(8, 4, 1, (8,) * 4, recompute="selective", sp=True),
+                Parallelism(4, 2, 4, (8,) * 4, 2, microbatch=2, recompute="full", zero=1, sp=True,
+                            schedule="interleaved-1f1b"),
+                Parallelism(2, 1, 16, (32,), microbatch=4, zero=1, sp=True)):
         est = llm3d.estimate(spec, c, cfg, 256)
         r = simulate(llm3d.plan_of(g, c, cfg, 256), timeline=False)
         assert est.iteration_s == pytest.approx(r.iteration_s, rel=0.15)
@@ -211,22 +239,23 @@ def test_megatron_pins_every_dimension_and_takes_its_rules_for_the_rest(capsys):
                  "-O", "microbatch=2", "-O", "recompute=selective", "-O", "zero=1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     p = out["parallelism"]
-    assert (p["tp"], p["pp"], p["dp"], p["virtual_stages"], p["microbatch"], p["recompute"], p["zero"]) == \
+    assert (p["tp"], p["pp"], p["dp"], p["vpp"], p["microbatch"], p["recompute"], p["zero"]) == \
         (4, 2, 4, 2, 2, "selective", 1)
     assert all(s["tp"] == 4 for s in out["stages"]) and len(out["stages"]) == 4
-    assert out["microbatches"] * 2 == 256
-    assert "global_batch" in p and "megatron_args" not in p  # the arguments come from engines.megatron
+    assert out["microbatches"] * 2 == 256 == out["global_batch"]
+    assert p["layout"] == [8, 8, 8, 8] and "megatron_args" not in p  # the arguments come from engines.megatron
     for key in ("model_tflops_per_gpu", "hw_tflops_per_gpu", "mfu"):
         assert out["prediction"][key] > 0
     assert main(["plan", "--model", "zoo:gpt?hidden=4096&layers=32&heads=32", "--cluster", "dgx-a100x4",
                  "--global-batch", "256", "--planner", "megatron", "--json"]) == 0
     p = json.loads(capsys.readouterr().out)["parallelism"]
-    assert (p["tp"], p["microbatch"], p["sequence_parallel"], p["zero"]) == (8, 1, True, 1)
+    assert (p["tp"], p["microbatch"], p["sp"], p["zero"]) == (8, 1, True, 1)
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["-O", "tp=3"], "no configuration agrees with the pinned dimensions (tp=3)"),
-    (["-O", "pp=64"], "no configuration agrees with the pinned dimensions (pp=64"),
+    (["-O", "tp=3"], "tp=3: TP must divide a server's 8 GPUs"),
+    (["-O", "pp=64"], "pp=64: PP must divide the 32 GPUs"),
+    (["-O", "tp=1", "-O", "sp=true"], "sp=true: sequence parallelism needs TP > 1"),
     (["-O", "recompute=some"], "recompute"),
 ])
 def test_megatron_pins_that_cannot_run_are_one_line(argv, words, capsys):
@@ -287,3 +316,24 @@ def test_hostile_tensor_parallel_plans_are_one_line(tmp_path, capsys, edit, word
     assert main(["simulate", str(bad), "--trace", str(tmp_path / "t.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1 and not (tmp_path / "t.json").exists()
+
+
+def test_key_value_heads_fewer_than_the_ranks_are_replicated_and_priced_so():
+    """TP 8 over 2 key/value heads (Megatron-core replicates them): each rank computes and
+    holds one whole key/value head, not a quarter of one."""
+    from pipeplan.graph.llm import layer_compute_s, Rates, _gemm_flops
+
+    spec = gpt("g", 4096, 4, 32, kv_heads=2, seq=1024)
+    head_dim, tokens = 4096 // 32, 1024
+    assert _gemm_flops(spec, tokens, 8)[0] == 2.0 * tokens * 4096 * (4096 / 8 + 2 * head_dim)
+    assert spec.kv_replicated_params(8) == 2 * 4096 * (8 * head_dim - 2 * head_dim)
+    assert spec.kv_replicated_params(2) == 0
+    naive = spec.layer_activation_bytes(1, 8) - 2 * 2 * 1024 * head_dim + 2 * 2 * 1024 * 2 * head_dim / 8
+    assert spec.layer_activation_bytes(1, 8) > naive
+    g, c = load_graph("zoo:gpt?hidden=4096&layers=4&heads=32&kv_heads=2&seq=1024"), load_cluster("dgx-h100x1")
+    assert 8 in llm3d.tp_degrees(llm3d.spec_of(g), c)
+    plan = llm3d.plan_of(g, c, Parallelism(8, 1, 1, (4,), sp=True), 8)
+    r = simulate(plan, timeline=False)
+    assert r.iteration_s > 0
+    with pytest.raises(PipeplanError, match="neither split over nor replicate"):
+        gpt("g", 6144, 4, 48, kv_heads=4).kv_rank(6)

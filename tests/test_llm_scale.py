@@ -14,6 +14,7 @@ from pipeplan.cluster.build import cluster_from_full_dict, cluster_to_dict, serv
 from pipeplan.cluster.links import ServerLinks
 from pipeplan.errors import PipeplanError
 from pipeplan.graph import load_graph
+from pipeplan.llm.parallelism import Parallelism
 from pipeplan.planners import llm3d
 from pipeplan.sim import simulate
 import pipeplan.sim.tensor_groups as tensor_groups
@@ -72,9 +73,10 @@ def test_a_planner_that_needs_every_link_says_so_in_one_line(capsys):
     assert "holds them by server" in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("cfg", [llm3d.Config(2, 4, 8, 1, 1, "none", 1, True, "1f1b"),
-                                 llm3d.Config(4, 2, 8, 2, 2, "selective", 0, True, "interleaved-1f1b"),
-                                 llm3d.Config(1, 4, 16, 1, 1, "full", 1, False, "zb-h1")])
+@pytest.mark.parametrize("cfg", [Parallelism(2, 4, 8, (4,) * 4, zero=1, sp=True),
+                                 Parallelism(4, 2, 8, (4,) * 4, 2, microbatch=2, recompute="selective", sp=True,
+                                             schedule="interleaved-1f1b"),
+                                 Parallelism(1, 4, 16, (4,) * 4, recompute="full", zero=1, schedule="zb-h1")])
 def test_two_replicas_simulate_what_all_of_them_do(cfg, monkeypatch):
     """Against the full simulation of every replica: the iteration, per-GPU memory and bubble."""
     g, c = load_graph("zoo:gpt?hidden=2048&layers=16&heads=16"), load_cluster("dgx-a100x8")
@@ -93,7 +95,7 @@ def test_two_replicas_simulate_what_all_of_them_do(cfg, monkeypatch):
 def test_replicas_on_unequal_links_are_simulated_in_full():
     """Replica 1's pipeline crosses servers where replica 0's does not: no shortcut."""
     g, c = load_graph("zoo:gpt?hidden=2048&layers=16&heads=16"), load_cluster("dgx-a100x2")
-    cfg = llm3d.Config(2, 2, 4, 1, 1, "none", 1, True, "1f1b")  # position 0: GPUs 0-7, position 1: 8-15
+    cfg = Parallelism(2, 2, 4, (8, 8), zero=1, sp=True)  # position 0: GPUs 0-7, position 1: 8-15
     plan = llm3d.plan_of(g, c, cfg, 64)
     assert "replicas_simulated" in simulate(plan, timeline=False).extra  # every chain crosses the servers
     stages = plan.stages

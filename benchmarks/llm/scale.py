@@ -73,7 +73,7 @@ def main() -> int:
                      "fits": not pred["over_memory"], "met": ok})
         print(f"{case['name']}: slowest of {args.runs} {max(walls):.1f} s (target {case['wall_s']:.0f} s; the first "
               f"run {first_s:.1f} s), peak "
-              f"{max(peaks) / 2**30:.2f} GiB; TP {p['tp']} x PP {p['pp']} x DP {p['dp']} v {p['virtual_stages']} "
+              f"{max(peaks) / 2**30:.2f} GiB; TP {p['tp']} x PP {p['pp']} x DP {p['dp']} v {p['vpp']} "
               f"mb {p['microbatch']} {p['recompute']}: {pred['iteration_s']:.2f} s an iteration, MFU "
               f"{pred['mfu']:.1%}, fits {not pred['over_memory']}; met {ok}", flush=True)
     write_json(args.out / "scale.json", {"cases": rows, "met": met})

@@ -13,8 +13,10 @@ import yaml
 
 from pipeplan.cluster import Cluster, load_cluster
 from pipeplan.graph import Graph, load_graph
+from pipeplan.llm.layout import even
+from pipeplan.llm.parallelism import Parallelism
 from pipeplan.planners import llm3d
-from pipeplan.planners.llm3d import Config, Pins
+from pipeplan.planners.llm3d import Pins
 from pipeplan.sim import SimResult, simulate
 
 DATA = Path(__file__).resolve().parent / "megatron_sc21.yaml"
@@ -60,12 +62,14 @@ def cluster_of(head: dict, row: Row) -> Cluster:
     return load_cluster(f"dgx-a100x{math.ceil(row.gpus / head['servers_of'])}")
 
 
-def published_config(head: dict, row: Row) -> Config:
-    """The row's configuration as Megatron-LM ran it: no sequence parallelism, no distributed
-    optimizer and no overlap of the gradient all-reduce (all came later), the header's
-    recomputation."""
+def published_config(head: dict, row: Row) -> Parallelism:
+    """The row's configuration as Megatron-LM ran it: equal layers per chunk, no sequence
+    parallelism, no distributed optimizer, no overlap of the gradient all-reduce (all came
+    later), blocking pipeline sends, 16-bit gradients reduced (fp16 training: Megatron kept
+    ``accumulate_allreduce_grads_in_fp32`` off), the header's recomputation."""
     schedule = "interleaved-1f1b" if row.virtual_stages > 1 else "1f1b"
-    return Config(row.tp, row.pp, row.dp, row.virtual_stages, row.microbatch, head["recompute"], 0, False, schedule)
+    return Parallelism(row.tp, row.pp, row.dp, even(row.layers, row.pp, row.virtual_stages), row.virtual_stages,
+                       microbatch=row.microbatch, recompute=head["recompute"], grad_reduce="bf16", schedule=schedule)
 
 
 def predict(head: dict, row: Row) -> SimResult:
@@ -74,17 +78,14 @@ def predict(head: dict, row: Row) -> SimResult:
     return simulate(plan, timeline=False)
 
 
-def joint(head: dict, row: Row, simulations: int) -> tuple[Config, SimResult, dict]:
+def joint(head: dict, row: Row, simulations: int) -> tuple[Parallelism, SimResult, dict]:
     """joint's 3D search on the row's model, GPUs and global batch, not told the published
     configuration (Megatron-LM's rule of thumb is among what it simulates, as ever)."""
     graph, cluster = model_of(head, row), cluster_of(head, row)
     spec = llm3d.spec_of(graph)
     base = (llm3d.rule_of_thumb(spec, cluster, row.global_batch, Pins(), "adam"),)
     plan = llm3d.search(graph, cluster, row.global_batch, Pins(), "adam", simulations, False, base)
-    p = plan.extra["parallelism"]
-    cfg = Config(p["tp"], p["pp"], p["dp"], p["virtual_stages"], p["microbatch"], p["recompute"], p["zero"],
-                 p["sequence_parallel"], p["schedule"], p["overlap_grad_reduce"])
-    return cfg, simulate(plan, timeline=False), plan.extra["llm3d"]
+    return plan.parallelism, simulate(plan, timeline=False), plan.extra["llm3d"]
 
 
 def spearman(a: list[float], b: list[float]) -> float:

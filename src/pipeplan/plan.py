@@ -22,6 +22,7 @@ from .errors import PipeplanError
 from .limits import check_microbatches
 from .readers import load_json
 from .graph import Graph, graph_from_dict, graph_to_dict
+from .llm.parallelism import Parallelism, parallelism_from_dict
 
 FORMAT = "pipeplan.plan/1"
 #: "split": every replica takes an even share of each microbatch (SPP §III-B);
@@ -74,6 +75,9 @@ class Plan:
     #: decoder LLM graphs: each stage's data-parallel all-reduce overlaps the backward of its
     #: last microbatch (Megatron-LM's ``--overlap-grad-reduce``)
     overlap_grad_reduce: bool = False
+    #: decoder LLM graphs: the one validated parallel configuration a 3D planner chose
+    #: (``llm.parallelism``); the stages and the flags above agree with it (``llm.layout.agrees``)
+    parallelism: Parallelism | None = None
     prediction: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -103,6 +107,12 @@ class Plan:
 
     def replication(self) -> list[int]:
         return [len(s.devices) for s in self.stages]
+
+    @property
+    def global_batch(self) -> int:
+        """Samples an iteration: the graph's microbatch x the microbatches (split replicas share
+        a microbatch; round-robin ones take whole microbatches in turn)."""
+        return int(self.graph.meta.get("microbatch", 1)) * self.microbatches
 
     def recompute_mode(self, stage: int) -> str:
         """``full``, ``selective`` or ``none`` (``graph.llm.RECOMPUTE``) for ``stage``."""
@@ -139,6 +149,8 @@ class Plan:
             **({"sequence_parallel": True} if self.sequence_parallel else {}),
             **({"zero": self.zero} if self.zero else {}),
             **({"overlap_grad_reduce": True} if self.overlap_grad_reduce else {}),
+            **({"parallelism": self.parallelism.as_dict(), "global_batch": self.global_batch}
+               if self.parallelism else {}),
             "stages": [{"nodes": list(s.nodes), "devices": list(s.devices),
                         **({"tp": s.tp} if self.tensor_parallel or is_decoder(self.graph) else {})}
                        for s in self.stages],
@@ -163,7 +175,7 @@ class Plan:
 
 _KNOWN_KEYS = {"format", "planner", "schedule", "microbatches", "optimizer", "replicas", "allocation", "recompute", "stages", "iteration_s",
                "search_s", "setup_s", "prediction", "graph", "cluster", "search_complete", "selective_recompute",
-               "sequence_parallel", "zero", "overlap_grad_reduce"}
+               "sequence_parallel", "zero", "overlap_grad_reduce", "parallelism", "global_batch"}
 
 
 def is_decoder(graph: Graph) -> bool:
@@ -206,6 +218,7 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
                 sequence_parallel=_flag(d, "sequence_parallel", source),
                 overlap_grad_reduce=_flag(d, "overlap_grad_reduce", source),
                 zero=field("zero", int, 0, "0 or 1"),
+                parallelism=parallelism_from_dict(d["parallelism"], source) if "parallelism" in d else None,
                 extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS})
 
 
@@ -304,6 +317,10 @@ def validate(plan: Plan) -> None:
         raise PipeplanError(f"plan: microbatches must be >= 1, got {plan.microbatches}")
     _check_parallelism(plan)
     check_microbatches(plan.microbatches, "plan")
+    if plan.parallelism is not None:
+        from .llm.layout import agrees
+
+        agrees(plan)
     owner = np.full(len(g), -1, dtype=np.int64)
     for k, st in enumerate(plan.stages):
         if not st.nodes:

@@ -41,6 +41,8 @@ def _load_inputs(args):
         if limit <= 0:
             raise PipeplanError(f"--memory-limit must be > 0, got {args.memory_limit!r}")
         cluster = cluster.with_memory(limit)
+    if getattr(args, "memory_reserve", None) is not None:
+        cluster = cluster.with_reserve(parse_bytes(args.memory_reserve, "--memory-reserve"))
     return graph, cluster
 
 
@@ -290,6 +292,22 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def cmd_explain(args) -> int:
+    """A decoder LLM plan's iteration term by term; with a second plan, the difference."""
+    from ..plan import load_plan
+    from ..sim.explain import difference, explain
+    from .report import print_explained
+
+    plans = [load_plan(args.plan)] + ([load_plan(args.plan_b)] if args.plan_b else [])
+    found = [explain(p) for p in plans]
+    diff = difference(*found) if len(found) == 2 else None
+    if args.json:
+        print(json.dumps({"plans": found, **({"difference": diff} if diff else {})}))
+    else:
+        print_explained([args.plan] + ([args.plan_b] if args.plan_b else []), found, diff)
+    return 0
+
+
 def cmd_export_plan(args) -> int:
     """A plan as an engine's configuration (docs/engines.md): Megatron-LM's arguments printed,
     or torchtitan's configuration written to a folder."""
@@ -371,7 +389,7 @@ def _reproduce(args, planner: str, options) -> str:
     parts = ["pipeplan plan", "--model", repr(args.model) if "?" in args.model else args.model,
              "--cluster", args.cluster, "--planner", planner]
     for flag, value in (("--microbatches", args.microbatches), ("--global-batch", args.global_batch),
-                        ("--memory-limit", args.memory_limit)):
+                        ("--memory-limit", args.memory_limit), ("--memory-reserve", args.memory_reserve)):
         if value is not None:
             parts += [flag, str(value)]
     if args.optimizer != "adam":
@@ -699,6 +717,8 @@ def _model_cluster(sp, required: bool = True) -> None:
     sp.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"],
                     help="optimizer whose state counts in memory (default adam)")
     sp.add_argument("--memory-limit", help="memory per device, overriding the cluster's (e.g. 16GiB)")
+    sp.add_argument("--memory-reserve", help="memory per device no plan may use (CUDA context, NCCL buffers, "
+                                             "fragmentation), overriding the kinds' defaults (e.g. 4GiB, 0)")
     sp.add_argument("-O", "--planner-option", action="append", metavar="KEY=VALUE",
                     help="planner option, e.g. replicas=split for dp ('pipeplan planners' lists them)")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
@@ -820,7 +840,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_plan_file_parsers(sub) -> None:
-    """The commands that read a plan file: simulate, export-plan."""
+    """The commands that read a plan file: simulate, explain, export-plan."""
     sp = sub.add_parser("simulate", help="simulate a plan file; export its timeline")
     sp.add_argument("plan", help="plan JSON written by 'pipeplan plan --out'")
     sp.add_argument("--schedule", default=None, help=f"simulate under another schedule: {', '.join(_schedule_names())}")
@@ -828,6 +848,13 @@ def _add_plan_file_parsers(sub) -> None:
     sp.add_argument("--gantt", help="write a Gantt chart (PNG, SVG or PDF) here")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_simulate)
+
+    sp = sub.add_parser("explain", help="a decoder LLM plan's iteration term by term (compute, recomputation, "
+                                        "exposed communication, bubble, ...); with a second plan, the difference")
+    sp.add_argument("plan", help="plan JSON written by 'pipeplan plan --out'")
+    sp.add_argument("plan_b", nargs="?", default=None, metavar="PLAN_B", help="a second plan to set against the first")
+    sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    sp.set_defaults(fn=cmd_explain)
 
     sp = sub.add_parser("export-plan", help="a plan as an engine's configuration (Megatron-LM's arguments, "
                                             "torchtitan's config)")

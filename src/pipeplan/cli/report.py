@@ -71,22 +71,26 @@ def print_plan(plan: Plan, result: SimResult, console: Console | None = None, se
 def print_parallelism(plan: Plan, result: SimResult, console: Console) -> None:
     """A decoder LLM plan's 3D configuration, per-GPU memory and throughput, and the
     Megatron-LM arguments that run it."""
-    cfg = plan.extra.get("parallelism")
+    par = plan.parallelism
     if "model_tflops_per_gpu" in result.extra:
         x = result.extra
         console.print(f"per GPU: peak memory {fmt_bytes(float(result.memory_bytes.max()))} of "
-                      f"{fmt_bytes(float(result.memory_limit.min()))}; model {x['model_tflops_per_gpu']:.0f} TFLOP/s "
-                      f"(MFU {x['mfu']:.1%}), hardware {x['hw_tflops_per_gpu']:.0f} TFLOP/s with recomputation")
-    if not isinstance(cfg, dict) or "tp" not in cfg:
+                      f"{fmt_bytes(float(result.memory_limit.min()))} usable; model {x['model_tflops_per_gpu']:.0f} "
+                      f"TFLOP/s (MFU {x['mfu']:.1%}), hardware {x['hw_tflops_per_gpu']:.0f} TFLOP/s with recomputation")
+    if par is None:
         return
-    replica = cfg["global_batch"] // (cfg["dp"] * cfg["microbatch"])
-    console.print(f"3D: TP {cfg['tp']} x PP {cfg['pp']} x DP {cfg['dp']}"
-                  + (f", {cfg['virtual_stages']} virtual stages" if cfg["virtual_stages"] > 1 else "")
-                  + f"; microbatch {cfg['microbatch']} ({replica} a replica), global batch {cfg['global_batch']}; "
-                  f"recompute {cfg['recompute']}" + ("; sequence parallel" if cfg["sequence_parallel"] else "")
-                  + ("; ZeRO-1" if cfg["zero"] else "")
-                  + ("; gradient all-reduce overlapped" if cfg.get("overlap_grad_reduce") else "")
-                  + f"; schedule {cfg['schedule']}")
+    replica = par.microbatches(plan.global_batch)
+    stages = par.stage_layers()
+    console.print(f"3D: TP {par.tp} x PP {par.pp} x DP {par.dp}"
+                  + (f", {par.vpp} virtual stages" if par.vpp > 1 else "")
+                  + (f", layers {','.join(map(str, stages))}" if len(set(stages)) > 1 else "")
+                  + f"; microbatch {par.microbatch} ({replica} a replica), global batch {plan.global_batch}; "
+                  f"recompute {par.recompute}" + ("; sequence parallel" if par.sp else "")
+                  + ("; ZeRO-1" if par.zero else "")
+                  + ("; gradient reduction overlapped" if par.overlap_grad_reduce else "")
+                  + f"; gradients reduced in {par.grad_reduce}"
+                  + ("; pipeline sends overlapped" if par.overlap_p2p else "")
+                  + f"; schedule {par.schedule}")
     try:
         console.print(f"Megatron-LM: {escape(' '.join(megatron.parallel_arguments(plan)))}")
     except PipeplanError as e:
@@ -216,3 +220,38 @@ def print_compare(rows: list[dict], title: str, console: Console | None = None) 
         why = "dp was not compared" if dp is None else "dp has no plan" if "error" in dp else \
             "dp's plan does not fit in memory"
         console.print(f"speedup vs dp: - everywhere because {why}", soft_wrap=True)
+
+
+#: ``explain``'s terms in words
+TERM_TEXT = {"forward": "forward compute", "backward": "backward compute", "recompute": "recomputation",
+             "tp_comm": "tensor-parallel communication", "pipeline_sends": "pipeline sends (exposed)",
+             "dp_comm": "data-parallel reduction (exposed)", "optimizer": "optimizer step",
+             "bubble": "pipeline bubble (idle)", "other": "other"}
+
+
+def print_explained(names: list[str], found: list[dict], diff: dict | None) -> None:
+    """``explain``'s table: each plan's seconds and share per term, and the difference."""
+    table = Table(title="where the iteration goes (the bottleneck group: " + ", ".join(f["device"] for f in found)
+                  + ")")
+    table.add_column("term")
+    for name in names:
+        table.add_column(f"{name} s", justify="right")
+        table.add_column("share", justify="right")
+    if diff:
+        table.add_column("saved s", justify="right")
+        table.add_column("of A's iteration", justify="right")
+    for key, text in TERM_TEXT.items():
+        row = [text]
+        for f in found:
+            row += [f"{f['terms'][key]:.4g}", f"{f['terms'][key] / f['iteration_s']:.1%}"]
+        if diff:
+            row += [f"{diff['saved_s'][key]:+.4g}", f"{diff['share_of_a'][key]:+.1%}"]
+        table.add_row(*row)
+    row = ["iteration"] + [x for f in found for x in (f"{f['iteration_s']:.4g}", "100%")]
+    if diff:
+        row += [f"{diff['iteration_saved_s']:+.4g}", f"{diff['iteration_saved_s'] / found[0]['iteration_s']:+.1%}"]
+    table.add_row(*row)
+    console = Console()
+    console.print(table)
+    if diff:
+        console.print(f"{names[1]} is {diff['speedup']:.3g}x as fast as {names[0]}")

@@ -47,7 +47,7 @@ def server_links(servers: int, gpus: int, bandwidth: tuple[float, float],
 
 
 _TOP_KEYS = {"name", "devices", "servers", "bandwidth", "latency", "intra", "inter", "links",
-             "allreduce_efficiency", "action_overhead_s", "update_s_per_byte", "duplex"}
+             "allreduce_efficiency", "action_overhead_s", "update_s_per_byte", "duplex", "memory_reserve"}
 #: Cluster-wide numbers `pipeplan calibrate` measures (kept through YAML and plan JSON).
 CALIBRATED = ("allreduce_efficiency", "action_overhead_s", "update_s_per_byte")
 _DEVICE_KEYS = {"name", "kind", "memory", "speed", "server", "resources", "solo_speed"}
@@ -171,6 +171,8 @@ def _cluster_meta(d: dict, source: str) -> dict:
     for key in ("action_overhead_s", "update_s_per_byte"):
         if key in d:
             meta[key] = parse_time(d[key], f"{source}: {key}")
+    if "memory_reserve" in d:
+        meta["memory_reserve"] = parse_bytes(d["memory_reserve"], f"{source}: memory_reserve")
     if "duplex" in d:
         if d["duplex"] not in ("full", "half"):
             raise PipeplanError(f"{source}: duplex must be 'full' or 'half', got {d['duplex']!r}")
@@ -271,11 +273,11 @@ def cluster_to_dict(c: Cluster) -> dict:
                                            for r in d.resources]} if d.resources else {}),
                          **({"solo_speed": d.solo_speed} if d.solo_speed else {})}
                         for d in c.devices],
-            **{k: c.meta[k] for k in (*CALIBRATED, "duplex") if k in c.meta}, **links}
+            **{k: c.meta[k] for k in (*CALIBRATED, "duplex", "memory_reserve") if k in c.meta}, **links}
 
 
 _FULL_KEYS = {"name", "devices", "bandwidth_matrix", "latency_matrix", "server_links", "links_by_server",
-              *CALIBRATED, "duplex"}
+              *CALIBRATED, "duplex", "memory_reserve"}
 
 
 def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
@@ -299,6 +301,8 @@ def cluster_from_full_dict(d: Any, source: str = "plan: cluster") -> Cluster:
         meta = {k: float(d[k]) for k in CALIBRATED if k in d}
         if d.get("duplex") in ("full", "half"):
             meta["duplex"] = d["duplex"]
+        if "memory_reserve" in d:
+            meta["memory_reserve"] = parse_bytes(d["memory_reserve"], "memory_reserve")
         return Cluster(name_field(d, "name", "cluster", source), devices, bw, lat, meta=meta)
     except PipeplanError as e:
         raise PipeplanError(f"{source}: {e}") from None

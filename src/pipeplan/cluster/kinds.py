@@ -31,6 +31,15 @@ class Kind:
     gemm_efficiency: float = 0.0
     gemm_overhead_s: float = 0.0
 
+    @property
+    def memory_reserve(self) -> float:
+        """Bytes of a device's memory no plan may use (``MEMORY_RESERVE``); 0 for the seed
+        papers' kinds, whose papers planned with the whole memory."""
+        if self.bf16_flops <= 0:
+            return 0.0
+        context, nccl, fragmentation = MEMORY_RESERVE
+        return context + nccl + fragmentation * self.memory
+
 
 # Mobile devices of resalloc.txt §VI, as two resources each (CPU, GPU). Forward speeds are
 # peak FP32 throughput relative to the V100's 15.7 TFLOP/s, from the vendors' figures:
@@ -53,6 +62,12 @@ def _gpu(name: str, tflops: float) -> Resource:
 
 
 _GiB = 2.0**30
+#: What a training process on an A100/H100 holds outside the plan's tensors (docs/memory.md,
+#: "Reserve"), assumptions until measured: the CUDA context and its kernels' modules (0.75
+#: GiB with lazy loading), NCCL's buffers and communicators for the TP, DP and PP groups (1.25
+#: GiB) and the caching allocator's fragmentation (3% of the memory). ``--memory-reserve``
+#: overrides the sum.
+MEMORY_RESERVE = (0.75 * 2.0**30, 1.25 * 2.0**30, 0.03)
 #: (efficiency, overhead) of bf16 GEMMs on an H100 SXM, fitted (least relative squares) to the
 #: 512 transformer-layer GEMMs benchmarks/gpu/gemm_efficiency.py timed on one
 #: (benchmarks/results/gpu/, docs/llm.md): t = F / (989e12 x 0.708) + 17 us

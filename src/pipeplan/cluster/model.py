@@ -93,6 +93,21 @@ class Cluster:
         self.fspeed = np.array([d.fwd_speed for d in self.devices])
         self.bspeed = np.array([d.bwd_speed for d in self.devices])
         self.memory = np.array([d.memory for d in self.devices])
+        self.usable = self.memory - self._reserve()
+        if (self.usable <= 0).any():
+            d = self.devices[int(np.argmin(self.usable))]
+            raise PipeplanError(f"{where}: device {d.name!r} has memory {d.memory:.4g} bytes, not above its reserve "
+                                f"({float(self.memory.max() - self.usable.max()):.4g} bytes, --memory-reserve)")
+
+    def _reserve(self) -> np.ndarray:
+        """Bytes of each device that no plan may use: ``meta["memory_reserve"]`` (``--memory-reserve``)
+        where set, else its kind's default (``kinds.Kind.memory_reserve``)."""
+        from .kinds import KINDS
+
+        if "memory_reserve" in self.meta:
+            return np.full(len(self.devices), float(self.meta["memory_reserve"]))
+        return np.array([KINDS[d.kind.lower()].memory_reserve if d.kind.lower() in KINDS else 0.0
+                         for d in self.devices])
 
     def _links(self, v: int, where: str) -> None:
         """Check the link matrices (dense ones get their diagonal set)."""
@@ -157,6 +172,11 @@ class Cluster:
 
         return Cluster(self.name, [replace(d, memory=memory) for d in self.devices],
                        self.bandwidth.copy(), self.latency.copy(), dict(self.meta))
+
+    def with_reserve(self, reserve: float) -> "Cluster":
+        """A copy in which every device keeps ``reserve`` bytes from plans (--memory-reserve)."""
+        return Cluster(self.name, list(self.devices), self.bandwidth.copy(), self.latency.copy(),
+                       {**self.meta, "memory_reserve": float(reserve)})
 
     def scaled(self, factor: int) -> "Cluster":
         """``factor`` copies of the cluster side by side (copy k's devices and servers named

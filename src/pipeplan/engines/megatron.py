@@ -1,14 +1,15 @@
 """A decoder LLM's plan as Megatron-LM's ``pretrain_gpt.py`` arguments (docs/engines.md).
 
 Megatron expresses a plan whose every stage has one tensor-parallel degree t and one number
-of data-parallel replicas d, laid out as ``layouts.megatron_stages`` lays it out (tensor-
-parallel groups of consecutive GPUs inside a server; chunk j on pipeline position j mod PP),
-with the embedding in the first chunk and the LM head in the last, equal layers per chunk but
-for the first and last stage of a pipeline without interleaving, the schedule 1F1B (or
-interleaved 1F1B with chunks), and one recomputation setting for every stage. Anything else
-is refused with one line naming why and what the nearest plan Megatron can run (the same
-shape in its layout, even layers, its schedule, one recomputation setting) is predicted to
-cost, against the plan's own prediction.
+of data-parallel replicas d, laid out as ``llm.layout.stages`` lays it out (tensor-parallel
+groups of consecutive GPUs inside a server; chunk j on pipeline position j mod PP), with the
+embedding in the first chunk and the LM head in the last, any layers per chunk (equal chunks,
+the first and last stage apart, or its layout string: docs/megatron-rules.md), the schedule
+1F1B (or interleaved 1F1B with chunks), one recomputation setting for every stage, the
+gradient dtype and whether interleaved sends overlap. Anything else is refused with one line
+naming why and what the nearest plan Megatron can run (the same shape in its layout, even
+layers, its schedule, one recomputation setting) is predicted to cost, against the plan's own
+prediction.
 """
 
 from __future__ import annotations
@@ -22,22 +23,22 @@ from .shape import common_why_not, layer_counts, require, shape
 
 @dataclass(frozen=True)
 class View:
-    """What Megatron is told: the degrees, chunks, layers of the first and last pipeline stage
-    where they differ from the rest (None: equal), batch sizes and the switches."""
+    """What Megatron is told: the degrees, the layers of each chunk in chunk order, batch sizes,
+    recomputation and the switches (docs/megatron-rules.md)."""
 
     tp: int
     pp: int
     dp: int
     vpp: int
-    first: int | None
-    last: int | None
-    layers_per_chunk: int
+    layout: tuple[int, ...]
     micro: int
     global_batch: int
     recompute: str
     zero: bool
     sp: bool
     overlap: bool
+    grad_reduce: str
+    overlap_p2p: bool
 
 
 def _why_not(plan: Plan) -> str | None:
@@ -46,17 +47,14 @@ def _why_not(plan: Plan) -> str | None:
     if why is not None:
         return why
     tp, pp, dp, vpp = shape(plan)
-    counts = layer_counts(plan)
-    if vpp > 1 and len(set(counts)) > 1:
-        return f"its model chunks have unequal layer counts ({counts}); with interleaving Megatron takes equal ones"
-    if vpp == 1 and pp > 2 and len(set(counts[1:-1])) > 1:
-        return f"its middle stages have unequal layer counts ({counts}); Megatron sets only the first and last"
     if plan.schedule != ("1f1b" if vpp == 1 else "interleaved-1f1b"):
         return f"schedule {plan.schedule} (Megatron runs 1F1B, and interleaved 1F1B with model chunks)"
     per_replica = plan.microbatches // dp if plan.replicas == "round-robin" else plan.microbatches
     if vpp > 1 and per_replica % pp:
         return (f"with interleaving Megatron runs a multiple of PP = {pp} microbatches a replica, this plan "
                 f"{per_replica}")
+    if 0 in layer_counts(plan)[1:-1] or (plan.parallelism is None and 0 in layer_counts(plan)):
+        return "a model chunk holds no layer (Megatron's layout allows only the embedding's or the head's alone)"
     return None
 
 
@@ -65,15 +63,45 @@ def view(plan: Plan) -> View:
     the nearest plan's predicted cost."""
     require("megatron", "Megatron-LM", plan, _why_not)
     tp, pp, dp, vpp = shape(plan)
-    counts = layer_counts(plan)
-    middle = counts[1] if vpp == 1 and pp > 2 else counts[0]
-    first = counts[0] if vpp == 1 and pp > 1 and counts[0] != middle else None
-    last = counts[-1] if vpp == 1 and pp > 1 and counts[-1] != middle else None
     b = int(plan.graph.meta.get("microbatch", 1))
     micro = b // dp if plan.replicas == "split" else b
-    mode = plan.recompute_mode(0)
-    return View(tp, pp, dp, vpp, first, last, middle, micro, b * plan.microbatches, mode, bool(plan.zero),
-                plan.sequence_parallel and tp > 1, plan.overlap_grad_reduce and dp > 1)
+    par = plan.parallelism
+    grad = par.grad_reduce if par else "fp32"
+    p2p = par.overlap_p2p if par else vpp > 1  # Megatron overlaps interleaved sends by default
+    return View(tp, pp, dp, vpp, tuple(layer_counts(plan)), micro, plan.global_batch, plan.recompute_mode(0),
+                bool(plan.zero), plan.sequence_parallel and tp > 1, plan.overlap_grad_reduce and dp > 1, grad, p2p)
+
+
+def layout_string(counts: tuple[int, ...]) -> str:
+    """Megatron's ``--pipeline-model-parallel-layout`` for chunk layer ``counts`` in chunk order:
+    ``E`` the embedding in the first chunk, ``L`` the loss in the last, ``t*n`` a chunk's
+    layers, ``|`` between chunks, ``(t*n|)*k`` for k equal middle chunks in a row (its grammar:
+    megatron/core/transformer/pipeline_parallel_layer_layout.py, docs/megatron-rules.md)."""
+    def chunk(n: int) -> str:
+        return "" if n == 0 else "t" if n == 1 else f"t*{n}"
+
+    middle, k = [], 1
+    inner = counts[1:-1]
+    while k <= len(inner):
+        run = 1
+        while k - 1 + run < len(inner) and inner[k - 1 + run] == inner[k - 1]:
+            run += 1
+        middle.append(f"({chunk(inner[k - 1])}|)*{run}" if run >= 3 else f"{chunk(inner[k - 1])}|" * run)
+        k += run
+    return f"E{chunk(counts[0])}|" + "".join(middle) + f"{chunk(counts[-1])}L"
+
+
+def layer_arguments(v: View) -> list[str]:
+    """How the layers split: nothing (equal stages), layers per virtual stage (equal chunks),
+    the first and last stage apart (one chunk a GPU, equal middle stages), else the layout."""
+    counts, stages = v.layout, [sum(v.layout[s::v.pp]) for s in range(v.pp)]
+    if len(set(counts)) == 1:
+        return [f"--num-layers-per-virtual-pipeline-stage {counts[0]}"] if v.vpp > 1 else []
+    if v.vpp == 1 and min(counts) > 0 and (v.pp == 2 or len(set(stages[1:-1])) == 1):
+        middle = stages[1] if v.pp > 2 else None
+        return ([f"--decoder-first-pipeline-num-layers {stages[0]}"] if stages[0] != middle else []) + \
+            ([f"--decoder-last-pipeline-num-layers {stages[-1]}"] if stages[-1] != middle else [])
+    return [f"--pipeline-model-parallel-layout {layout_string(counts)}"]
 
 
 def model_arguments(spec: DecoderSpec) -> list[str]:
@@ -118,12 +146,7 @@ def parallel_arguments(plan: Plan) -> list[str]:
     """The parallelism, batch, recomputation and optimizer arguments of ``plan``."""
     v = view(plan)
     args = [f"--tensor-model-parallel-size {v.tp}", f"--pipeline-model-parallel-size {v.pp}"]
-    if v.vpp > 1:
-        args.append(f"--num-layers-per-virtual-pipeline-stage {v.layers_per_chunk}")
-    if v.first is not None:
-        args.append(f"--decoder-first-pipeline-num-layers {v.first}")
-    if v.last is not None:
-        args.append(f"--decoder-last-pipeline-num-layers {v.last}")
+    args += layer_arguments(v)
     args += [f"--micro-batch-size {v.micro}", f"--global-batch-size {v.global_batch}"]
     if v.recompute == "selective":
         args.append("--recompute-granularity selective")
@@ -135,6 +158,10 @@ def parallel_arguments(plan: Plan) -> list[str]:
         args.append("--use-distributed-optimizer")
     if v.overlap:
         args.append("--overlap-grad-reduce")
+    if v.grad_reduce == "bf16":
+        args.append("--grad-reduce-in-bf16")
+    if v.vpp > 1 and not v.overlap_p2p:
+        args.append("--no-overlap-p2p-communication")
     if plan.optimizer != "adam":
         args.append(f"--optimizer {plan.optimizer}")
     return args

@@ -9,8 +9,9 @@ from dataclasses import replace
 
 from ..errors import PipeplanError
 from ..graph.llm import decoder_of
-from ..layouts import megatron_stages
-from ..plan import Plan, is_decoder
+from ..llm.layout import even, stages as layout_stages
+from ..llm.parallelism import Parallelism
+from ..plan import Plan, Stage, is_decoder
 from ..schedule import SCHEDULES
 from ..sim import simulate
 
@@ -26,7 +27,11 @@ def layer_counts(plan: Plan) -> list[int]:
 
 
 def shape(plan: Plan) -> tuple[int, int, int, int]:
-    """(TP, PP, DP, chunks) read off the plan: the most common degree and replica count."""
+    """(TP, PP, DP, chunks): the plan's parallelism where a 3D planner declared it, else read
+    off the stages (the most common degree and replica count)."""
+    if plan.parallelism is not None:
+        par = plan.parallelism
+        return par.tp, par.pp, par.dp, par.vpp
     tp = Counter(s.tp for s in plan.stages).most_common(1)[0][0]
     world = len({d for s in plan.stages for d in s.devices})
     pp = len(positions(plan))
@@ -70,17 +75,20 @@ def common_why_not(plan: Plan, placements: tuple[str, ...]) -> str | None:
 
 def nearest(plan: Plan) -> Plan:
     """The plan the engines can run that is nearest ``plan``: its shape in Megatron's layout
-    (``layouts``), even layers, 1F1B or interleaved 1F1B, full recomputation on every stage if
+    (``llm.layout``), even layers, 1F1B or interleaved 1F1B, full recomputation on every stage if
     on any."""
     spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
     tp, pp, dp, vpp = shape(plan)
     world = sorted({d for devs in plan.stage_devices() for d in devs})
     names = [plan.cluster.devices[d].name for d in world]
-    stages = megatron_stages(names, spec.layers, tp, pp, dp, vpp)
+    par = Parallelism(tp, pp, dp, even(spec.layers, pp, vpp), vpp,
+                      schedule="1f1b" if vpp == 1 else "interleaved-1f1b")
+    stages = [Stage(*chunk) for chunk in layout_stages(names, par)]
     full = any(plan.recomputes(s) for s in range(plan.num_stages))
     return replace(plan, stages=stages, schedule="1f1b" if vpp == 1 else "interleaved-1f1b",
                    recompute=[full] * len(stages), selective=plan.selective and not full, prediction={},
-                   extra={}, replicas="round-robin" if plan.replicas == "split" and dp > 1 else plan.replicas)
+                   extra={}, replicas="round-robin" if plan.replicas == "split" and dp > 1 else plan.replicas,
+                   parallelism=None)
 
 
 def refusal(engine: str, plan: Plan, why: str) -> str:

@@ -84,6 +84,22 @@ class DecoderSpec:
         """Width of the keys (and of the values): kv_heads x head_dim."""
         return self.kv_heads * self.head_dim
 
+    def kv_rank(self, tp: int) -> int:
+        """Width of the keys (and of the values) one of ``tp`` tensor-parallel ranks holds: its
+        1 / tp of the key/value heads, or with more ranks than key/value heads one head,
+        replicated tp / kv_heads times (Megatron-core takes num_query_groups a divisor or a
+        multiple of TP, docs/megatron-rules.md)."""
+        if self.kv_heads % tp == 0:
+            return self.kv_dim // tp
+        if tp % self.kv_heads == 0:
+            return self.head_dim
+        raise PipeplanError(f"model {self.name!r}: {self.kv_heads} key/value heads neither split over nor replicate "
+                            f"onto {tp} tensor-parallel ranks")
+
+    def kv_replicated_params(self, tp: int) -> int:
+        """Parameters a layer's ``tp`` ranks hold beyond its own (key/value heads replicated)."""
+        return 2 * self.hidden * (tp * self.kv_rank(tp) - self.kv_dim)
+
     @property
     def mlp_matrices(self) -> int:
         return 3 if self.gated else 2
@@ -150,11 +166,12 @@ class DecoderSpec:
         replicated = 2 * BF16 * sbh + 2 * BF16 * sbh + 2 * mask * sbh
         # divided over the group: Q and K for the scores, V, the output projection's input,
         # the MLP's intermediate tensors, the attention core
-        split = BF16 * (sbh + s * b * kv) + BF16 * s * b * kv + BF16 * sbh
+        split = BF16 * sbh + BF16 * sbh  # Q, the output projection's input
         split += (3 if self.gated else 2) * BF16 * s * b * f
         if rc == "none":
             split += self.attention_core_bytes(samples)
-        return replicated / (tp if sp else 1) + split / tp
+        keys_values = 2 * BF16 * s * b * self.kv_rank(tp)  # K and V: a rank's share, or a replicated head
+        return replicated / (tp if sp else 1) + split / tp + keys_values
 
     def attention_core_bytes(self, samples: int) -> float:
         """What the attention core keeps besides Q, K, V and its output: the softmax output
@@ -260,11 +277,12 @@ H100_SPEED = 67.0 / 15.7
 
 def _gemm_flops(spec: DecoderSpec, tokens: int, tp: int) -> list[float]:
     """FLOPs of each forward GEMM of one of ``tp`` ranks: QKV and the MLP's first matrices
-    (gate and up fused for SwiGLU) split by columns, the output projection and the MLP's last
+    (gate and up fused for SwiGLU) split by columns (keys and values: ``kv_rank``, replicated
+    where the ranks outnumber the key/value heads), the output projection and the MLP's last
     matrix by rows (Megatron-LM, Shoeybi et al. 2019 §3)."""
-    h, kv, f = spec.hidden, spec.kv_dim, spec.ffn
+    h, f = spec.hidden, spec.ffn
     first = (2 if spec.gated else 1) * f
-    return [2.0 * tokens * h * (h + 2 * kv) / tp, 2.0 * tokens * h * h / tp,
+    return [2.0 * tokens * h * (h / tp + 2 * spec.kv_rank(tp)), 2.0 * tokens * h * h / tp,
             2.0 * tokens * h * first / tp, 2.0 * tokens * f * h / tp]
 
 

@@ -207,7 +207,7 @@ class _Search:
         for k, cls in enumerate(self.classes):
             for d in cls:
                 self.class_of[d] = k
-        self.peak, self.mem = peak_rates(self.cluster), self.cluster.memory
+        self.peak, self.mem = peak_rates(self.cluster), self.cluster.usable
         self.comp = self.lin.fwd_cum + self.lin.bwd_cum
         self.crossed = crossed_cuts(self.graph, self.lin.order)
         self.half = self.cluster.meta.get("duplex", "full") == "half"

@@ -38,7 +38,7 @@ def plan_hetpipe(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     if not options.allow_over_memory and not fits(plan):
         try:
             plan = _hetpipe_plan(graph, cluster, options, DPOptions(
-                straight_pipeline=True, memory_size=float(cluster.memory.min())))
+                straight_pipeline=True, memory_size=float(cluster.usable.min())))
         except Infeasible:
             pass  # no partition fits: the balanced one, flagged by the caller
     return plan

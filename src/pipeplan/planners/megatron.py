@@ -23,7 +23,7 @@ two chunks (``zb-v``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -34,7 +34,6 @@ from ..graph.linearize import Linearization
 from ..plan import Plan, Stage, is_decoder
 from ..schedule import SCHEDULES
 from ..schedule.layout import placement_positions
-from ..graph.llm import RECOMPUTE
 from ..sim import simulate
 from ..sim.tensor_groups import has_rates
 from . import llm3d
@@ -107,33 +106,16 @@ def chunk_counts(layers: int, depth: int, schedule: str | None) -> list[int]:
 
 
 @dataclass(frozen=True)
-class MegatronOptions:
-    """Pinned dimensions of a decoder LLM's 3D configuration (``llm3d``); unpinned ones follow
-    Megatron-LM's rules of thumb. Other graphs take only ``recompute`` none/full (not pinned:
-    only where the plan does not fit)."""
-
-    tp: int | None = field(default=None, metadata={"min": 1, "help": "tensor-parallel degree (decoder LLMs)"})
-    pp: int | None = field(default=None, metadata={"min": 1, "help": "pipeline-parallel degree (decoder LLMs)"})
-    vpp: int | None = field(default=None, metadata={"min": 1, "help": "model chunks per GPU, interleaved 1F1B "
-                                                                       "when > 1 (decoder LLMs)"})
-    microbatch: int | None = field(default=None, metadata={"min": 1, "help": "samples per microbatch "
-                                                                              "(decoder LLMs)"})
-    recompute: str | None = field(default=None, metadata={"choices": RECOMPUTE, "help": (
-        "activation recomputation: none, selective (attention core, decoder LLMs) or full")})
-    zero: int | None = field(default=None, metadata={"min": 0, "max": 1, "help": (
-        "1: distributed optimizer (ZeRO-1) over the data-parallel replicas (decoder LLMs)")})
-    sp: bool | None = field(default=None, metadata={"help": "sequence parallelism with TP (decoder LLMs; "
-                                                            "default: on where TP > 1)"})
-    overlap: bool | None = field(default=None, metadata={"help": (
-        "overlap each stage's gradient all-reduce with its last backward, --overlap-grad-reduce (decoder LLMs; "
-        "default: on where DP > 1)")})
+class MegatronOptions(llm3d.LLMOptions):
+    """Pinned dimensions of a decoder LLM's 3D configuration (``llm3d.LLMOptions``); unpinned
+    ones follow Megatron-LM's rules of thumb. Other graphs take only ``recompute`` none/full
+    (not pinned: only where the plan does not fit)."""
 
 
 def _decoder_plan(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """Megatron-LM's configuration of a decoder LLM: the pinned dimensions, the rest by its
     rules of thumb (``llm3d.rule_of_thumb``)."""
-    o = options.settings_of(MegatronOptions)
-    pins = llm3d.Pins(o.tp, o.pp, o.vpp, o.microbatch, o.recompute, o.zero, o.sp, options.schedule, o.overlap)
+    pins = llm3d.pins_of(options.settings_of(MegatronOptions), options.schedule)
     batch = llm3d.global_batch_of(graph, options.global_batch, options.microbatches)
     cfg = llm3d.rule_of_thumb(llm3d.spec_of(graph), cluster, batch, pins, options.optimizer)
     return llm3d.plan_of(graph, cluster, cfg, batch, options.optimizer)
@@ -143,7 +125,7 @@ def _refuse_llm_options(graph: Graph, options: PlanOptions) -> bool | None:
     """The old graphs' recomputation setting: True/False pinned, None swept; a decoder-only
     option on another graph (or on GPUs without bf16 rates) is one line."""
     o = options.settings_of(MegatronOptions)
-    only = [k for k in ("tp", "pp", "vpp", "microbatch", "zero", "sp", "overlap") if getattr(o, k) is not None]
+    only = [f.name for f in fields(llm3d.LLMOptions) if f.name != "recompute" and getattr(o, f.name) is not None]
     if only or o.recompute == "selective":
         what = (f"needs GPUs with bf16 rates (A100-40GB, A100-80GB, H100-SXM) for {graph.name!r}"
                 if is_decoder(graph) else f"is for decoder LLM graphs (zoo:gpt, zoo:llama3-*, hf:), not {graph.name!r}")

@@ -2,7 +2,8 @@
 settings; the text is parsed into those dataclasses here, once, at the edge (the CLI, or a
 library caller), and planners read the typed object (``PlanOptions.settings_of``).
 
-Fields are typed bool, int, float, str or Optional of one (``none``), with ``metadata``:
+Fields are typed bool, int, float, str or Optional of one (``none``: unset, unless ``none`` is
+one of the field's choices, as in ``recompute=none``, where it is that value), with ``metadata``:
 ``help``, ``choices``, numeric bounds (``min``/``max`` inclusive, ``above``/``below``
 exclusive) and ``duration`` (a wall-clock budget: ``90s``, ``3m``, ``1h`` or bare seconds,
 read as every ``--budget`` is). An unknown key or a value that does not parse is one
@@ -86,8 +87,8 @@ def _parse_value(text: str, hint: Any, choices: tuple[str, ...] | None, meta: An
     expected = f"one of {', '.join(choices)}" if choices else _EXPECTED[base] + (f" {bounds}" if bounds else "")
     if not text.strip():
         raise ValueError(f"{expected}, not an empty value")
-    if optional and text.strip().lower() == "none":
-        return None
+    if optional and text.strip().lower() == "none" and "none" not in (choices or ()):
+        return None  # unset; where ``none`` is one of the choices it is that value, not unset
     value: Any
     if base is bool:
         low = text.strip().lower()

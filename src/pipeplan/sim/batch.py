@@ -93,7 +93,7 @@ class BatchEvaluator:
             np.atleast_2d(np.asarray(recompute, dtype=bool))
         costs = batch_costs(self.graph, son, self.num_stages, rec)
         ok = costs.valid & self._devices_valid(dst)
-        out = _empty(count, len(self.cluster), self.cluster.memory)
+        out = _empty(count, len(self.cluster), self.cluster.usable)
         keys, rows = _structure_keys(costs, dst, self.num_stages, self.replicas)
         for key in np.unique(keys[ok]) if ok.any() else []:
             idx = np.flatnonzero(ok & (keys == key))

@@ -286,13 +286,28 @@ def _channel(keys: dict[tuple, int], channels: list[str], name: str, key: tuple[
     return keys[key]
 
 
+#: graph meta key: a sender's next action waits for its pipeline sends (Megatron-LM's 1F1B
+#: p2p, ``send_forward_recv_backward`` and kin, blocks; docs/llm.md), instead of overlapping them
+BLOCKING_SENDS = "blocking_sends"
+
+
+def _next_in_chain(groups: list[Group], n: int) -> np.ndarray:
+    """Each task's next task in its group's program (-1: none or several)."""
+    nxt = np.full(n, -1, dtype=np.int64)
+    for g in groups:
+        nxt[g.ids[:-1]] = g.ids[1:]
+    return nxt
+
+
 def _add_transfers(b: _Builder, plan: Plan, groups: list[Group], crossing: np.ndarray, m_count: int,
                    channels: list[str]) -> None:
-    """Forward transfers s -> s+1 and backward transfers s+1 -> s of every microbatch."""
+    """Forward transfers s -> s+1 and backward transfers s+1 -> s of every microbatch; with
+    ``BLOCKING_SENDS`` the sender's next action waits for each."""
     cl = plan.cluster
     stage_devs = plan.stage_devices()
     half = cl.meta.get("duplex", "full") == "half"
     f_task, b_task, owner = _task_index(groups, len(stage_devs), m_count)
+    nxt = _next_in_chain(groups, b.n) if plan.graph.meta.get(BLOCKING_SENDS) else None
     keys: dict[tuple, int] = {}
     for s in range(len(stage_devs) - 1):
         src_g, dst_g = owner[s], owner[s + 1]
@@ -310,10 +325,11 @@ def _add_transfers(b: _Builder, plan: Plan, groups: list[Group], crossing: np.nd
                                    (min(ga, gb), max(ga, gb)) if half else ((ga, gb) if forward else (gb, ga)))
             t = b.add(ms.size, Kind.SEND_F if forward else Kind.SEND_B, s if forward else s + 1, ms,
                       chan=chan[inv], pair=pairs[inv])
-            if forward:
-                b.edge(f_task[s][ms], t), b.edge(t, f_task[s + 1][ms])
-            else:
-                b.edge(b_task[s + 1][ms], t), b.edge(t, b_task[s][ms])
+            sender = f_task[s][ms] if forward else b_task[s + 1][ms]
+            b.edge(sender, t), b.edge(t, f_task[s + 1][ms] if forward else b_task[s][ms])
+            if nxt is not None:
+                after = nxt[sender]
+                b.edge(t[after >= 0], after[after >= 0])
 
 
 def compile_tasks(plan: Plan, sched: Schedule, crossing: np.ndarray) -> TaskGraph:

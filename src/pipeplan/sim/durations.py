@@ -36,6 +36,10 @@ _AR, _UP, _SF, _SB = int(Kind.AR), int(Kind.UPDATE), int(Kind.SEND_F), int(Kind.
 #: gradients reduced as they are ready, Megatron-LM's ``--overlap-grad-reduce``); its value is
 #: the plan's replica mode
 OVERLAP = "overlap_grad_reduce"
+#: graph meta key: each stage's data-parallel collectives in seconds, priced by the graph's own
+#: family (decoder LLMs: ``sim.tensor_groups``: gradient dtype, ZeRO-1, rings on the servers'
+#: rails) instead of SPP's ring over the slowest link
+STAGE_ALLREDUCE_S = "stage_allreduce_s"
 
 
 @dataclass(frozen=True)
@@ -110,18 +114,22 @@ def _allreduce_classes(tg: TaskGraph) -> list[tuple[int, int]]:
 
 
 def _allreduce(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, dur: np.ndarray, bad: np.ndarray,
-               overlap: str | None) -> None:
-    """Ring all-reduce of each stage; with ``overlap`` (``OVERLAP``: the plan's replica mode)
-    only what outlasts the backward of the stage's last microbatch stays after it."""
+               overlap: str | None, fixed: list[float] | None = None) -> None:
+    """Ring all-reduce of each stage (``fixed``: its seconds, ``STAGE_ALLREDUCE_S``); with
+    ``overlap`` (``OVERLAP``: the plan's replica mode) only what outlasts the backward of the
+    stage's last microbatch stays after it."""
     eff = float(cl.meta.get("allreduce_efficiency", 1.0))  # measured by calibrate
     for t, s in tg.memo(_allreduce_classes):
         m = lay.stages[:, s]
         k = m.sum(axis=1)
-        bw, lat = _slowest(m, m, cl)
         live = (k >= 2) & (c.params[:, s] > 0)
-        bad[:, t] = live & (bw <= 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            dur[:, t] = np.where(live, 2.0 * (k - 1) / k * c.params[:, s] / (bw * eff) + 2 * (k - 1) * lat, 0.0)
+        if fixed is not None:
+            dur[:, t] = np.where(live, float(fixed[s]), 0.0)
+        else:
+            bw, lat = _slowest(m, m, cl)
+            bad[:, t] = live & (bw <= 0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                dur[:, t] = np.where(live, 2.0 * (k - 1) / k * c.params[:, s] / (bw * eff) + 2 * (k - 1) * lat, 0.0)
         if overlap:  # a microbatch's backward: on one replica in turn, or split over all of them
             speed = (np.where(m, cl.speed[None], 0.0).sum(axis=1) if overlap == "split"
                      else np.where(m, cl.speed[None], np.inf).min(axis=1))
@@ -205,7 +213,7 @@ def durations(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, graph_meta
     dur = np.zeros((fs.shape[0], tg.rep.size))
     bad = np.zeros(dur.shape, dtype=bool)
     _compute(tg, lay, c, fs, bs, float(cl.meta.get("action_overhead_s", 0.0)), dur)
-    _allreduce(tg, lay, c, cl, dur, bad, graph_meta.get(OVERLAP))
+    _allreduce(tg, lay, c, cl, dur, bad, graph_meta.get(OVERLAP), graph_meta.get(STAGE_ALLREDUCE_S))
     _transfers(tg, lay, c, cl, dur, bad)
     _updates(tg, lay, c, cl, graph_meta, dur)
     return dur, bad

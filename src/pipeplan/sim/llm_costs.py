@@ -96,9 +96,9 @@ def layer_cost(spec: DecoderSpec, kind: Kind, samples: int, tp: int = 1, sp: boo
                recompute: str = "none", tp_bus: float = 0.0, tp_latency: float = 0.0) -> LayerCost:
     """One layer on one of ``tp`` ranks (module docstring); ``tp_bus``, ``tp_latency``: the
     group's links (``collectives.group_links``)."""
-    if spec.heads % tp or (spec.kv_heads % tp and tp % spec.kv_heads):
-        raise PipeplanError(f"model {spec.name!r}: {spec.heads} heads ({spec.kv_heads} for keys and values) "
-                            f"cannot be split over {tp} tensor-parallel ranks")
+    if spec.heads % tp:
+        raise PipeplanError(f"model {spec.name!r}: {spec.heads} heads cannot be split over {tp} tensor-parallel ranks")
+    spec.kv_rank(tp)  # key/value heads split or replicated, else one line
     fwd, bwd, core = layer_compute_s(spec, rates_of(kind), samples, tp, sp)
     again = {"none": 0.0, "selective": core, "full": fwd}[recompute]
     fwd_c, bwd_c = tp_collectives(spec, samples, tp, sp)
@@ -107,4 +107,5 @@ def layer_cost(spec: DecoderSpec, kind: Kind, samples: int, tp: int = 1, sp: boo
     fwd_comm = comm_s(fwd_c, tp, tp_bus, tp_latency)
     bwd_comm = comm_s(bwd_c, tp, tp_bus, tp_latency) + (fwd_comm if recompute == "full" else 0.0)
     return LayerCost(fwd, bwd, again, fwd_c, bwd_c, fwd_comm, bwd_comm,
-                     spec.layer_activation_bytes(samples, tp, sp, recompute), spec.layer_params() / tp)
+                     spec.layer_activation_bytes(samples, tp, sp, recompute),
+                     (spec.layer_params() + spec.kv_replicated_params(tp)) / tp)

@@ -16,7 +16,7 @@ from ..errors import PipeplanError
 from ..plan import Plan
 from ..schedule import Kind, Schedule, check_schedule, make_schedule
 from .bounds import work_bound
-from .compile import TaskGraph, compile_tasks
+from .compile import BLOCKING_SENDS, TaskGraph, compile_tasks
 from .stage_costs import StageCosts, plan_costs
 from .durations import Layout, pass_speeds
 from .iteration import Outcome, Shape, run_layouts
@@ -160,7 +160,8 @@ def _structure(plan: Plan, sched: Schedule, crossing: np.ndarray) -> tuple:
     return (sched.microbatches, sched.steady_state, sched.lanes, tuple(sched.devices),
             tuple((p.kinds.tobytes(), p.stages.tobytes(), p.micro.tobytes()) for p in sched.programs),
             stage_devs, tuple(cl.devices[d].name for g in stage_devs for d in g), crossing.tobytes(),
-            len(cl), cl.meta.get("duplex", "full") == "half", update_time(plan.graph.meta, cl, 1.0, 1.0) > 0)
+            len(cl), cl.meta.get("duplex", "full") == "half", update_time(plan.graph.meta, cl, 1.0, 1.0) > 0,
+            bool(plan.graph.meta.get(BLOCKING_SENDS)))
 
 
 def forget_compiled() -> None:
@@ -254,7 +255,7 @@ def _result(plan: Plan, sched: Schedule, tg: TaskGraph, out: Outcome, timeline: 
                      devices=[cl.devices[d].name for d in plan_devs],
                      stage_of_device=[held[d][0] for d in plan_devs],
                      busy_s=out.busy[0, plan_devs], memory_bytes=out.memory[0, plan_devs],
-                     memory_limit=cl.memory[plan_devs], num_tasks=tg.n, timeline=tl, extra=extra,
+                     memory_limit=cl.usable[plan_devs], num_tasks=tg.n, timeline=tl, extra=extra,
                      device_stages=[held[d] for d in plan_devs] if any(len(h) > 1 for h in held.values()) else [])
 
 

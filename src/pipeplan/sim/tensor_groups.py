@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 
 from ..cluster import Cluster, Device
 from ..cluster.kinds import KINDS
@@ -34,12 +35,16 @@ from ..plan import Plan, Stage, is_decoder
 from .collectives import group_links
 from . import llm_costs
 from .llm_costs import Collective, comm_s, layer_cost, rates_of
-from .durations import OVERLAP
+from .collectives import collective_s
+from .compile import BLOCKING_SENDS
+from .durations import OVERLAP, STAGE_ALLREDUCE_S
 from .replicas import as_two, between_groups, ring_links, symmetric_count
 
 
 #: graph meta key of a graph costed on groups already
 LOWERED = "costed_on_groups"
+#: graph meta key: per stage, one microbatch's seconds by part (``NodeParts``' fields), for ``explain``
+STAGE_PARTS = "stage_parts"
 
 
 @dataclass(frozen=True)
@@ -110,32 +115,101 @@ def group_cluster(cl: Cluster, groups: list[list[int]]) -> Cluster:
     devices = []
     for g in groups:
         first = cl.devices[g[0]]
-        devices.append(Device(_name(cl, g), first.kind, float(cl.memory[g].min()) * len(g),
+        devices.append(Device(_name(cl, g), first.kind, float(cl.usable[g].min()) * len(g),
                               float(cl.speed[g].min()), first.server))
     bw, lat = between_groups(cl, groups, groups)
-    return Cluster(f"{cl.name} (tensor-parallel groups)", devices, bw, lat, dict(cl.meta))
+    # a group's memory is its GPUs' usable memory (their reserves subtracted once, here)
+    return Cluster(f"{cl.name} (tensor-parallel groups)", devices, bw, lat, {**cl.meta, "memory_reserve": 0.0})
 
 
-def node_costs(spec: DecoderSpec, role: str, kind, samples: int, t: int, sp: bool, mode: str,
-                links: tuple[float, float]) -> tuple[float, float, float]:
-    """(forward s, backward s, bytes kept) of one rank for one node (``embed``, ``layer``,
-    ``head``): the embedding's output and the head's input cross the group as Megatron's f
-    and g operators do (an all-reduce, or a reduce-scatter / all-gather with sequence
-    parallelism)."""
-    rates, run = rates_of(kind), 1.0 / llm_costs.END_TO_END  # compute as a training run spends it
+#: Bytes a fused Adam step moves through HBM per parameter it updates (Megatron's distributed
+#: optimizer on its shard): the fp32 gradient read (4), fp32 master weight read and written (8),
+#: the two fp32 moments read and written (16), the 16-bit weight written (2), and the gradient
+#: norm's read of the gradient (4); SGD moves no moments, momentum one
+OPTIMIZER_STEP_BYTES = {"adam": 34.0, "momentum": 26.0, "sgd": 18.0}
+
+
+def dp_ring(cluster: Cluster, ring: list[int]) -> tuple[float, float]:
+    """(bus bytes/s, latency) of one data-parallel ring, rank ``ring[k]`` of replica k: TP
+    concurrent rings share their servers' adapters, and ``collectives.group_links`` counts this
+    ring's members in each server as the adapters it gets (the servers' rails)."""
+    return group_links(cluster, ring)
+
+
+def dp_collectives_s(par, params_per_rank: float, links: tuple[float, float]) -> float:
+    """Seconds of one rank's data-parallel gradient reduction over ``par.dp`` replicas on a
+    ring of ``links`` (``dp_ring``): an all-reduce of the gradients in ``par.grad_reduce``
+    (fp32 by default for bf16, Megatron's ``accumulate_allreduce_grads_in_fp32``), or with
+    ZeRO-1 a reduce-scatter of them and an all-gather of the 16-bit weights."""
+    from ..llm.parallelism import DTYPE_BYTES
+
+    if par.dp < 2 or params_per_rank <= 0:
+        return 0.0
+    grads = params_per_rank * DTYPE_BYTES[par.grad_reduce]
+    if par.zero:
+        return (collective_s("reduce_scatter", grads, par.dp, *links)
+                + collective_s("all_gather", params_per_rank * BF16, par.dp, *links))
+    return collective_s("all_reduce", grads, par.dp, *links)
+
+
+def pipeline_send_s(spec: DecoderSpec, cluster: Cluster, par) -> float:
+    """One microbatch's hidden state from position 0 to 1, each of the TP ranks sending its
+    1 / TP over its own link (Megatron's scatter/gather, Narayanan et al. 2021 §4.1)."""
+    width = par.dp * par.tp
+    a, b = 0, width if len(cluster) > width else 0
+    nbytes = BF16 * par.microbatch * spec.seq * spec.hidden / par.tp
+    return nbytes / float(cluster.bandwidth[a, b]) + float(cluster.latency[a, b]) if a != b else 0.0
+
+
+@dataclass(frozen=True)
+class NodeParts:
+    """One node on one rank for one microbatch, in seconds by what spends them (``explain``):
+    the forward's and backward's compute, what recomputation runs again, the tensor-parallel
+    collectives of each pass; and the bytes kept for the backward."""
+
+    fwd: float
+    fwd_tp: float
+    bwd: float
+    recompute: float
+    bwd_tp: float
+    kept: float
+
+    @property
+    def fwd_s(self) -> float:
+        return self.fwd + self.fwd_tp
+
+    @property
+    def bwd_s(self) -> float:
+        return self.bwd + self.recompute + self.bwd_tp
+
+
+def node_parts(spec: DecoderSpec, role: str, kind, samples: int, t: int, sp: bool, mode: str,
+               links: tuple[float, float]) -> NodeParts:
+    """One rank's parts of a node (``embed``, ``layer``, ``head``): compute as a training run
+    spends it (over ``llm_costs.END_TO_END``) and the collectives; the embedding's output and
+    the head's input cross the group as Megatron's f and g operators do (an all-reduce, or a
+    reduce-scatter / all-gather with sequence parallelism)."""
+    rates, run = rates_of(kind), 1.0 / llm_costs.END_TO_END
     hidden = BF16 * samples * spec.seq * spec.hidden
     if role == "layer":
         lc = layer_cost(spec, kind, samples, t, sp, mode, *links)
-        return (lc.fwd_s * run + lc.fwd_comm_s, (lc.bwd_s + lc.recompute_s) * run + lc.bwd_comm_s,
-                lc.activation_bytes)
+        return NodeParts(lc.fwd_s * run, lc.fwd_comm_s, lc.bwd_s * run, lc.recompute_s * run, lc.bwd_comm_s,
+                         lc.activation_bytes)
     reduce = comm_s((Collective("reduce_scatter" if sp else "all_reduce", 1, hidden),), t, *links)
     gather = comm_s((Collective("all_gather", 1, hidden),), t, *links) if sp else 0.0
     if role == "embed":
         f, b = embedding_compute_s(spec, rates, samples)
-        return f * run + reduce, b * run + gather, 0.0
+        return NodeParts(f * run, reduce, b * run, 0.0, gather, 0.0)
     f, b = head_compute_s(spec, rates, samples, t)
     kept = 4.0 * samples * spec.seq * spec.vocab / t + hidden / (t if sp else 1)  # fp32 logits, the input
-    return f * run + gather, b * run + reduce, kept
+    return NodeParts(f * run, gather, b * run, 0.0, reduce, kept)
+
+
+def node_costs(spec: DecoderSpec, role: str, kind, samples: int, t: int, sp: bool, mode: str,
+               links: tuple[float, float]) -> tuple[float, float, float]:
+    """(forward s, backward s, bytes kept) of one rank for one node (``node_parts``)."""
+    p = node_parts(spec, role, kind, samples, t, sp, mode, links)
+    return p.fwd_s, p.bwd_s, p.kept
 
 
 def _role(nid: str) -> str:
@@ -160,6 +234,7 @@ def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
     g, cl = plan.graph, plan.cluster
     spec = decoder_of(g.meta, f"model {g.name!r}")
     fwd, bwd, saved = g.fwd.copy(), g.bwd.copy(), g.saved.copy()
+    parts: list[dict[str, float]] = []
     for k, (st, idx, devs) in enumerate(zip(plan.stages, plan.stage_nodes(), plan.stage_devices())):
         kind = KINDS[cl.devices[devs[0]].kind.lower()]
         r = len(of_stage[k])
@@ -167,11 +242,18 @@ def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
         links = group_links(cl, devs[:st.tp]) if st.tp > 1 else (0.0, 0.0)
         speed = float(cl.speed[devs].min())
         scale = r if plan.replicas == "split" else 1
+        mine = dict.fromkeys(("fwd", "fwd_tp", "bwd", "recompute", "bwd_tp"), 0.0)
         for i in idx:
-            f, b, kept = node_costs(spec, _role(g.ids[i]), kind, samples, st.tp, plan.sequence_parallel,
-                                     plan.recompute_mode(k), links)
-            fwd[i], bwd[i], saved[i] = f * speed * scale, b * speed * scale, kept * st.tp * scale
+            p = node_parts(spec, _role(g.ids[i]), kind, samples, st.tp, plan.sequence_parallel,
+                           plan.recompute_mode(k), links)
+            fwd[i], bwd[i], saved[i] = p.fwd_s * speed * scale, p.bwd_s * speed * scale, p.kept * st.tp * scale
+            for key in mine:
+                mine[key] += getattr(p, key)
+        parts.append(mine)
     params = g.params.copy()
+    for st, idx in zip(plan.stages, plan.stage_nodes()):  # key/value heads replicated over the ranks
+        layers = [i for i in idx if g.ids[i].startswith("layer")]
+        params[layers] += BF16 * spec.kv_replicated_params(st.tp)
     owner = plan.stage_of_node()
     if spec.tied and owner[g.index["embed"]] != owner[g.index["head"]]:
         # Megatron-LM: the last stage keeps a copy of the tied embedding (its gradient all-reduce
@@ -182,7 +264,50 @@ def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
         meta["optimizer_shards"] = min(len(s) for s in of_stage)
     if plan.overlap_grad_reduce:
         meta[OVERLAP] = plan.replicas
+    meta[STAGE_ALLREDUCE_S] = _stage_reductions(plan, spec, params)
+    meta[STAGE_PARTS] = parts
+    meta[BLOCKING_SENDS] = plan.parallelism is not None and not plan.parallelism.overlap_p2p
+    meta["update_s_per_byte"] = _update_s_per_byte(plan, of_stage)
     return replace(g, fwd=fwd, bwd=bwd, saved=saved, params=params, meta=meta, tied={})
+
+
+def _stage_reductions(plan: Plan, spec: DecoderSpec, params: np.ndarray) -> list[float]:
+    """Each stage's data-parallel collectives (``dp_collectives_s``, the plan's parallelism or
+    Megatron's defaults: fp32 gradients) over the ring of its groups' first GPUs, plus, for a
+    tied embedding split over first and last stage, the all-reduce of its gradient between
+    them (Megatron-LM's embedding group: fp32 gradients, 2 ranks)."""
+    from ..llm.parallelism import DTYPE_BYTES, Parallelism
+
+    cl, out, rings = plan.cluster, [], {}
+    grad = plan.parallelism.grad_reduce if plan.parallelism else "fp32"
+    owner = plan.stage_of_node()
+    split_tie = spec.tied and owner[plan.graph.index["embed"]] != owner[plan.graph.index["head"]]
+    for k, (st, idx, devs) in enumerate(zip(plan.stages, plan.stage_nodes(), plan.stage_devices())):
+        ring = [devs[i] for i in range(0, len(devs), st.tp)]
+        par = Parallelism(st.tp, 1, len(ring), (1,), zero=plan.zero, grad_reduce=grad)
+        if tuple(ring) not in rings:
+            rings[tuple(ring)] = dp_ring(cl, ring)
+        seconds = dp_collectives_s(par, float(params[idx].sum()) / BF16 / st.tp, rings[tuple(ring)])
+        if split_tie and ("embed" in st.nodes or "head" in st.nodes):
+            first, last = plan.stage_devices()[0][0], plan.stage_devices()[-1][0]
+            bw, lat = group_links(cl, [first, last])
+            seconds += collective_s("all_reduce", spec.vocab * spec.hidden / st.tp * DTYPE_BYTES[grad], 2, bw, lat)
+        out.append(seconds)
+    return out
+
+
+def _update_s_per_byte(plan: Plan, of_stage: list[list[int]]) -> float:
+    """The optimizer step's seconds per 16-bit parameter byte of a group (``OPTIMIZER_STEP_BYTES``
+    through one GPU's HBM, its 1 / TP of the stage, 1 / DP with ZeRO-1), in the reference
+    seconds the simulator divides by the GPU's speed; 0 where the stages' TP differ."""
+    tps = {st.tp for st in plan.stages}
+    if len(tps) > 1:
+        return 0.0
+    d = plan.stage_devices()[0][0]
+    kind = KINDS[plan.cluster.devices[d].kind.lower()]
+    shards = min(len(s) for s in of_stage) if plan.zero else 1
+    per_param = OPTIMIZER_STEP_BYTES.get(plan.optimizer, OPTIMIZER_STEP_BYTES["adam"])
+    return per_param / BF16 / kind.hbm_bytes_per_s / tps.pop() / shards * float(plan.cluster.speed[d])
 
 
 def lower(plan: Plan) -> Lowered:

@@ -18,7 +18,8 @@ whole space; otherwise ``incomplete`` says what was not searched."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -50,6 +51,8 @@ from .symmetric import symmetric_search
 #: plan found (``chunked.py``).
 SEARCH_SCHEDULES = ("1f1b", "gpipe", "spp-pe", "zb-h1")
 CHUNK_SCHEDULES = ("interleaved-1f1b", "zb-v")
+#: the schedules of decoder LLM configurations (``llm3d``)
+DECODER_SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b")
 MODES = ("split", "round-robin")
 LOCAL_MAX_DEVICES = 64
 #: Evaluations by default: small instances converge well within them (benchmarks/joint/gap.py),
@@ -66,7 +69,7 @@ LLM_SIMULATIONS = 8
 
 
 @dataclass(frozen=True)
-class JointOptions:
+class JointOptions(llm3d.LLMOptions):
     evaluations: int = field(default=DEFAULT_EVALUATIONS, metadata={"min": 1, "help": (
         "plans the search may score (the exhaustive phase's simulations and the local search's evaluations; "
         "the seed planners run apart from them)")})
@@ -182,20 +185,52 @@ def _search(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOpt
     return plans, facts
 
 
+#: JointOptions that steer the search over graphs, not over decoder configurations
+_GRAPH_ONLY = ("evaluations", "patience", "seed")
+
+
+def _decoder_pins(opts: JointOptions, schedule: str | None) -> llm3d.Pins:
+    """The decoder search's pins: the LLM options, ``--schedule`` or ``-O schedules``; an option
+    of the graph search set on a decoder graph is refused (it would change nothing)."""
+    default = JointOptions()
+    for key in _GRAPH_ONLY:
+        if getattr(opts, key) != getattr(default, key):
+            raise PipeplanError(f"planner 'joint': option {key} steers the search over layer graphs; on decoder LLMs "
+                                "the search is budgeted by -O simulations (and -O budget)")
+    pins = llm3d.pins_of(opts, schedule)
+    if opts.schedules == "auto" or schedule is not None:
+        return pins
+    allowed = tuple(x.strip() for x in opts.schedules.split(",") if x.strip() in DECODER_SCHEDULES)
+    if not allowed:
+        raise PipeplanError(f"planner 'joint': option schedules={opts.schedules!r}: on decoder LLMs expected some of "
+                            f"{', '.join(DECODER_SCHEDULES)}")
+    return replace(pins, schedules=allowed)
+
+
+def _refuse_decoder_pins(opts: JointOptions, graph: Graph) -> None:
+    """A decoder-only pin on another graph (or on GPUs without bf16 rates) is one line."""
+    for f in fields(llm3d.LLMOptions):
+        if getattr(opts, f.name) is not None:
+            raise PipeplanError(f"planner 'joint': option {f.name} is for decoder LLM graphs on GPUs with bf16 rates "
+                                f"(zoo:gpt, zoo:llama3-*, hf: on dgx-*), not {graph.name!r} here")
+
+
 def _plan_decoder(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOptions) -> Plan:
     """A decoder LLM: TP x PP x DP x microbatch x schedule x recomputation x ZeRO, every
     realizable configuration screened in closed form, the best ``opts.simulations`` and
     Megatron-LM's rule of thumb simulated (``llm3d.search``); the other planners' plans, when
     ``compare`` hands them over, win where they are better."""
     batch = llm3d.global_batch_of(graph, options.global_batch, options.microbatches)
-    pins = llm3d.Pins(schedule=options.schedule)
+    pins = _decoder_pins(opts, options.schedule)
     spec = llm3d.spec_of(graph)
     try:
-        baseline: tuple[llm3d.Config, ...] = (llm3d.rule_of_thumb(spec, cluster, batch, pins, options.optimizer),)
+        baseline: tuple[llm3d.Parallelism, ...] = (llm3d.rule_of_thumb(spec, cluster, batch, pins,
+                                                                        options.optimizer),)
     except PipeplanError:
         baseline = ()
+    deadline = None if opts.budget is None else time.monotonic() + opts.budget
     found = llm3d.search(graph, cluster, batch, pins, options.optimizer, opts.simulations, options.allow_over_memory,
-                         baseline)
+                         baseline, deadline)
     answers: dict[str, tuple[Plan, SimResult]] = {"search": (found, simulate(found, timeline=False))}
     answers.update((f"seed:{name}", pr) for name, pr in (options.known_plans or {}).items())
     source = min(answers, key=lambda k: rank_key(answers[k][1], options.allow_over_memory))
@@ -214,6 +249,7 @@ def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     opts = options.settings_of(JointOptions)
     if is_decoder(graph) and has_rates(cluster):
         return _plan_decoder(graph, cluster, options, opts)
+    _refuse_decoder_pins(opts, graph)
     schedules, chunk_schedules = search_schedules(opts.schedules)
     budget = _budget(opts, _splits(graph, cluster, options))
     seeds = seed_plans(graph, cluster, options, budget,

@@ -69,7 +69,7 @@ class Scorer:
             if not ok:
                 self.memo[c] = (np.inf, c)
                 continue
-            ratio = float((mem / self.cluster.memory).max())
+            ratio = float((mem / self.cluster.usable).max())
             self.memo[c] = (rank_score(it, ratio, self.allow_over), c)
             if ratio > 1.0 and not self.allow_over:
                 fixed = c.with_recompute(self._overflowing_stages(c, mem))
@@ -82,7 +82,7 @@ class Scorer:
         return [self.memo[c] for c in cands]
 
     def _overflowing_stages(self, c: Candidate, mem: np.ndarray) -> set[int]:
-        over = mem > self.cluster.memory
+        over = mem > self.cluster.usable
         return {s for s, g in enumerate(c.groups) if over[list(g)].any()}
 
     def _evaluator(self, shape: tuple[int, str, str]) -> BatchEvaluator:

@@ -1,0 +1,155 @@
+"""One parallel configuration of a decoder LLM, validated once (docs/llm.md), as Megatron-core's
+``TransformerConfig.__post_init__`` and torchtitan's ``ParallelDims`` check theirs.
+
+The world is TP x CP x PP x DP GPUs, ranks in Megatron-core's default order ``tp-cp-ep-dp-pp``
+(``RANK_ORDER``: tensor-parallel rank fastest, pipeline rank slowest; ``layout.stages`` lays
+them out and the exporters read the same order). Checks, each one line naming what is wrong:
+heads divisible by TP and key/value heads a divisor or a multiple of it (Megatron-core's
+``num_attention_heads % tp`` and its ``num_query_groups`` rule, docs/megatron-rules.md), the layout's chunks PP x v and their layers
+summing to the model's, interleaving (v > 1) only with a pipeline and its schedule, sequence
+parallelism only with TP > 1, the data-parallel overlap only with DP > 1, the global batch
+whole samples per replica (and, interleaved, a multiple of PP microbatches a replica).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from ..errors import PipeplanError
+from ..graph.llm import RECOMPUTE, DecoderSpec
+
+#: Megatron-core's default rank order (``--order``/``parallel_state``): fastest first
+RANK_ORDER = ("tp", "cp", "ep", "dp", "pp")
+#: schedules of a decoder plan: one chunk a GPU, or interleaved chunks
+SINGLE_SCHEDULES = ("1f1b", "zb-h1")
+INTERLEAVED = "interleaved-1f1b"
+#: gradient (and ZeRO-1 reduce-scatter) dtype: Megatron reduces fp32 main gradients for bf16
+#: (``accumulate_allreduce_grads_in_fp32``) unless told ``--grad-reduce-in-bf16``
+GRAD_REDUCE = ("fp32", "bf16")
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """TP x CP x PP x DP (EP inside DP) with v model chunks a GPU, the microbatch size, the
+    layers of each of the PP x v chunks in chunk order (chunk j on pipeline position j mod PP),
+    recomputation, sequence parallelism, ZeRO stage, the overlaps and the gradient-reduce
+    dtype. ``overlap_p2p``: pipeline sends overlap compute (Megatron's default with interleaving,
+    ``--no-overlap-p2p-communication`` turns it off; without interleaving Megatron's sends block),
+    else they are on the critical path."""
+
+    tp: int
+    pp: int
+    dp: int
+    layout: tuple[int, ...]
+    vpp: int = 1
+    cp: int = 1
+    ep: int = 1
+    microbatch: int = 1
+    recompute: str = "none"
+    sp: bool = False
+    zero: int = 0
+    overlap_grad_reduce: bool = False
+    grad_reduce: str = "fp32"
+    overlap_p2p: bool | None = None  # None: Megatron's default, overlapped with interleaving only
+    schedule: str = "1f1b"
+
+    def __post_init__(self) -> None:
+        if self.overlap_p2p is None:
+            object.__setattr__(self, "overlap_p2p", self.vpp > 1)
+        for key in ("tp", "pp", "dp", "vpp", "cp", "ep", "microbatch"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PipeplanError(f"parallelism: {key} must be an integer >= 1, got {value!r}")
+        if self.cp != 1 or self.ep != 1:
+            raise PipeplanError("parallelism: context and expert parallelism (cp, ep) are not planned yet; give 1")
+        if self.recompute not in RECOMPUTE:
+            raise PipeplanError(f"parallelism: recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if self.zero not in (0, 1):
+            raise PipeplanError(f"parallelism: zero must be 0 or 1, got {self.zero!r}")
+        if self.grad_reduce not in GRAD_REDUCE:
+            raise PipeplanError(f"parallelism: grad_reduce must be fp32 or bf16, got {self.grad_reduce!r}")
+        self._check_shape()
+
+    def _check_shape(self) -> None:
+        lay = self.layout
+        if (len(lay) != self.pp * self.vpp or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in lay)
+                or 0 in lay[1:-1] or (self.pp == 1 and 0 in lay) or min(self.stage_layers()) < 1):
+            raise PipeplanError(f"parallelism: the layout must give {self.pp * self.vpp} chunks (PP {self.pp} x "
+                                f"{self.vpp}) of at least one layer each (the first or last may hold the embedding "
+                                f"or the head alone), got {list(lay)}")
+        if self.vpp > 1 and (self.pp < 2 or self.schedule != INTERLEAVED):
+            raise PipeplanError(f"parallelism: {self.vpp} model chunks a GPU need a pipeline (PP >= 2) and the "
+                                f"{INTERLEAVED} schedule, got PP {self.pp} and {self.schedule}")
+        if self.vpp == 1 and self.schedule not in SINGLE_SCHEDULES:
+            raise PipeplanError(f"parallelism: schedule {self.schedule} with one chunk a GPU (use "
+                                f"{', '.join(SINGLE_SCHEDULES)}, or vpp > 1 for {INTERLEAVED})")
+        if self.sp and self.tp == 1:
+            raise PipeplanError("parallelism: sequence parallelism splits the tensor-parallel group's sequence; "
+                                "it needs TP > 1")
+        if self.overlap_grad_reduce and self.dp == 1:
+            raise PipeplanError("parallelism: overlapping the gradient all-reduce needs data parallelism (DP > 1)")
+        if self.overlap_p2p and self.vpp == 1:
+            raise PipeplanError("parallelism: Megatron overlaps pipeline sends only with interleaving (vpp > 1)")
+        if self.vpp > 1 and not self.overlap_p2p and self.pp <= 2:
+            raise PipeplanError("parallelism: Megatron runs interleaving without overlapped sends only on PP > 2")
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    def stage_layers(self) -> list[int]:
+        """Layers of each pipeline position (its v chunks together)."""
+        return [sum(self.layout[s::self.pp]) for s in range(self.pp)]
+
+    def check_model(self, spec: DecoderSpec) -> None:
+        """One line on what ``spec`` cannot run this way (module docstring)."""
+        where = f"{spec.name} with TP {self.tp}"
+        if spec.heads % self.tp:
+            raise PipeplanError(f"{where}: {spec.heads} attention heads do not split over {self.tp} ranks")
+        if spec.kv_heads % self.tp and self.tp % spec.kv_heads:
+            raise PipeplanError(f"{where}: {spec.kv_heads} key/value heads neither split over nor replicate onto "
+                                f"{self.tp} ranks (Megatron-core takes num_query_groups a divisor or a multiple of TP)")
+        if sum(self.layout) != spec.layers:
+            raise PipeplanError(f"{spec.name}: the layout {list(self.layout)} holds {sum(self.layout)} layers, "
+                                f"the model {spec.layers}")
+
+    def microbatches(self, global_batch: int) -> int:
+        """Microbatches a replica runs for ``global_batch`` samples; one line unless whole."""
+        per = self.dp * self.microbatch
+        if global_batch % per:
+            raise PipeplanError(f"global batch {global_batch} is not a whole number of microbatches of "
+                                f"{self.microbatch} on each of {self.dp} data-parallel replicas")
+        m = global_batch // per
+        if self.vpp > 1 and m % self.pp:
+            raise PipeplanError(f"interleaving runs a multiple of PP = {self.pp} microbatches a replica; "
+                                f"global batch {global_batch} gives {m}")
+        return m
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["layout"] = list(self.layout)
+        return d
+
+
+def parallelism_from_dict(d: object, where: str = "plan") -> Parallelism:
+    """A plan file's ``parallelism`` object, or one line on what is wrong with it."""
+    if not isinstance(d, dict):
+        raise PipeplanError(f"{where}: 'parallelism' must be an object, got {d!r}")
+    known = {f.name for f in fields(Parallelism)}
+    unknown = sorted(set(d) - known - {"global_batch"})
+    if unknown:
+        raise PipeplanError(f"{where}: 'parallelism' has unknown key {unknown[0]!r}")
+    for key in ("tp", "pp", "dp", "layout"):
+        if key not in d:
+            raise PipeplanError(f"{where}: 'parallelism' lacks {key!r}")
+    if not isinstance(d["layout"], list):
+        raise PipeplanError(f"{where}: 'parallelism' layout must be a list of layer counts, got {d['layout']!r}")
+    for key, kind in (("sp", bool), ("overlap_grad_reduce", bool), ("overlap_p2p", bool),
+                      ("recompute", str), ("grad_reduce", str), ("schedule", str)):
+        if key in d and not isinstance(d[key], kind):
+            raise PipeplanError(f"{where}: 'parallelism' {key} must be {'true or false' if kind is bool else 'a string'}"
+                                f", got {d[key]!r}")
+    args = {k: v for k, v in d.items() if k in known}
+    args["layout"] = tuple(args["layout"])
+    return Parallelism(**args)

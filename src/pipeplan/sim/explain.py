@@ -1,0 +1,107 @@
+"""Where a plan's iteration goes, term by term (``pipeplan explain``, docs/llm.md).
+
+The iteration of the busiest device (of a decoder LLM plan: tensor-parallel group, the
+bottleneck) is split into terms that
+add up to the simulated iteration: its forward and backward compute, what recomputation runs
+again, its exposed tensor-parallel collectives (they are on the critical path of every
+layer), its pipeline sends while it waits for them (Megatron's blocking p2p), the
+data-parallel gradient reduction left exposed, the optimizer step, and the time it idles for
+other stages (the pipeline bubble). A compute task's seconds are split in the proportions of
+its stage's parts (``sim.tensor_groups.NodeParts``), as the simulator costed it (other graphs:
+forward and backward whole, re-materialization inside the backward). With two
+plans, their difference term by term: "plan B is 1.4x faster" read as so many seconds from
+recomputation, so many from the bubble, ...
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import PipeplanError
+from ..plan import Plan
+from ..schedule import Kind
+from .simulate import simulate
+from .tensor_groups import STAGE_PARTS, lower, needs_lowering
+
+TERMS = ("forward", "backward", "recompute", "tp_comm", "pipeline_sends", "dp_comm", "optimizer", "bubble", "other")
+#: a stage's parts where no family prices them apart (graphs other than decoder LLMs): its
+#: forward and backward whole
+_WHOLE = {"fwd": 1.0, "fwd_tp": 0.0, "bwd": 1.0, "recompute": 0.0, "bwd_tp": 0.0}
+_COMPUTE = {int(Kind.F): (("forward", "fwd"), ("tp_comm", "fwd_tp")),
+            **{int(k): (("backward", "bwd"), ("recompute", "recompute"), ("tp_comm", "bwd_tp"))
+               for k in (Kind.B, Kind.I, Kind.W)}}
+
+
+def explain(plan: Plan) -> dict:
+    """``{"iteration_s", "terms": {term: seconds}, "device", "gpus"}``: the bottleneck group's
+    iteration split (module docstring); the terms sum to ``iteration_s``."""
+    low = lower(plan).plan if needs_lowering(plan) else plan
+    r = simulate(low)
+    tl = r.timeline
+    if tl is None:
+        raise PipeplanError(f"explain: schedule {plan.schedule} of this plan runs as a steady state; no iteration "
+                            "to split")
+    parts = low.graph.meta.get(STAGE_PARTS) or [_WHOLE] * low.num_stages
+    rows = [i for i, dev in enumerate(tl.resource_is_device) if dev]
+    d = max(rows, key=lambda i: float(r.busy_s[i]) if i < len(r.busy_s) else 0.0)
+    terms = dict.fromkeys(TERMS, 0.0)
+    mine = np.flatnonzero(tl.resource == d)
+    for t in mine.tolist():
+        _credit(terms, int(tl.kind[t]), parts[int(tl.stage[t])], float(tl.end[t] - tl.start[t]))
+    sends = _own_sends(tl, mine)
+    for a, b in _gaps(tl, mine, r.iteration_s):
+        waited = sum(max(0.0, min(b, float(tl.end[s])) - max(a, float(tl.start[s]))) for s in sends)
+        terms["pipeline_sends"] += min(waited, b - a)
+        terms["bubble"] += b - a - min(waited, b - a)
+    terms["other"] = r.iteration_s - sum(v for k, v in terms.items() if k != "other")
+    return {"iteration_s": r.iteration_s, "terms": terms, "device": tl.resources[d],
+            "gpus": r.members.get(tl.resources[d], [tl.resources[d]])}
+
+
+def _credit(terms: dict[str, float], kind: int, part: dict[str, float], seconds: float) -> None:
+    """A task's seconds to its terms: compute in its stage's proportions, else by its kind."""
+    if kind in _COMPUTE:
+        total = sum(part[key] for _, key in _COMPUTE[kind])
+        for term, key in _COMPUTE[kind]:
+            terms[term] += seconds * (part[key] / total if total > 0 else 1.0 / len(_COMPUTE[kind]))
+    elif kind == int(Kind.AR):
+        terms["dp_comm"] += seconds
+    elif kind == int(Kind.UPDATE):
+        terms["optimizer"] += seconds
+    else:
+        terms["other"] += seconds
+
+
+def _own_sends(tl, mine: np.ndarray) -> list[int]:
+    """The transfers this device sends: forwards of the (stage, microbatch) it ran forward,
+    gradients of those it ran backward."""
+    ran = {(int(tl.kind[t]), int(tl.stage[t]), int(tl.micro[t])) for t in mine.tolist()}
+    out = []
+    for t in np.flatnonzero(~np.asarray(tl.resource_is_device)[tl.resource]).tolist():
+        k, s, m = int(tl.kind[t]), int(tl.stage[t]), int(tl.micro[t])
+        if (k == Kind.SEND_F and (int(Kind.F), s, m) in ran) or (
+                k == Kind.SEND_B and any((int(b), s, m) in ran for b in (Kind.B, Kind.I))):
+            out.append(t)
+    return out
+
+
+def _gaps(tl, mine: np.ndarray, iteration: float) -> list[tuple[float, float]]:
+    """The device's idle intervals within [0, iteration]."""
+    spans = sorted((float(tl.start[t]), float(tl.end[t])) for t in mine.tolist())
+    out, at = [], 0.0
+    for a, b in spans:
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if iteration > at:
+        out.append((at, iteration))
+    return out
+
+
+def difference(a: dict, b: dict) -> dict:
+    """Plan B against plan A term by term: seconds saved (A - B) and each term's share of the
+    iteration saved."""
+    saved = {k: a["terms"][k] - b["terms"][k] for k in TERMS}
+    total = a["iteration_s"] - b["iteration_s"]
+    return {"saved_s": saved, "iteration_saved_s": total, "speedup": a["iteration_s"] / b["iteration_s"],
+            "share_of_a": {k: v / a["iteration_s"] for k, v in saved.items()}}
