@@ -64,6 +64,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/gpu/run_accuracy.py
 	$(BIN)/python benchmarks/published/calibrate.py
 	$(BIN)/python benchmarks/published/megatron_sc21.py
+	$(BIN)/python benchmarks/published/validation.py
 	$(BIN)/python benchmarks/llm/scale.py
 
 clean:

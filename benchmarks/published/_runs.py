@@ -65,11 +65,13 @@ def cluster_of(head: dict, row: Row) -> Cluster:
 def published_config(head: dict, row: Row) -> Parallelism:
     """The row's configuration as Megatron-LM ran it: equal layers per chunk, no sequence
     parallelism, no distributed optimizer, no overlap of the gradient all-reduce (all came
-    later), blocking pipeline sends, 16-bit gradients reduced (fp16 training: Megatron kept
-    ``accumulate_allreduce_grads_in_fp32`` off), the header's recomputation."""
+    later), blocking pipeline sends (the interleaved schedule's overlap came later too), 16-bit
+    gradients reduced (fp16 training: Megatron kept ``accumulate_allreduce_grads_in_fp32`` off),
+    the header's recomputation."""
     schedule = "interleaved-1f1b" if row.virtual_stages > 1 else "1f1b"
     return Parallelism(row.tp, row.pp, row.dp, even(row.layers, row.pp, row.virtual_stages), row.virtual_stages,
-                       microbatch=row.microbatch, recompute=head["recompute"], grad_reduce="bf16", schedule=schedule)
+                       microbatch=row.microbatch, recompute=head["recompute"], grad_reduce="bf16",
+                       overlap_p2p=False, schedule=schedule)
 
 
 def predict(head: dict, row: Row) -> SimResult:

@@ -109,7 +109,7 @@ def markdown(head: dict, acc: list[dict], summary: dict, vs: list[dict]) -> str:
         for v in vs:
             j = v["joint"]
             lines.append(f"| {v['model']} | {j['tp']} x {j['pp']} x {j['dp']} ({j['vpp']}) | "
-                         f"{j['microbatch']} | {j['recompute']} | {j['zero']} | {int(j['sequence_parallel'])} | "
+                         f"{j['microbatch']} | {j['recompute']} | {j['zero']} | {int(j['sp'])} | "
                          f"{v['joint_model_tflops_per_gpu']:.1f} | {v['published_model_tflops_per_gpu']:.1f} | "
                          f"{v['gain']:+.1%} | {v['joint_fits']} |")
     return "\n".join(lines) + "\n"

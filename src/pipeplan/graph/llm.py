@@ -182,14 +182,18 @@ class DecoderSpec:
             return 4 * b * a * s
         return (BF16 + (1 + BF16 if self.dropout else 0)) * a * s * s * b
 
-    def attention_core_traffic(self, samples: int) -> float:
-        """Bytes an unfused attention core moves through memory in its forward, per s x s score
-        of each head: the scores written (2), a fused scale-mask-softmax reading and writing them
+    def attention_core_traffic(self, samples: int, backward: bool = False) -> float:
+        """Bytes an unfused attention core moves through memory, per s x s score of each head.
+        Forward: the scores written (2), a fused scale-mask-softmax reading and writing them
         (4), with dropout its read, write and mask (5), and the product with V reading the
-        probabilities (2); a fused (flash) kernel keeps them on chip (0)."""
+        probabilities (2). Backward: the probabilities read for dV (2), dP written (2), with
+        dropout its backward reading dP and the mask and writing (5), the softmax backward
+        reading P and dP and writing dS (6), dS read by the dQ and dK products (4). A fused
+        (flash) kernel keeps them on chip (0)."""
         if self.flash:
             return 0.0
-        per_score = 2 + 4 + (5 if self.dropout else 0) + 2
+        drop = 5 if self.dropout else 0
+        per_score = (2 + 2 + drop + 6 + 4) if backward else (2 + 4 + drop + 2)
         return float(per_score * samples * self.heads * self.seq * self.seq)
 
     def as_dict(self) -> dict:
@@ -286,15 +290,19 @@ def _gemm_flops(spec: DecoderSpec, tokens: int, tp: int) -> list[float]:
             2.0 * tokens * h * first / tp, 2.0 * tokens * f * h / tp]
 
 
-def _elementwise_bytes(spec: DecoderSpec, tokens: int) -> tuple[float, float]:
-    """Bytes a layer's memory-bound ops read and write in its forward (16-bit), as (replicated
-    over a tensor-parallel group unless sequence-parallel: two norms (read, write), two residual
-    adds (read 2, write 1) and, with dropout, two dropouts (read, write, a 1-byte mask); split
-    over the group: the MLP's activation (GELU: read and write ffn wide; SwiGLU: read gate and
-    up, write their product))."""
+def _elementwise_bytes(spec: DecoderSpec, tokens: int, backward: bool = False) -> tuple[float, float]:
+    """Bytes a layer's memory-bound ops read and write (16-bit values, 1-byte masks), as
+    (replicated over a tensor-parallel group unless sequence-parallel, split over it).
+    Replicated, forward: two norms (read x, write y), two residual adds (read 2, write 1),
+    with dropout two dropouts (read, write, the mask); backward: the norms read x and dy and
+    write dx, the residual branches' gradients are added (read 2, write 1), the dropouts read
+    dy and the mask and write dx. Split: the MLP's activation, forward GELU read and write ffn
+    wide (SwiGLU: read gate and up, write their product); backward GELU reads x and dy and
+    writes dx (SwiGLU: reads gate, up and dy, writes both gradients)."""
     h, f = spec.hidden, spec.ffn
-    replicated = 2 * 2 * BF16 * h + 2 * 3 * BF16 * h + (2 * (2 * BF16 + 1) * h if spec.dropout else 0)
-    split = (3 if spec.gated else 2) * BF16 * f
+    norm, add, drop = ((3, 3, 2 * BF16 + 1) if backward else (2, 3, 2 * BF16 + 1))
+    replicated = 2 * norm * BF16 * h + 2 * add * BF16 * h + (2 * drop * h if spec.dropout else 0)
+    split = ((5 if spec.gated else 3) if backward else (3 if spec.gated else 2)) * BF16 * f
     return tokens * float(replicated), tokens * float(split)
 
 
@@ -302,16 +310,20 @@ def layer_compute_s(spec: DecoderSpec, rates: Rates, samples: int, tp: int = 1,
                     sp: bool = False) -> tuple[float, float, float]:
     """(forward, backward, attention core's forward) seconds of one layer on one of ``tp``
     ranks: its GEMMs (backward: the input and weight gradients, a GEMM of the same size each),
-    the attention core (its FLOPs at the GEMM efficiency and, unfused, its scores' memory
-    traffic; backward 2 x) and the memory-bound ops
-    (those outside the MLP divided over the ranks only with sequence parallelism; backward 2 x)."""
+    the attention core (its FLOPs at the GEMM efficiency, backward 2 x, and, unfused, its
+    scores' memory traffic each way, ``attention_core_traffic``) and the memory-bound ops
+    (``_elementwise_bytes`` each way; those outside the MLP divided over the ranks only with
+    sequence parallelism)."""
     tokens = samples * spec.seq
     gemm = sum(rates.gemm_s(f) for f in _gemm_flops(spec, tokens, tp))
-    core = (spec.attention_core_flops(samples) / (rates.peak * rates.gemm_efficiency)
-            + spec.attention_core_traffic(samples) / rates.hbm) / tp
-    replicated, split = _elementwise_bytes(spec, tokens)
-    memory = (replicated / (tp if sp else 1) + split / tp) / rates.hbm
-    return gemm + core + memory, 2 * gemm + 2 * core + 2 * memory, core
+    core_flops = spec.attention_core_flops(samples) / (rates.peak * rates.gemm_efficiency) / tp
+    core = core_flops + spec.attention_core_traffic(samples) / rates.hbm / tp
+    core_bwd = 2 * core_flops + spec.attention_core_traffic(samples, backward=True) / rates.hbm / tp
+    passes = []
+    for backward in (False, True):
+        replicated, split = _elementwise_bytes(spec, tokens, backward)
+        passes.append((replicated / (tp if sp else 1) + split / tp) / rates.hbm)
+    return gemm + core + passes[0], 2 * gemm + core_bwd + passes[1], core
 
 
 def head_compute_s(spec: DecoderSpec, rates: Rates, samples: int, tp: int = 1) -> tuple[float, float]:

@@ -15,7 +15,8 @@ parallelism, Korthikanti et al. 2022 §4.2.2).
   an all-reduce after the attention block and one after the MLP in the forward, and one for
   each block's input gradient in the backward (Megatron's g and f operators: 2 + 2 a layer);
   with it, an all-gather before and a reduce-scatter after each block, forward and backward
-  alike (4 + 4 of the same bytes). Full recomputation runs the forward's again.
+  alike (4 + 4 of the same bytes). The backward's overlap the QKV and first MLP GEMMs' backward
+  (``exposed_backward_comm``); full recomputation runs the forward's again, exposed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from ..cluster.kinds import Kind
 from ..errors import PipeplanError
-from ..graph.llm import BF16, DecoderSpec, Rates, layer_compute_s
+from ..graph.llm import BF16, DecoderSpec, Rates, _gemm_flops, layer_compute_s
 from .collectives import collective_s
 
 
@@ -60,7 +61,7 @@ class LayerCost:
 #: loading and logging, which Megatron-LM SC'21 Table 1's per-GPU figures include. The one
 #: constant calibrated on published end-to-end throughput (benchmarks/published/calibrate.py,
 #: docs/llm.md); the simulator divides a node's compute by it (``sim.tensor_groups``).
-END_TO_END = 0.888
+END_TO_END = 0.972
 
 
 def rates_of(kind: Kind) -> Rates:
@@ -77,19 +78,45 @@ def gemm_s(kind: Kind, flops: float) -> float:
 
 
 def tp_collectives(spec: DecoderSpec, samples: int, tp: int, sp: bool) -> tuple[tuple[Collective, ...], ...]:
-    """(forward, backward) collectives of one layer over a group of ``tp`` ranks."""
+    """(forward, backward) collectives of one layer over a group of ``tp`` ranks: 2 all-reduces
+    each way (Megatron's f and g operators); with sequence parallelism 2 all-gathers and 2
+    reduce-scatters forward, and backward the g operators' all-gathers of the output gradient,
+    the reduce-scatters of the input gradient and the all-gathers of the inputs again for the
+    weight gradients (the forward keeps them sharded; Korthikanti et al. 2022 §4.2.2)."""
     if tp <= 1:
         return (), ()
     nbytes = BF16 * samples * spec.seq * spec.hidden
     if sp:
-        both = (Collective("all_gather", 2, nbytes), Collective("reduce_scatter", 2, nbytes))
-        return both, both
+        return ((Collective("all_gather", 2, nbytes), Collective("reduce_scatter", 2, nbytes)),
+                (Collective("all_gather", 4, nbytes), Collective("reduce_scatter", 2, nbytes)))
     return (Collective("all_reduce", 2, nbytes),), (Collective("all_reduce", 2, nbytes),)
 
 
 def comm_s(collectives: tuple[Collective, ...], tp: int, bus: float, latency: float) -> float:
     """Seconds of ``collectives`` over ``tp`` ranks on links of ``bus`` bytes/s and ``latency``."""
     return sum(c.count * collective_s(c.kind, c.nbytes, tp, bus, latency) for c in collectives)
+
+
+def exposed_backward_comm(spec: DecoderSpec, kind: Kind, samples: int, tp: int, sp: bool, bus: float,
+                          latency: float) -> float:
+    """What of a layer's backward tensor-parallel collectives stays on the critical path
+    (Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication.backward``): the QKV and
+    first MLP linears' input-gradient all-reduces overlap their weight-gradient GEMMs; with
+    sequence parallelism their inputs' all-gathers overlap the input-gradient GEMMs and the
+    reduce-scatters the weight-gradient GEMMs, while the all-gathers of the output gradient
+    that start each block's backward wait for nothing to hide behind."""
+    if tp <= 1:
+        return 0.0
+    nbytes = BF16 * samples * spec.seq * spec.hidden
+    qkv, _, fc1, _ = _gemm_flops(spec, samples * spec.seq, tp)
+    rates = rates_of(kind)
+    gemm = rates.gemm_s(qkv) + rates.gemm_s(fc1)
+    if not sp:
+        return max(0.0, 2 * collective_s("all_reduce", nbytes, tp, bus, latency) - gemm)
+    waiting = 2 * collective_s("all_gather", nbytes, tp, bus, latency)
+    hidden = 2 * (collective_s("all_gather", nbytes, tp, bus, latency)
+                  + collective_s("reduce_scatter", nbytes, tp, bus, latency))
+    return waiting + max(0.0, hidden - 2 * gemm)
 
 
 def layer_cost(spec: DecoderSpec, kind: Kind, samples: int, tp: int = 1, sp: bool = False,
@@ -105,7 +132,8 @@ def layer_cost(spec: DecoderSpec, kind: Kind, samples: int, tp: int = 1, sp: boo
     if tp > 1 and tp_bus <= 0:
         raise PipeplanError(f"tensor parallelism over {tp} ranks needs the group's bandwidth")
     fwd_comm = comm_s(fwd_c, tp, tp_bus, tp_latency)
-    bwd_comm = comm_s(bwd_c, tp, tp_bus, tp_latency) + (fwd_comm if recompute == "full" else 0.0)
+    bwd_comm = exposed_backward_comm(spec, kind, samples, tp, sp, tp_bus, tp_latency)
+    bwd_comm += fwd_comm if recompute == "full" else 0.0  # the recomputed forward's, not overlapped
     return LayerCost(fwd, bwd, again, fwd_c, bwd_c, fwd_comm, bwd_comm,
                      spec.layer_activation_bytes(samples, tp, sp, recompute),
                      (spec.layer_params() + spec.kv_replicated_params(tp)) / tp)

@@ -122,11 +122,13 @@ def group_cluster(cl: Cluster, groups: list[list[int]]) -> Cluster:
     return Cluster(f"{cl.name} (tensor-parallel groups)", devices, bw, lat, {**cl.meta, "memory_reserve": 0.0})
 
 
-#: Bytes a fused Adam step moves through HBM per parameter it updates (Megatron's distributed
-#: optimizer on its shard): the fp32 gradient read (4), fp32 master weight read and written (8),
-#: the two fp32 moments read and written (16), the 16-bit weight written (2), and the gradient
-#: norm's read of the gradient (4); SGD moves no moments, momentum one
-OPTIMIZER_STEP_BYTES = {"adam": 34.0, "momentum": 26.0, "sgd": 18.0}
+#: Bytes Megatron-LM's optimizer step moves through HBM per parameter it updates (on its shard
+#: with the distributed optimizer; Megatron's ``MixedPrecisionOptimizer.step``): the gradient
+#: norm reads the fp32 gradient (4), fused Adam reads it (4) and reads and writes the fp32
+#: master weight (8) and the two fp32 moments (16), the master weights are copied to the 16-bit
+#: model weights (read 4, write 2), the gradient buffer is zeroed (4); SGD moves no moments,
+#: momentum one
+OPTIMIZER_STEP_BYTES = {"adam": 42.0, "momentum": 34.0, "sgd": 26.0}
 
 
 def dp_ring(cluster: Cluster, ring: list[int]) -> tuple[float, float]:
