@@ -88,6 +88,7 @@ def cmd_plan(args) -> int:
     outs.set("--out", plan.save)
     outs.write_all()
     _note_assumed_split([plan])
+    _note_unmeasured_rates([plan])
     _note_linearized([plan])
     if result.over_memory:
         way_out = _way_out(graph, cluster, names, options, [result])
@@ -123,6 +124,25 @@ def _note_assumed_split(plans: list) -> None:
                   f"weight gradients; schedule {plan.schedule} assumes the input gradient takes {frac:.0%} of each "
                   "backward (pipeplan profile measures it; docs/schedules.md)", file=sys.stderr)
             return
+
+
+def _note_unmeasured_rates(plans: list) -> None:
+    """One line on stderr for each GPU kind a decoder LLM plan runs on whose whole-layer rates
+    were never timed (``cluster.measured``): what its prediction rests on."""
+    from ..cluster.kinds import KINDS
+    from ..cluster.measured import is_measured
+    from ..plan import is_decoder
+
+    said = set()
+    for plan in plans:
+        if not is_decoder(plan.graph):
+            continue
+        for d in {plan.cluster.devices[i].kind.lower() for devs in plan.stage_devices() for i in devs}:
+            k = KINDS.get(d)
+            if k is not None and k.rates_from and d not in said and not is_measured(k.name):
+                said.add(d)
+                print(f"pipeplan: note: {k.name}'s layer rates are unmeasured: the prediction rests on {k.rates_from} "
+                      "(python benchmarks/gpu/layer_timing.py on one measures them)", file=sys.stderr)
 
 
 def _note_linearized(plans: list) -> None:
@@ -279,6 +299,7 @@ def cmd_simulate(args) -> int:
         plan.schedule = args.schedule
     result = simulate(plan)
     _note_assumed_split([plan])
+    _note_unmeasured_rates([plan])
     plan.prediction = result.summary()
     title = f"{plan.planner} / {plan.schedule}: {plan.graph.name} on {plan.cluster.name}"
     _render(outs, result.timeline, title, result.timeline, title)
@@ -351,6 +372,7 @@ def cmd_compare(args) -> int:
         rows = compare(graph, cluster, names, options, progress)
     top = best_row(rows) if any(r.result is not None for r in rows) else None
     _note_assumed_split([r.plan for r in rows if r.plan is not None])
+    _note_unmeasured_rates([r.plan for r in rows if r.plan is not None])
     _note_linearized([r.plan for r in rows if r.plan is not None])
     if top is not None and top.fits:
         from ..viz import draw_gantt
@@ -516,6 +538,7 @@ def cmd_run(args) -> int:
                     device=args.device, precision=args.precision)
     result = run_plan(plan, cfg, predicted_s(plan))
     _note_assumed_split([plan])
+    _note_unmeasured_rates([plan])
     _write_measured(outs, args, plan, result)
     check = None
     if args.check:

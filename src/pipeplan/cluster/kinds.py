@@ -30,6 +30,8 @@ class Kind:
     #: (sim/llm_costs.py; 0: not measured for this kind)
     gemm_efficiency: float = 0.0
     gemm_overhead_s: float = 0.0
+    #: what the bf16 rates rest on until a whole layer is timed on one (``cluster.measured``)
+    rates_from: str = ""
 
     @property
     def memory_reserve(self) -> float:
@@ -78,6 +80,7 @@ H100_GEMM = (0.708, 17e-6)
 #: behind the weight-gradient GEMMs as Megatron runs them (tests/test_llm_costs.py: the other
 #: four rows are predictions, each within 2%), the H100's overhead assumed
 A100_GEMM = (0.669, 17e-6)
+A100_RATES = "a published layer timing (Korthikanti et al. 2022, Table 4), no GPU of this kind timed here"
 KINDS: dict[str, Kind] = {k.name.lower(): k for k in (
     Kind("V100", 32 * _GiB, 1.0, "NVIDIA Tesla V100 32 GB, 15.7 TFLOP/s FP32 (reference)"),
     Kind("1080Ti", 11 * _GiB, 11.3 / 15.7, "NVIDIA GTX 1080 Ti 11 GB, 11.3 TFLOP/s FP32"),
@@ -87,11 +90,11 @@ KINDS: dict[str, Kind] = {k.name.lower(): k for k in (
          *A100_GEMM),
     Kind("H100", 80 * _GiB, 67.0 / 15.7, "NVIDIA H100 SXM 80 GB, 67 TFLOP/s FP32", (), 989e12, 3350e9),
     Kind("A100-40GB", 40 * _GiB, 19.5 / 15.7, "NVIDIA A100 SXM 40 GB: 312 TFLOP/s bf16, 1,555 GB/s HBM2",
-         (), 312e12, 1555e9, *A100_GEMM),
+         (), 312e12, 1555e9, *A100_GEMM, A100_RATES),
     Kind("A100-80GB", 80 * _GiB, 19.5 / 15.7, "NVIDIA A100 SXM 80 GB: 312 TFLOP/s bf16, 2,039 GB/s HBM2e",
-         (), 312e12, 2039e9, *A100_GEMM),
+         (), 312e12, 2039e9, *A100_GEMM, A100_RATES),
     Kind("H100-SXM", 80 * _GiB, 67.0 / 15.7, "NVIDIA H100 SXM 80 GB: 989 TFLOP/s bf16, 3,350 GB/s HBM3",
-         (), 989e12, 3350e9, *H100_GEMM),
+         (), 989e12, 3350e9, *H100_GEMM, "GEMMs timed alone on a lent H100, no whole layer"),
     Kind("GPU", 32 * _GiB, 1.0, "a generic device equal to the reference"),
     Kind("CPU", 8 * _GiB, 1.0, "a CPU worker process (speed relative to the profile's process; "
          "measure it with pipeplan calibrate)"),
