@@ -66,6 +66,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/published/megatron_sc21.py
 	$(BIN)/python benchmarks/published/validation.py
 	$(BIN)/python benchmarks/llm/scale.py
+	$(BIN)/python benchmarks/llm_mutations.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis

@@ -129,3 +129,86 @@ def test_the_cli_prints_the_arguments_or_one_line(tmp_path, capsys):
     assert main(["export-plan", str(out), "--to", "megatron"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("pipeplan: error: megatron cannot express this plan") and len(err.splitlines()) == 1
+
+
+# -- Megatron-LM's own verdicts on pipeplan's exports (tests/fixtures/megatron_verdicts.json) -----
+VERDICTS = json.loads((Path(__file__).parent / "fixtures" / "megatron_verdicts.json").read_text())
+LLAMA405 = "zoo:llama3-405b"
+#: The plans whose exports Megatron judged (tests/fixtures/pipeplan_cases.py adds them to the
+#: cases): (model, cluster, global batch, parallelism)
+EXPORTS = {
+    # Llama 3 405B as its authors ran it: 7 + 8 x 14 + 7 layers, chunks of one layer (V = 8),
+    # the embedding and the head alone in the first and last chunk (Dubey et al. 2024 §3.3.2)
+    "llama405b_16k_v8": (LLAMA405, "dgx-h100x2048", 2048, dict(
+        tp=8, pp=16, dp=128, layout=(0,) + (1,) * 126 + (0,), vpp=8, sp=True, zero=1, overlap_grad_reduce=True,
+        schedule="interleaved-1f1b")),
+    "llama405b_8k_v8": (LLAMA405, "dgx-h100x1024", 2048, dict(
+        tp=8, pp=16, dp=64, layout=(0,) + (1,) * 126 + (0,), vpp=8, sp=True, zero=1, overlap_grad_reduce=True,
+        schedule="interleaved-1f1b")),
+    "llama405b_16k_v2": (LLAMA405, "dgx-h100x2048", 2048, dict(
+        tp=8, pp=16, dp=128, layout=(3,) + (4,) * 30 + (3,), vpp=2, sp=True, zero=1, overlap_grad_reduce=True,
+        schedule="interleaved-1f1b")),
+    "gpt175b_first11_last13": ("zoo:gpt3-175b", "dgx-a100x8", 64, dict(
+        tp=8, pp=8, dp=1, layout=(11,) + (12,) * 6 + (13,), recompute="full", sp=True)),
+    "gqa_kv2_tp8": ("zoo:gpt?hidden=4096&layers=8&heads=32&kv_heads=2&seq=4096", "dgx-h100x1", 16, dict(
+        tp=8, pp=1, dp=1, layout=(8,), recompute="selective", sp=True)),
+    "interleaved_blocking_sends_bf16_grads": ("zoo:llama3-8b", "dgx-h100x4", 64, dict(
+        tp=2, pp=4, dp=4, layout=(4,) * 8, vpp=2, overlap_p2p=False, zero=1, overlap_grad_reduce=True,
+        grad_reduce="bf16", sp=True, schedule="interleaved-1f1b")),
+}
+
+
+def export_plan(name: str) -> Plan:
+    model, cluster, batch, par = EXPORTS[name]
+    return llm3d.plan_of(load_graph(model), load_cluster(cluster), Parallelism(**par), batch)
+
+
+def export_argv(name: str) -> tuple[int, list[str]]:
+    """(world size, the arguments as one token a list entry) of an export."""
+    plan = export_plan(name)
+    argv = [tok for a in megatron.arguments(plan) for tok in a.split(" ", 1)]
+    return plan.parallelism.world, argv
+
+
+@pytest.mark.parametrize("name", list(EXPORTS))
+def test_megatron_accepted_what_pipeplan_exports(name):
+    """The export is the argument list Megatron-LM's parse_args, validate_args, TransformerConfig
+    and its layer build accepted (its verdict recorded with the commit; if the export changed,
+    rerun tests/fixtures/pipeplan_cases.py and megatron_verdicts.py)."""
+    case = next((c for c in VERDICTS["cases"] if c["name"] == f"pipeplan_{name}"), None)
+    assert case is not None, f"no verdict for pipeplan_{name}: run tests/fixtures/pipeplan_cases.py, then " \
+                             "megatron_verdicts.py"
+    world, argv = export_argv(name)
+    assert (case["world_size"], case["argv"]) == (world, argv), "the export changed since Megatron judged it"
+    assert case["accepted"] and case["pretrain_accepted"], case["pretrain_error"]
+    assert VERDICTS["commit"] == FIXTURE["commit"]
+
+
+def test_llama3_405b_exports_megatrons_layout_and_megatron_builds_its_split():
+    """Megatron's own layer build puts 7, 8 x 14, 7 layers on the 16 pipeline ranks."""
+    case = next(c for c in VERDICTS["cases"] if c["name"] == "pipeplan_llama405b_16k_v8")
+    f = flags(megatron.arguments(export_plan("llama405b_16k_v8")))
+    assert f["--pipeline-model-parallel-layout"] == "E|(t|)*126L"
+    assert case["build"]["rank_layers"] == [7] + [8] * 14 + [7]
+
+
+@pytest.mark.parametrize("case, why", [
+    ("p2p_interleaved_pp2_no_overlap", "PP > 2"),  # Megatron refuses: so does Parallelism
+    ("gpt175b_first11_last13_layers_per_vstage", None),  # the export never pairs these flags
+    ("gqa48h_g4_tp6", "neither split over nor replicate"),
+])
+def test_what_megatron_refuses_pipeplan_refuses_or_never_exports(case, why):
+    verdict = next(c for c in VERDICTS["cases"] if c["name"] == case)
+    assert not verdict["pretrain_accepted"]
+    if case == "p2p_interleaved_pp2_no_overlap":
+        with pytest.raises(PipeplanError, match=why):
+            Parallelism(1, 2, 4, (2, 2, 2, 2), 2, overlap_p2p=False, schedule="interleaved-1f1b")
+    elif case == "gqa48h_g4_tp6":
+        from pipeplan.graph.llm import gpt
+
+        with pytest.raises(PipeplanError, match=why):
+            Parallelism(6, 1, 1, (4,)).check_model(gpt("g", 6144, 4, 48, kv_heads=4))
+    else:
+        for name in EXPORTS:
+            f = flags(megatron.arguments(export_plan(name)))
+            assert not ("--num-layers-per-virtual-pipeline-stage" in f and "--decoder-first-pipeline-num-layers" in f)

@@ -163,6 +163,21 @@ def _gap_cell(row: dict) -> str:
     return f"{'>= ' if row.get('gap_is_bound') else ''}{row['gap_vs_exact']:+.1%}"
 
 
+#: ``explain``'s terms in a compare cell
+SHORT_TERMS = {"recompute": "recompute", "tp_comm": "TP comm", "pipeline_sends": "sends", "dp_comm": "DP",
+               "optimizer": "optimizer", "bubble": "bubble", "other": "other"}
+
+
+def _terms_cell(row: dict, iteration: float) -> str:
+    """The three largest shares of a decoder plan's iteration beyond forward and backward
+    compute (``pipeplan explain`` has them all)."""
+    if "terms" not in row:
+        return "-"
+    top = sorted(((v, k) for k, v in row["terms"].items() if k in SHORT_TERMS and v / iteration >= 0.005),
+                 reverse=True)[:3]
+    return ", ".join(f"{SHORT_TERMS[k]} {v / iteration:.0%}" for v, k in top) or "-"
+
+
 def print_compare(rows: list[dict], title: str, console: Console | None = None) -> None:
     """The rows of ``CompareRow.to_dict``, one line each (a time column in one unit): a plan
     that does not fit names its worst device and by how much; a planner that could not plan
@@ -171,8 +186,9 @@ def print_compare(rows: list[dict], title: str, console: Console | None = None) 
     console = console or make_console(170)
     table = Table(title=title)
     gap = any(r.get("gap_vs_exact") is not None for r in rows)
+    terms = any("terms" in r for r in rows)
     cols = ["rank", "planner", "stages", "replication", "iteration", "speedup vs dp", "efficiency",
-            *(["gap to exact"] if gap else []), "search", "fits"]
+            *(["gap to exact"] if gap else []), *(["beyond compute"] if terms else []), "search", "fits"]
     for col in cols:
         table.add_column(col, justify="left" if col in ("planner", "replication", "fits") else "right",
                          no_wrap=True)
@@ -202,6 +218,7 @@ def print_compare(rows: list[dict], title: str, console: Console | None = None) 
                       "-" if r.get("speedup_vs_dp") is None else f"{r['speedup_vs_dp']:.2f}x",
                       f"{r['efficiency']:.1%}",
                       *([_gap_cell(r)] if gap else []),
+                      *([_terms_cell(r, r["iteration_s"])] if terms else []),
                       fmt_time_in(r["search_s"], search_unit),
                       _fits_cell(r))
     console.print(table)

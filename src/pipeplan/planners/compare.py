@@ -15,6 +15,8 @@ from ..cluster import Cluster
 from ..errors import Infeasible, PipeplanError
 from ..graph import Graph
 from ..plan import Plan
+from ..sim.explain import explain
+from ..sim.tensor_groups import needs_lowering
 from ..sim import SimResult
 from .base import PlanOptions, get_planner, load_all, memory_over_bytes, overflow_text, run_planner
 from .ranking import rank_key
@@ -72,6 +74,7 @@ class CompareRow:
                 "memory": self.memory_verdict, "speedup_vs_dp": self.speedup_vs_dp,
                 "gap_vs_exact": self.gap_vs_exact, "gap_is_bound": self.gap_is_bound,
                 "search_complete": self.plan.search_complete, "incomplete": self.plan.incomplete,
+                **({"terms": explain(self.plan)["terms"]} if needs_lowering(self.plan) else {}),
                 "plan": self.plan.to_dict(embed=False)}
 
 
