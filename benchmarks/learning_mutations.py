@@ -18,16 +18,12 @@ Writes benchmarks/results/learning/mutations.json (per mutation: caught, the fai
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import ROOT, add_out_argument, write_json  # noqa: E402
+from _mutations import apply, run_all  # noqa: E402
+from _results import add_out_argument, write_json  # noqa: E402
 
 TESTS = ["tests/test_learning_guards.py", "tests/test_drlpp.py", "tests/test_automap_infer.py",
          "tests/test_learn_env.py", "tests/test_learn_search.py", "tests/test_drlpp_cli.py"]
@@ -66,39 +62,14 @@ def mutate(name: str, src: Path) -> None:
     if name == "random checkpoint":
         _random_checkpoint(src)
         return
-    rel, old, new = EDITS[name]
-    path = src / rel
-    text = path.read_text()
-    if old not in text:
-        raise SystemExit(f"mutation {name!r}: {old!r} is no longer in {rel}: update benchmarks/learning_mutations.py")
-    path.write_text(text.replace(old, new, 1))
-
-
-def run_tests(src: Path) -> tuple[bool, list[str]]:
-    """(every quick test passed, the failing tests) against the source copy ``src``."""
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider",
-                           "-x", *TESTS], cwd=ROOT, env=env, capture_output=True, text=True)
-    failed = re.findall(r"^FAILED (\S+)", done.stdout, re.M)
-    return done.returncode == 0, failed
+    apply(EDITS, name, src, "benchmarks/learning_mutations.py")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_out_argument(parser, "learning")
     args = parser.parse_args()
-    rows = {}
-    passed, failed = run_tests(ROOT / "src")
-    if not passed:  # the control: unmutated, the tests pass
-        raise SystemExit(f"the learning tests fail without a mutation: {', '.join(failed)}")
-    for name in [*EDITS, "random checkpoint"]:
-        with tempfile.TemporaryDirectory() as tmp:
-            src = Path(tmp) / "src"
-            shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
-            mutate(name, src)
-            passed, failed = run_tests(src)
-        rows[name] = {"caught": not passed, "failing": failed}
-        print(f"{name:<18} {'caught by ' + ', '.join(failed) if not passed else 'SURVIVES'}", flush=True)
+    rows = run_all([*EDITS, "random checkpoint"], mutate, TESTS, "learning", 18)
     write_json(args.out / "mutations.json", {"tests": TESTS, "mutations": rows})
     if not all(r["caught"] for r in rows.values()):
         raise SystemExit(1)

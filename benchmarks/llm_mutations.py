@@ -11,16 +11,12 @@ Writes benchmarks/results/llm/mutations.json (per mutation: caught, the first fa
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import ROOT, add_out_argument, write_json  # noqa: E402
+from _mutations import apply, run_all  # noqa: E402
+from _results import add_out_argument, write_json  # noqa: E402
 
 TESTS = ["tests/test_llm_parallel.py", "tests/test_llm_costs.py", "tests/test_llm_pins.py", "tests/test_llm_memory.py",
          "tests/test_llm_scale.py", "tests/test_llm_spec.py", "tests/test_explain.py", "tests/test_engines_megatron.py",
@@ -96,21 +92,7 @@ EDITS = {
 
 
 def mutate(name: str, src: Path) -> None:
-    rel, old, new = EDITS[name]
-    path = src / rel
-    text = path.read_text()
-    if old not in text:
-        raise SystemExit(f"mutation {name!r}: {old!r} is no longer in {rel}: update benchmarks/llm_mutations.py")
-    path.write_text(text.replace(old, new, 1))
-
-
-def run_tests(src: Path) -> tuple[bool, list[str]]:
-    """(every quick test passed, the failing tests) against the source copy ``src``."""
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-x",
-                           *TESTS], cwd=ROOT, env=env, capture_output=True, text=True)
-    failed = re.findall(r"^FAILED (\S+)", done.stdout, re.M)
-    return done.returncode == 0, failed
+    apply(EDITS, name, src, "benchmarks/llm_mutations.py")
 
 
 def main() -> None:
@@ -119,18 +101,7 @@ def main() -> None:
     add_out_argument(parser, "llm")
     args = parser.parse_args()
     names = [n for n in EDITS if args.only is None or args.only in n]
-    passed, failed = run_tests(ROOT / "src")
-    if not passed:  # the control: unmutated, the tests pass
-        raise SystemExit(f"the LLM tests fail without a mutation: {', '.join(failed)}")
-    rows = {}
-    for name in names:
-        with tempfile.TemporaryDirectory() as tmp:
-            src = Path(tmp) / "src"
-            shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
-            mutate(name, src)
-            passed, failed = run_tests(src)
-        rows[name] = {"caught": not passed, "failing": failed}
-        print(f"{name:<40} {'caught by ' + ', '.join(failed) if not passed else 'SURVIVES'}", flush=True)
+    rows = run_all(names, mutate, TESTS, "LLM", 40)
     score = sum(r["caught"] for r in rows.values()) / len(rows)
     print(f"mutation score {score:.0%} ({sum(r['caught'] for r in rows.values())} of {len(rows)})")
     if args.only is None:

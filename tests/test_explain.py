@@ -73,3 +73,32 @@ def test_the_cli_prints_terms_and_their_difference_as_json(tmp_path, capsys):
     assert out["difference"]["saved_s"]["recompute"] > 0
     assert main(["explain", paths[0]]) == 0
     assert "recomputation" in capsys.readouterr().out
+
+
+def test_blocking_sends_cost_each_microbatch_its_send_and_explain_says_so():
+    """Two stages on two servers joined by 100 Gb/s, 32 microbatches, 1F1B: Megatron's sends
+    block, so each microbatch costs its stage its compute plus its send (s x b x h 16-bit values
+    over the link, plus its latency): the iteration is at least M (stage + send), and explain
+    puts the bottleneck's sends (all but at most the one no later work waits for) under pipeline
+    sends."""
+    g = load_graph(GPT + "&microbatch=1")
+    c = load_cluster("hier:servers=2,gpus=1,intra=100Gbps,inter=100Gbps,kind=A100-80GB,latency=5us")
+    plan = llm3d.plan_of(g, c, Parallelism(1, 2, 1, (4, 4)), 32)
+    r = simulate(plan, timeline=False)
+    send = 2 * 512 * 1 * 1024 / (100e9 / 8) + 5e-6
+    stage = max(r.extra["stage_s_per_microbatch"])
+    assert r.iteration_s >= 32 * (stage + send)
+    e = explain(plan)
+    assert 31 * send * (1 - 1e-9) <= e["terms"]["pipeline_sends"] <= 32 * send * (1 + 1e-9)  # all but at most one
+
+
+def test_the_tensor_parallel_term_is_the_exposed_collectives_in_closed_form():
+    """TP 8 with sequence parallelism on one DGX H100, 8 microbatches of one 512-token sequence:
+    each collective of s x b x h 16-bit values takes c = 7/8 x bytes / (450 GB/s x 0.8) + 3
+    steps x 3 us; a layer exposes its forward's 2 all-gathers and 2 reduce-scatters and its
+    backward's 2 output-gradient all-gathers (the rest hides behind its GEMMs), the embedding
+    and the head one each way: 8 x (6 L + 4) c."""
+    g, c = load_graph(GPT), load_cluster("dgx-h100x1")
+    e = explain(llm3d.plan_of(g, c, Parallelism(8, 1, 1, (8,), sp=True), 8))
+    coll = 7 / 8 * 2 * 512 * 1024 / (450e9 * 0.8) + 3 * 3e-6
+    assert e["terms"]["tp_comm"] == pytest.approx(8 * (6 * 8 + 4) * coll, rel=1e-6)
