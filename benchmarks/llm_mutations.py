@@ -78,8 +78,10 @@ EDITS = {
     # exports
     "layout string E and L swapped": (MEG, 'return f"E{chunk(counts[0])}|" + "".join(middle) + f"{chunk(counts[-1])}L"',
                                       'return f"L{chunk(counts[0])}|" + "".join(middle) + f"{chunk(counts[-1])}E"'),
-    "bf16 reduction flag inverted": (MEG, 'if v.grad_reduce == "bf16":', 'if v.grad_reduce == "fp32":'),
-    "p2p overlap flag inverted": (MEG, "if v.vpp > 1 and not v.overlap_p2p:", "if v.vpp > 1 and v.overlap_p2p:"),
+    "bf16 reduction flag inverted": (MEG, '("--grad-reduce-in-bf16", v.grad_reduce == "bf16")',
+                                     '("--grad-reduce-in-bf16", v.grad_reduce == "fp32")'),
+    "p2p overlap flag inverted": (MEG, '("--no-overlap-p2p-communication", v.vpp > 1 and not v.overlap_p2p)',
+                                  '("--no-overlap-p2p-communication", v.vpp > 1 and v.overlap_p2p)'),
     "first stage's layers wrong": (MEG, '[f"--decoder-first-pipeline-num-layers {stages[0]}"]',
                                    '[f"--decoder-first-pipeline-num-layers {stages[1]}"]'),
     # explain

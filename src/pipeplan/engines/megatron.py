@@ -14,31 +14,10 @@ prediction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..graph.llm import DecoderSpec, decoder_of
 from ..plan import Plan
-from .shape import common_why_not, layer_counts, require, shape
-
-
-@dataclass(frozen=True)
-class View:
-    """What Megatron is told: the degrees, the layers of each chunk in chunk order, batch sizes,
-    recomputation and the switches (docs/megatron-rules.md)."""
-
-    tp: int
-    pp: int
-    dp: int
-    vpp: int
-    layout: tuple[int, ...]
-    micro: int
-    global_batch: int
-    recompute: str
-    zero: bool
-    sp: bool
-    overlap: bool
-    grad_reduce: str
-    overlap_p2p: bool
+from ..llm.parallelism import Parallelism
+from .shape import common_why_not, layer_counts, parallelism_of, require, shape
 
 
 def _why_not(plan: Plan) -> str | None:
@@ -58,18 +37,11 @@ def _why_not(plan: Plan) -> str | None:
     return None
 
 
-def view(plan: Plan) -> View:
-    """What Megatron is told for ``plan``; a PipeplanError naming what it cannot express and
-    the nearest plan's predicted cost."""
+def view(plan: Plan) -> Parallelism:
+    """What Megatron is told for ``plan`` (``shape.parallelism_of``); a PipeplanError naming what
+    it cannot express and the nearest plan's predicted cost."""
     require("megatron", "Megatron-LM", plan, _why_not)
-    tp, pp, dp, vpp = shape(plan)
-    b = int(plan.graph.meta.get("microbatch", 1))
-    micro = b // dp if plan.replicas == "split" else b
-    par = plan.parallelism
-    grad = par.grad_reduce if par else "fp32"
-    p2p = par.overlap_p2p if par else vpp > 1  # Megatron overlaps interleaved sends by default
-    return View(tp, pp, dp, vpp, tuple(layer_counts(plan)), micro, plan.global_batch, plan.recompute_mode(0),
-                bool(plan.zero), plan.sequence_parallel and tp > 1, plan.overlap_grad_reduce and dp > 1, grad, p2p)
+    return parallelism_of(plan)
 
 
 def layout_string(counts: tuple[int, ...]) -> str:
@@ -91,14 +63,14 @@ def layout_string(counts: tuple[int, ...]) -> str:
     return f"E{chunk(counts[0])}|" + "".join(middle) + f"{chunk(counts[-1])}L"
 
 
-def layer_arguments(v: View) -> list[str]:
+def layer_arguments(par: Parallelism) -> list[str]:
     """How the layers split: nothing (equal stages), layers per virtual stage (equal chunks),
     the first and last stage apart (one chunk a GPU, equal middle stages), else the layout."""
-    counts, stages = v.layout, [sum(v.layout[s::v.pp]) for s in range(v.pp)]
+    counts, stages = par.layout, par.stage_layers()
     if len(set(counts)) == 1:
-        return [f"--num-layers-per-virtual-pipeline-stage {counts[0]}"] if v.vpp > 1 else []
-    if v.vpp == 1 and min(counts) > 0 and (v.pp == 2 or len(set(stages[1:-1])) == 1):
-        middle = stages[1] if v.pp > 2 else None
+        return [f"--num-layers-per-virtual-pipeline-stage {counts[0]}"] if par.vpp > 1 else []
+    if par.vpp == 1 and min(counts) > 0 and (par.pp == 2 or len(set(stages[1:-1])) == 1):
+        middle = stages[1] if par.pp > 2 else None
         return ([f"--decoder-first-pipeline-num-layers {stages[0]}"] if stages[0] != middle else []) + \
             ([f"--decoder-last-pipeline-num-layers {stages[-1]}"] if stages[-1] != middle else [])
     return [f"--pipeline-model-parallel-layout {layout_string(counts)}"]
@@ -147,21 +119,15 @@ def parallel_arguments(plan: Plan) -> list[str]:
     v = view(plan)
     args = [f"--tensor-model-parallel-size {v.tp}", f"--pipeline-model-parallel-size {v.pp}"]
     args += layer_arguments(v)
-    args += [f"--micro-batch-size {v.micro}", f"--global-batch-size {v.global_batch}"]
+    args += [f"--micro-batch-size {v.microbatch}", f"--global-batch-size {plan.global_batch}"]
     if v.recompute == "selective":
         args.append("--recompute-granularity selective")
     elif v.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
-    if v.sp:
-        args.append("--sequence-parallel")
-    if v.zero:
-        args.append("--use-distributed-optimizer")
-    if v.overlap:
-        args.append("--overlap-grad-reduce")
-    if v.grad_reduce == "bf16":
-        args.append("--grad-reduce-in-bf16")
-    if v.vpp > 1 and not v.overlap_p2p:
-        args.append("--no-overlap-p2p-communication")
+    flags = (("--sequence-parallel", v.sp), ("--use-distributed-optimizer", v.zero),
+             ("--overlap-grad-reduce", v.overlap_grad_reduce), ("--grad-reduce-in-bf16", v.grad_reduce == "bf16"),
+             ("--no-overlap-p2p-communication", v.vpp > 1 and not v.overlap_p2p))
+    args += [flag for flag, on in flags if on]
     if plan.optimizer != "adam":
         args.append(f"--optimizer {plan.optimizer}")
     return args

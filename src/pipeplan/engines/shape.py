@@ -39,6 +39,21 @@ def shape(plan: Plan) -> tuple[int, int, int, int]:
     return tp, pp, max(world // (tp * pp), 1), vpp
 
 
+def parallelism_of(plan: Plan) -> Parallelism:
+    """The plan's ``Parallelism``: as a 3D planner declared it, else read off the stages of a
+    plan an engine can express (``common_why_not`` found nothing): the shape, the layers of
+    each chunk, the microbatch a replica runs, one recomputation setting, the switches, the
+    gradients in fp32 and sends overlapped where Megatron overlaps them (its defaults)."""
+    if plan.parallelism is not None:
+        return plan.parallelism
+    tp, pp, dp, vpp = shape(plan)
+    b = int(plan.graph.meta.get("microbatch", 1))
+    return Parallelism(tp, pp, dp, tuple(layer_counts(plan)), vpp,
+                       microbatch=b // dp if plan.replicas == "split" else b, recompute=plan.recompute_mode(0),
+                       sp=plan.sequence_parallel and tp > 1, zero=plan.zero,
+                       overlap_grad_reduce=plan.overlap_grad_reduce and dp > 1, schedule=plan.schedule)
+
+
 def placement_of(plan: Plan) -> str:
     """``single``, ``loop`` or ``v``: how the plan's schedule places model chunks."""
     return SCHEDULES[plan.schedule].placement if plan.schedule in SCHEDULES else "single"
