@@ -56,8 +56,9 @@ def test_tiny_layers_on_cpu(tmp_path):
     rows = data["rows"]
     assert {(r["model"], r["tp"]) for r in rows} == {(m, t) for m in ("gpt-tiny", "llama-tiny") for t in (1, 2)}
     for r in rows:
-        assert r["fwd_s"] > 0 and r["bwd_s"] > r["fwd_s"], r  # the backward does twice the work
-        assert r["recompute_fwd_s"] <= 1.5 * r["fwd_s"], r
+        # timings only exist and are positive (the suite checks no wall-clock ratio: a loaded
+        # machine may run any of them slower)
+        assert all(r[k] > 0 for k in ("fwd_s", "bwd_s", "recompute_fwd_s", "optimizer_step_s")), r
         assert 0 < r["attn_core_s"] and 0 < r["optimizer_step_s"], r
         assert r["params"] == rank_params(r), r
         assert r["fwd_flops"] == rank_flops(r), r
