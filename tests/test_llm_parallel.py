@@ -428,5 +428,18 @@ def test_a_tied_embedding_split_over_first_and_last_stage_is_held_twice_and_redu
     ring = 2 * (1 / 2) * 4 / (450e9 * 0.8)  # 2 replicas, fp32, bytes a parameter a rank
     p_first = (spec.embedding_params() + 2 * spec.layer_params()) / 2
     p_last = (spec.head_params() + spec.vocab * spec.hidden + 2 * spec.layer_params()) / 2
-    assert first == pytest.approx(ring * p_first + 2 * 3e-6 + tie, rel=1e-9)
-    assert last == pytest.approx(ring * p_last + 2 * 3e-6 + tie, rel=1e-9)
+    assert first == pytest.approx(ring * p_first + 2 * 3e-6, rel=1e-9)
+    assert last == pytest.approx(ring * p_last + 2 * 3e-6, rel=1e-9)
+    assert tied.meta["stage_step_extra_s"] == pytest.approx([tie, tie], rel=1e-9)  # before the step
+
+
+def test_the_tied_embedding_is_reduced_without_data_parallelism_too():
+    """PP 2, one replica: no data-parallel reduction, but the first and last stage still
+    all-reduce the tied embedding's gradient before their step (explain: data-parallel term)."""
+    from pipeplan.sim.explain import explain
+
+    g, c = load_graph(SMALL), load_cluster("dgx-h100x1")
+    spec = llm3d.spec_of(g)
+    e = explain(llm3d.plan_of(g, c, Parallelism(4, 2, 1, (2, 2), sp=True), 8))
+    tie = 2 * (1 / 2) * 4 * spec.vocab * spec.hidden / 4 / (450e9 * 0.8) + 2 * 1 * 3e-6
+    assert e["terms"]["dp_comm"] == pytest.approx(tie, rel=1e-9)

@@ -39,3 +39,15 @@ def interrupted(argv: list[str] | None, how: str) -> str:
     words = sys.argv[1:] if argv is None else argv
     command = f"{one_line(words[0])} " if words and not words[0].startswith("-") else ""
     return f"pipeplan: {command}interrupted ({how})"
+
+
+def from_ctrl_c(e: BaseException) -> bool:
+    """``e`` was raised because of a Ctrl-C: a KeyboardInterrupt somewhere in its chain of
+    causes (Python wraps one raised during an import, or in a class body's ``__set_name__``)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False

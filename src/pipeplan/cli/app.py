@@ -17,7 +17,7 @@ from typing import Callable
 
 from .argtypes import calibration_seconds, non_negative_int, positive_seconds, seed as _seed, threads
 from .argtypes import names as _names, positive_int as _positive_int
-from ..errors import Infeasible, PipeplanError, Terminated, interrupted, one_line
+from ..errors import Infeasible, PipeplanError, Terminated, from_ctrl_c, interrupted, one_line
 from ..outputs import Outputs
 from .progress import planning_progress, training_progress
 
@@ -910,8 +910,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(interrupted(argv, "Ctrl-C"), file=sys.stderr)
         return 130
-    except ImportError as e:  # Ctrl-C inside an extension module's initialization surfaces as this
-        if not isinstance(e.__cause__ or e.__context__, KeyboardInterrupt):
+    except (ImportError, RuntimeError) as e:  # Ctrl-C inside an extension module's initialization, or
+        if not from_ctrl_c(e):  # a class body's __set_name__ (dataclass fields), surfaces as these
             raise
         print(interrupted(argv, "Ctrl-C"), file=sys.stderr)
         return 130

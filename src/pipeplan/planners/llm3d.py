@@ -15,7 +15,8 @@ closed-form estimate to screen them, and the plan of one.
   slowest position's forward + backward per microbatch (zero-bubble H1: a third of the
   bubble) plus, without overlapped sends, each microbatch's blocking pipeline sends, plus the
   stage's data-parallel collectives (``sim.tensor_groups.dp_collectives_s``) less the last
-  backward where overlapped; per GPU memory: the state (18 bytes a parameter, 6 + 12 / DP with
+  backward where overlapped, and a tied embedding's reduction between first and last stage;
+  per GPU memory: the state (18 bytes a parameter, 6 + 12 / DP with
   ZeRO-1) / TP plus the activations of the microbatches in flight on the first position (PP of
   them; interleaved, PP (1 + (PP - 1) / (PP v)), §2.2).
 """
@@ -37,7 +38,7 @@ from ..llm.parallelism import GRAD_REDUCE, INTERLEAVED, Parallelism
 from ..plan import Plan, Stage
 from ..sim.collectives import group_links
 from ..sim.formulas import state_bytes
-from ..sim.tensor_groups import dp_collectives_s, dp_ring, node_costs, pipeline_send_s
+from ..sim.tensor_groups import dp_collectives_s, dp_ring, node_costs, pipeline_send_s, tied_reduction_s
 
 #: Model chunks per GPU tried at most (interleaved 1F1B)
 MAX_CHUNKS = 8
@@ -280,6 +281,8 @@ def estimate(spec: DecoderSpec, cluster: Cluster, par: Parallelism, global_batch
     ar = max(dp_collectives_s(par, params / par.tp, ring) for _, params, _ in pos)
     if par.overlap_grad_reduce:  # all but what outlasts the last microbatch's backward on a position
         ar = max(ar - min(n for n, _, _ in pos) * layer_bwd / par.vpp, 0.0)
+    if spec.tied and par.pp > 1:  # the embedding's gradient between first and last stage, before the step
+        ar += tied_reduction_s(spec, cluster, par.tp, par.grad_reduce, 0, (par.pp - 1) * par.dp * par.tp)
     iteration = (m + bubble) * slowest + m * sends + ar
     memory = max(state_bytes(BF16 * params, optimizer, "bf16", par.dp if par.zero else 1) / par.tp
                  + _in_flight(par, s, m) * n * kept + (head_kept if ends >= 2 else 0.0)

@@ -40,6 +40,9 @@ OVERLAP = "overlap_grad_reduce"
 #: family (decoder LLMs: ``sim.tensor_groups``: gradient dtype, ZeRO-1, rings on the servers'
 #: rails) instead of SPP's ring over the slowest link
 STAGE_ALLREDUCE_S = "stage_allreduce_s"
+#: graph meta key: per stage, seconds a device holding it spends before its optimizer step
+#: besides the step (decoder LLMs: a tied embedding's all-reduce between first and last stage)
+STAGE_STEP_EXTRA_S = "stage_step_extra_s"
 
 
 @dataclass(frozen=True)
@@ -204,6 +207,8 @@ def _updates(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, meta: dict,
     if sel.size:
         slow = np.where(lay.groups, cl.speed[None, None], np.inf).min(axis=2)[:, g]
         dur[:, sel] = update_time(meta, cl, mat(c.params, tg.group_stages.T)[:, g], slow)
+        if meta.get(STAGE_STEP_EXTRA_S):
+            dur[:, sel] += (tg.group_stages @ np.asarray(meta[STAGE_STEP_EXTRA_S], dtype=float))[g][None, :]
 
 
 def durations(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, graph_meta: dict, fs: np.ndarray,

@@ -21,6 +21,7 @@ from ..errors import PipeplanError
 from ..plan import Plan
 from ..schedule import Kind
 from .simulate import simulate
+from .durations import STAGE_STEP_EXTRA_S
 from .tensor_groups import STAGE_PARTS, lower, needs_lowering
 
 TERMS = ("forward", "backward", "recompute", "tp_comm", "pipeline_sends", "dp_comm", "optimizer", "bubble", "other")
@@ -46,8 +47,14 @@ def explain(plan: Plan) -> dict:
     d = max(rows, key=lambda i: float(r.busy_s[i]) if i < len(r.busy_s) else 0.0)
     terms = dict.fromkeys(TERMS, 0.0)
     mine = np.flatnonzero(tl.resource == d)
+    extra = low.graph.meta.get(STAGE_STEP_EXTRA_S) or [0.0] * low.num_stages
+    before_step = sum(extra[s] for s in set(tl.stage[mine].tolist()))  # the tied embedding's reduction
     for t in mine.tolist():
-        _credit(terms, int(tl.kind[t]), parts[int(tl.stage[t])], float(tl.end[t] - tl.start[t]))
+        seconds = float(tl.end[t] - tl.start[t])
+        if int(tl.kind[t]) == int(Kind.UPDATE):
+            terms["dp_comm"] += min(before_step, seconds)
+            seconds -= min(before_step, seconds)
+        _credit(terms, int(tl.kind[t]), parts[int(tl.stage[t])], seconds)
     sends = _own_sends(tl, mine)
     for a, b in _gaps(tl, mine, r.iteration_s):
         waited = sum(max(0.0, min(b, float(tl.end[s])) - max(a, float(tl.start[s]))) for s in sends)

@@ -57,10 +57,12 @@ class LayerCost:
 
 #: The share of the kernel-level compute rate (the GEMM, attention and memory-bound op times
 #: above: one layer as Korthikanti et al. measured it, GEMMs as a lent H100 timed them) that a
-#: training run keeps end to end: gaps between kernels, the optimizer step, loss scaling, data
-#: loading and logging, which Megatron-LM SC'21 Table 1's per-GPU figures include. The one
-#: constant calibrated on published end-to-end throughput (benchmarks/published/calibrate.py,
-#: docs/llm.md); the simulator divides a node's compute by it (``sim.tensor_groups``).
+#: training run keeps end to end: what Megatron-LM SC'21 Table 1's per-GPU figures include and
+#: the priced terms do not (gaps between kernels, loss scaling, data loading, logging; the
+#: optimizer step, the collectives and the pipeline are priced apart). The one constant
+#: calibrated on published end-to-end throughput, on SC'21 Table 1 alone
+#: (benchmarks/published/calibrate.py, docs/llm.md); the simulator divides a node's compute by
+#: it (``sim.tensor_groups``), never a collective or the optimizer step.
 END_TO_END = 0.972
 
 

@@ -37,7 +37,7 @@ from . import llm_costs
 from .llm_costs import Collective, comm_s, layer_cost, rates_of
 from .collectives import collective_s
 from .compile import BLOCKING_SENDS
-from .durations import OVERLAP, STAGE_ALLREDUCE_S
+from .durations import OVERLAP, STAGE_ALLREDUCE_S, STAGE_STEP_EXTRA_S
 from .replicas import as_two, between_groups, ring_links, symmetric_count
 
 
@@ -267,6 +267,7 @@ def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
     if plan.overlap_grad_reduce:
         meta[OVERLAP] = plan.replicas
     meta[STAGE_ALLREDUCE_S] = _stage_reductions(plan, spec, params)
+    meta[STAGE_STEP_EXTRA_S] = _tied_reduction(plan, spec)
     meta[STAGE_PARTS] = parts
     meta[BLOCKING_SENDS] = plan.parallelism is not None and not plan.parallelism.overlap_p2p
     meta["update_s_per_byte"] = _update_s_per_byte(plan, of_stage)
@@ -275,27 +276,41 @@ def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
 
 def _stage_reductions(plan: Plan, spec: DecoderSpec, params: np.ndarray) -> list[float]:
     """Each stage's data-parallel collectives (``dp_collectives_s``, the plan's parallelism or
-    Megatron's defaults: fp32 gradients) over the ring of its groups' first GPUs, plus, for a
-    tied embedding split over first and last stage, the all-reduce of its gradient between
-    them (Megatron-LM's embedding group: fp32 gradients, 2 ranks)."""
-    from ..llm.parallelism import DTYPE_BYTES, Parallelism
+    Megatron's defaults: fp32 gradients) over the ring of its groups' first GPUs."""
+    from ..llm.parallelism import Parallelism
 
     cl, out, rings = plan.cluster, [], {}
     grad = plan.parallelism.grad_reduce if plan.parallelism else "fp32"
-    owner = plan.stage_of_node()
-    split_tie = spec.tied and owner[plan.graph.index["embed"]] != owner[plan.graph.index["head"]]
-    for k, (st, idx, devs) in enumerate(zip(plan.stages, plan.stage_nodes(), plan.stage_devices())):
+    for st, idx, devs in zip(plan.stages, plan.stage_nodes(), plan.stage_devices()):
         ring = [devs[i] for i in range(0, len(devs), st.tp)]
         par = Parallelism(st.tp, 1, len(ring), (1,), zero=plan.zero, grad_reduce=grad)
         if tuple(ring) not in rings:
             rings[tuple(ring)] = dp_ring(cl, ring)
-        seconds = dp_collectives_s(par, float(params[idx].sum()) / BF16 / st.tp, rings[tuple(ring)])
-        if split_tie and ("embed" in st.nodes or "head" in st.nodes):
-            first, last = plan.stage_devices()[0][0], plan.stage_devices()[-1][0]
-            bw, lat = group_links(cl, [first, last])
-            seconds += collective_s("all_reduce", spec.vocab * spec.hidden / st.tp * DTYPE_BYTES[grad], 2, bw, lat)
-        out.append(seconds)
+        out.append(dp_collectives_s(par, float(params[idx].sum()) / BF16 / st.tp, rings[tuple(ring)]))
     return out
+
+
+def _tied_reduction(plan: Plan, spec: DecoderSpec) -> list[float]:
+    """Per stage, the all-reduce of a tied embedding's gradient between the first and the last
+    stage that hold it (Megatron-LM's embedding group, ``finalize_model_grads``: fp32 gradients,
+    2 ranks, after the data-parallel reduction and before the optimizer step, with or without
+    data parallelism; ``tied_reduction_s``); 0 elsewhere."""
+    owner = plan.stage_of_node()
+    if not spec.tied or owner[plan.graph.index["embed"]] == owner[plan.graph.index["head"]]:
+        return [0.0] * plan.num_stages
+    grad = plan.parallelism.grad_reduce if plan.parallelism else "fp32"
+    first, last = plan.stage_devices()[0][0], plan.stage_devices()[-1][0]
+    return [tied_reduction_s(spec, plan.cluster, st.tp, grad, first, last)
+            if "embed" in st.nodes or "head" in st.nodes else 0.0 for st in plan.stages]
+
+
+def tied_reduction_s(spec: DecoderSpec, cluster: Cluster, tp: int, grad: str, first: int, last: int) -> float:
+    """One rank's all-reduce of its 1 / TP of a tied embedding's gradient (``grad`` dtype) between
+    GPU ``first`` of the first stage and ``last`` of the last."""
+    from ..llm.parallelism import DTYPE_BYTES
+
+    bw, lat = group_links(cluster, [first, last])
+    return collective_s("all_reduce", spec.vocab * spec.hidden / tp * DTYPE_BYTES[grad], 2, bw, lat)
 
 
 def _update_s_per_byte(plan: Plan, of_stage: list[list[int]]) -> float:
