@@ -48,7 +48,7 @@ EDITS = {
     "plan: parallelism unchecked": (LAY, "    if wrong:\n", "    if False:\n"),
     # cost terms
     "fp32 gradients priced as 16-bit": (PAR, 'DTYPE_BYTES = {"fp32": 4, "bf16": 2}', 'DTYPE_BYTES = {"fp32": 2, "bf16": 2}'),
-    "ZeRO-1 without its all-gather": (TG, '                + collective_s("all_gather", params_per_rank * BF16, par.dp, *links))',
+    "ZeRO-1 without its all-gather": (TG, '                + collective_s("all_gather", params_per_rank * BF16, dp, *links))',
                                       "                )"),
     "collectives without latency": ("pipeplan/sim/collectives.py", "+ steps * latency_s", "+ 0 * latency_s"),
     "backward all-reduces all hidden": (LC, 'return max(0.0, 2 * collective_s("all_reduce", nbytes, tp, bus, latency) - gemm)',

@@ -321,7 +321,7 @@ def test_hostile_tensor_parallel_plans_are_one_line(tmp_path, capsys, edit, word
 def test_key_value_heads_fewer_than_the_ranks_are_replicated_and_priced_so():
     """TP 8 over 2 key/value heads (Megatron-core replicates them): each rank computes and
     holds one whole key/value head, not a quarter of one."""
-    from pipeplan.graph.llm import layer_compute_s, Rates, _gemm_flops
+    from pipeplan.graph.llm import _gemm_flops
 
     spec = gpt("g", 4096, 4, 32, kv_heads=2, seq=1024)
     head_dim, tokens = 4096 // 32, 1024

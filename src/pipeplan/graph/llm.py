@@ -156,7 +156,7 @@ class DecoderSpec:
                                recompute: str = "none") -> float:
         """Korthikanti et al. 2022 §4 for this layer's layout (module docstring)."""
         rc = _recompute(recompute)
-        s, b, h, kv, f = self.seq, samples, self.hidden, self.kv_dim, self.ffn
+        s, b, h, f = self.seq, samples, self.hidden, self.ffn
         sbh = s * b * h
         if rc == "full":
             return BF16 * sbh / (tp if sp else 1)

@@ -23,7 +23,6 @@ closed-form estimate to screen them, and the plan of one.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
@@ -46,7 +45,7 @@ MAX_CHUNKS = 8
 MAX_MICROBATCH = 16
 
 
-def _pin(kind, help_text: str, **meta):
+def _pin(help_text: str, **meta):
     return field(default=None, metadata={"help": help_text + " (decoder LLMs)", **meta})
 
 
@@ -55,27 +54,23 @@ class LLMOptions:
     """Pinned dimensions of a decoder LLM's configuration (None: chosen by the planner). Every
     pin is in the plan returned, or the planner refuses in one line (``configs``)."""
 
-    tp: int | None = _pin(int, "tensor-parallel degree", min=1)
-    pp: int | None = _pin(int, "pipeline-parallel degree", min=1)
-    vpp: int | None = _pin(int, "model chunks per GPU, interleaved 1F1B when > 1", min=1)
-    microbatch: int | None = _pin(int, "samples per microbatch", min=1)
-    recompute: str | None = _pin(str, "activation recomputation: none, selective (the attention core) or full",
+    tp: int | None = _pin("tensor-parallel degree", min=1)
+    pp: int | None = _pin("pipeline-parallel degree", min=1)
+    vpp: int | None = _pin("model chunks per GPU, interleaved 1F1B when > 1", min=1)
+    microbatch: int | None = _pin("samples per microbatch", min=1)
+    recompute: str | None = _pin("activation recomputation: none, selective (the attention core) or full",
                                  choices=RECOMPUTE)
-    zero: int | None = _pin(int, "1: distributed optimizer (ZeRO-1) over the data-parallel replicas", min=0, max=1)
-    sp: bool | None = _pin(bool, "sequence parallelism (needs TP > 1)")
-    overlap: bool | None = _pin(bool, "overlap each stage's gradient reduction with its last backward, "
+    zero: int | None = _pin("1: distributed optimizer (ZeRO-1) over the data-parallel replicas", min=0, max=1)
+    sp: bool | None = _pin("sequence parallelism (needs TP > 1)")
+    overlap: bool | None = _pin("overlap each stage's gradient reduction with its last backward, "
                                       "--overlap-grad-reduce (needs DP > 1)")
-    grad_reduce: str | None = _pin(str, "dtype of the gradient reduction: fp32 (Megatron's default for bf16) or "
+    grad_reduce: str | None = _pin("dtype of the gradient reduction: fp32 (Megatron's default for bf16) or "
                                         "bf16 (--grad-reduce-in-bf16)", choices=GRAD_REDUCE)
-    overlap_p2p: bool | None = _pin(bool, "overlap pipeline sends with compute (interleaved only, Megatron's "
+    overlap_p2p: bool | None = _pin("overlap pipeline sends with compute (interleaved only, Megatron's "
                                           "default there; false: --no-overlap-p2p-communication, needs PP > 2; "
                                           "without interleaving sends are on the critical path)")
-    layout: str | None = _pin(str, "layers of each pipeline stage, comma-separated, N*K for K stages of N: "
+    layout: str | None = _pin("layers of each pipeline stage, comma-separated, N*K for K stages of N: "
                                    "7,8*14,7 (each stage's layers split over its chunks evenly)")
-
-
-#: LLMOptions' fields that are pins of a Parallelism field of another name
-_FIELD = {"overlap": "overlap_grad_reduce"}
 
 
 @dataclass(frozen=True)
@@ -278,7 +273,7 @@ def estimate(spec: DecoderSpec, cluster: Cluster, par: Parallelism, global_batch
     bubble = (par.pp - 1) / par.vpp / (3.0 if par.schedule == "zb-h1" else 1.0)
     sends = 0.0 if par.overlap_p2p or par.pp == 1 else 2 * par.vpp * pipeline_send_s(spec, cluster, par)
     ring = _dp_links(cluster, par.dp, par.tp) if par.dp > 1 else (0.0, 0.0)
-    ar = max(dp_collectives_s(par, params / par.tp, ring) for _, params, _ in pos)
+    ar = max(dp_collectives_s(par.dp, par.zero, par.grad_reduce, params / par.tp, ring) for _, params, _ in pos)
     if par.overlap_grad_reduce:  # all but what outlasts the last microbatch's backward on a position
         ar = max(ar - min(n for n, _, _ in pos) * layer_bwd / par.vpp, 0.0)
     if spec.tied and par.pp > 1:  # the embedding's gradient between first and last stage, before the step

@@ -138,20 +138,21 @@ def dp_ring(cluster: Cluster, ring: list[int]) -> tuple[float, float]:
     return group_links(cluster, ring)
 
 
-def dp_collectives_s(par, params_per_rank: float, links: tuple[float, float]) -> float:
-    """Seconds of one rank's data-parallel gradient reduction over ``par.dp`` replicas on a
-    ring of ``links`` (``dp_ring``): an all-reduce of the gradients in ``par.grad_reduce``
-    (fp32 by default for bf16, Megatron's ``accumulate_allreduce_grads_in_fp32``), or with
-    ZeRO-1 a reduce-scatter of them and an all-gather of the 16-bit weights."""
+def dp_collectives_s(dp: int, zero: int, grad_reduce: str, params_per_rank: float,
+                     links: tuple[float, float]) -> float:
+    """Seconds of one rank's data-parallel gradient reduction over ``dp`` replicas on a ring of
+    ``links`` (``dp_ring``): an all-reduce of the gradients in ``grad_reduce`` (fp32 by default
+    for bf16, Megatron's ``accumulate_allreduce_grads_in_fp32``), or with ZeRO-1 (``zero``) a
+    reduce-scatter of them and an all-gather of the 16-bit weights."""
     from ..llm.parallelism import DTYPE_BYTES
 
-    if par.dp < 2 or params_per_rank <= 0:
+    if dp < 2 or params_per_rank <= 0:
         return 0.0
-    grads = params_per_rank * DTYPE_BYTES[par.grad_reduce]
-    if par.zero:
-        return (collective_s("reduce_scatter", grads, par.dp, *links)
-                + collective_s("all_gather", params_per_rank * BF16, par.dp, *links))
-    return collective_s("all_reduce", grads, par.dp, *links)
+    grads = params_per_rank * DTYPE_BYTES[grad_reduce]
+    if zero:
+        return (collective_s("reduce_scatter", grads, dp, *links)
+                + collective_s("all_gather", params_per_rank * BF16, dp, *links))
+    return collective_s("all_reduce", grads, dp, *links)
 
 
 def pipeline_send_s(spec: DecoderSpec, cluster: Cluster, par) -> float:
@@ -277,16 +278,14 @@ def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
 def _stage_reductions(plan: Plan, spec: DecoderSpec, params: np.ndarray) -> list[float]:
     """Each stage's data-parallel collectives (``dp_collectives_s``, the plan's parallelism or
     Megatron's defaults: fp32 gradients) over the ring of its groups' first GPUs."""
-    from ..llm.parallelism import Parallelism
-
     cl, out, rings = plan.cluster, [], {}
     grad = plan.parallelism.grad_reduce if plan.parallelism else "fp32"
     for st, idx, devs in zip(plan.stages, plan.stage_nodes(), plan.stage_devices()):
         ring = [devs[i] for i in range(0, len(devs), st.tp)]
-        par = Parallelism(st.tp, 1, len(ring), (1,), zero=plan.zero, grad_reduce=grad)
         if tuple(ring) not in rings:
             rings[tuple(ring)] = dp_ring(cl, ring)
-        out.append(dp_collectives_s(par, float(params[idx].sum()) / BF16 / st.tp, rings[tuple(ring)]))
+        out.append(dp_collectives_s(len(ring), plan.zero, grad, float(params[idx].sum()) / BF16 / st.tp,
+                                    rings[tuple(ring)]))
     return out
 
 
