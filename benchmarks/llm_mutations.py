@@ -21,8 +21,8 @@ from _results import add_out_argument, write_json  # noqa: E402
 TESTS = ["tests/test_llm_parallel.py", "tests/test_llm_costs.py", "tests/test_llm_pins.py", "tests/test_llm_memory.py",
          "tests/test_llm_scale.py", "tests/test_llm_spec.py", "tests/test_explain.py", "tests/test_engines_megatron.py",
          "tests/test_published_runs.py"]
-L3, TG, LC, LLM = ("pipeplan/planners/llm3d.py", "pipeplan/sim/tensor_groups.py", "pipeplan/sim/llm_costs.py",
-                   "pipeplan/graph/llm.py")
+L3, TG, LC, SPEC, STEP = ("pipeplan/planners/llm3d.py", "pipeplan/sim/tensor_groups.py", "pipeplan/llm/costs.py",
+                          "pipeplan/llm/spec.py", "pipeplan/llm/step_costs.py")
 MEG, PAR, LAY = "pipeplan/engines/megatron.py", "pipeplan/llm/parallelism.py", "pipeplan/llm/layout.py"
 #: name -> (file under src/, the text replaced, its replacement)
 EDITS = {
@@ -48,29 +48,30 @@ EDITS = {
     "plan: parallelism unchecked": (LAY, "    if wrong:\n", "    if False:\n"),
     # cost terms
     "fp32 gradients priced as 16-bit": (PAR, 'DTYPE_BYTES = {"fp32": 4, "bf16": 2}', 'DTYPE_BYTES = {"fp32": 2, "bf16": 2}'),
-    "ZeRO-1 without its all-gather": (TG, '                + collective_s("all_gather", params_per_rank * BF16, dp, *links))',
+    "ZeRO-1 without its all-gather": (STEP, '                + collective_s("all_gather", params_per_rank * BF16, dp, *links))',
                                       "                )"),
-    "collectives without latency": ("pipeplan/sim/collectives.py", "+ steps * latency_s", "+ 0 * latency_s"),
+    "collectives without latency": ("pipeplan/cluster/collectives.py",
+                                    "return math.ceil(math.log2(n)) * rounds if n > 1 else 0", "return 0"),
     "backward all-reduces all hidden": (LC, 'return max(0.0, 2 * collective_s("all_reduce", nbytes, tp, bus, latency) - gemm)',
                                         "return 0.0"),
     "SP output gathers hidden": (LC, "waiting = 2 * collective_s(", "waiting = 0 * collective_s("),
     "recomputed forward's collectives free": (LC, 'bwd_comm += fwd_comm if recompute == "full" else 0.0',
                                               "bwd_comm += 0.0"),
-    "optimizer step 10x cheaper": (TG, '"adam": 42.0', '"adam": 4.2'),
+    "optimizer step 10x cheaper": (STEP, '"adam": 42.0', '"adam": 4.2'),
     "sends never block": (TG, "meta[BLOCKING_SENDS] = plan.parallelism is not None and not plan.parallelism.overlap_p2p",
                           "meta[BLOCKING_SENDS] = False"),
-    "data-parallel ring on one adapter": (TG, "    return group_links(cluster, ring)\n",
+    "data-parallel ring on one adapter": (STEP, "    return group_links(cluster, ring)\n",
                                           "    return group_links(cluster, ring[:1] + ring[-1:])\n"),
     "tied embedding reduction free": (TG, "return [tied_reduction_s(spec, plan.cluster, st.tp, grad, first, last)",
                                       "return [0 * tied_reduction_s(spec, plan.cluster, st.tp, grad, first, last)"),
     "tied embedding copy free": (TG, 'params[g.index["head"]] += BF16 * spec.vocab * spec.hidden',
                                  'params[g.index["head"]] += 0'),
-    "key/value replication free": (LLM, "return 2 * self.hidden * (tp * self.kv_rank(tp) - self.kv_dim)", "return 0"),
-    "norm backward as cheap as forward": (LLM, "norm, add, drop = ((3, 3, 2 * BF16 + 1) if backward",
+    "key/value replication free": (SPEC, "return 2 * self.hidden * (tp * self.kv_rank(tp) - self.kv_dim)", "return 0"),
+    "norm backward as cheap as forward": (LC, "norm, add, drop = ((3, 3, 2 * BF16 + 1) if backward",
                                           "norm, add, drop = ((2, 3, 2 * BF16 + 1) if backward"),
-    "attention backward traffic as forward": (LLM, "per_score = (2 + 2 + drop + 6 + 4) if backward",
+    "attention backward traffic as forward": (SPEC, "per_score = (2 + 2 + drop + 6 + 4) if backward",
                                               "per_score = (2 + 4 + drop + 2) if backward"),
-    "SP does not shard activations": (LLM, "return replicated / (tp if sp else 1) + split / tp + keys_values",
+    "SP does not shard activations": (SPEC, "return replicated / (tp if sp else 1) + split / tp + keys_values",
                                       "return replicated + split / tp + keys_values"),
     # memory
     "no memory reserve": ("pipeplan/cluster/kinds.py", "return context + nccl + fragmentation * self.memory",

@@ -18,9 +18,9 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 BASE = {"units", "errors", "limits", "readers", "budget", "outputs"}
 #: each room and the rooms it may import (besides itself and BASE)
 ALLOWED = {
-    "graph": set(),
+    "graph": {"llm"},
     "cluster": set(),
-    "llm": {"graph"},
+    "llm": {"cluster"},
     "plan": {"graph", "cluster", "llm"},
     "schedule": set(),
     "sim": {"plan", "schedule", "graph", "cluster", "llm"},

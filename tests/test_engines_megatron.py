@@ -204,7 +204,7 @@ def test_what_megatron_refuses_pipeplan_refuses_or_never_exports(case, why):
         with pytest.raises(PipeplanError, match=why):
             Parallelism(1, 2, 4, (2, 2, 2, 2), 2, overlap_p2p=False, schedule="interleaved-1f1b")
     elif case == "gqa48h_g4_tp6":
-        from pipeplan.graph.llm import gpt
+        from pipeplan.llm.spec import gpt
 
         with pytest.raises(PipeplanError, match=why):
             Parallelism(6, 1, 1, (4,)).check_model(gpt("g", 6144, 4, 48, kv_heads=4))

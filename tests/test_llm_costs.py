@@ -1,4 +1,4 @@
-"""The LLM cost model's pieces (sim/collectives.py, sim/llm_costs.py) against their sources:
+"""The LLM cost model's pieces (cluster/collectives.py, llm/costs.py) against their sources:
 nccl-tests' bus-bandwidth convention, Megatron-LM's tensor-parallel collectives, the GEMM split."""
 
 from __future__ import annotations
@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeplan.cluster import load_cluster
 from pipeplan.cluster.kinds import kind
 from pipeplan.errors import PipeplanError
-from pipeplan.graph.llm import PRESETS, gpt
-from pipeplan.sim.collectives import collective_s, group_links
-from pipeplan.sim.llm_costs import gemm_s, layer_cost, tp_collectives
+from pipeplan.llm.spec import PRESETS, gpt
+from pipeplan.cluster.collectives import collective_s, group_links
+from pipeplan.llm.costs import gemm_s, layer_cost, tp_collectives
 
 H100 = kind("H100-SXM")
 
@@ -29,6 +30,24 @@ def test_collectives_follow_the_nccl_tests_convention(op, factor, n):
     assert (size / t) * factor(n) == pytest.approx(busbw)
     assert collective_s(op, size, n, busbw, 5e-6) > t  # a latency term where links have one
     assert collective_s(op, size, 1, busbw, 5e-6) == 0.0
+
+
+@pytest.mark.parametrize("n, steps", [(2, 1), (3, 2), (8, 3), (9, 4), (64, 6), (100, 7)])
+def test_one_latency_convention_for_every_collective(n, steps):
+    """NCCL's trees: ceil(log2 n) latency steps a pass, an all-reduce two passes, written out
+    here; the seed papers' all-reduce (``allreduce_time``), the simulator's batched one
+    (numpy arrays) and the LLM path's price the same."""
+    from pipeplan.cluster import hierarchical
+    from pipeplan.sim.formulas import allreduce_time
+
+    size, busbw, lat = 1e6, 1e9, 1e-4
+    assert collective_s("all_gather", size, n, busbw, lat) == pytest.approx((n - 1) / n * size / busbw + steps * lat)
+    ar = 2 * (n - 1) / n * size / busbw + 2 * steps * lat
+    assert collective_s("all_reduce", size, n, busbw, lat) == pytest.approx(ar)
+    batched = collective_s("all_reduce", np.array([size, 0.0, size]), np.array([n, n, 1]), busbw, lat)
+    assert batched == pytest.approx([ar, 0.0, 0.0])
+    cl = hierarchical("ring", 1, n, busbw, busbw, latency=lat)
+    assert allreduce_time(cl, list(range(n)), size) == pytest.approx(ar)
 
 
 def test_group_links_on_dgx_servers():
@@ -116,7 +135,7 @@ def test_memory_bound_bytes_each_way_are_the_ops_reads_and_writes():
     residual adds 2 x 6h, two dropouts 2 x 5h) and 4 ffn in GELU; its backward 34h (norms read x
     and dy and write dx: 2 x 6h; the residual gradients added: 2 x 6h; dropouts: 2 x 5h) and 6
     ffn (GELU reads x and dy, writes dx)."""
-    from pipeplan.graph.llm import _elementwise_bytes
+    from pipeplan.llm.costs import elementwise_bytes as _elementwise_bytes
 
     spec = gpt("g", 1024, 2, 16)
     assert _elementwise_bytes(spec, 10) == (10 * 30 * 1024, 10 * 4 * 4096)
@@ -148,7 +167,7 @@ def test_the_h100_gemm_model_reproduces_the_measured_gemms():
 
 def test_llm_graphs_are_costed_as_the_h100_kind_and_scaled_to_the_reference():
     from pipeplan.graph import load_graph
-    from pipeplan.graph.llm import H100_SPEED, REFERENCE, layer_compute_s
+    from pipeplan.llm.costs import H100_SPEED, REFERENCE, layer_compute_s
 
     assert (REFERENCE.peak, REFERENCE.gemm_efficiency, REFERENCE.gemm_overhead_s, REFERENCE.hbm) == \
         (H100.bf16_flops, H100.gemm_efficiency, H100.gemm_overhead_s, H100.hbm_bytes_per_s)

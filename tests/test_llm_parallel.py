@@ -11,15 +11,17 @@ import pytest
 from pipeplan.cluster import load_cluster
 from pipeplan.errors import PipeplanError
 from pipeplan.graph import load_graph
-from pipeplan.graph.llm import gpt
+from pipeplan.llm.spec import gpt
 from pipeplan.llm.layout import candidates, stage_counts
 from pipeplan.llm.parallelism import Parallelism
 from pipeplan.plan import Plan, Stage, plan_from_dict
 from pipeplan.planners import llm3d
-from pipeplan.sim import llm_costs, simulate
-from pipeplan.sim.collectives import group_links
+from pipeplan.llm import costs as llm_costs
+from pipeplan.sim import simulate
+from pipeplan.cluster.collectives import group_links
 from pipeplan.sim.formulas import state_bytes
-from pipeplan.sim.tensor_groups import group_cluster, node_costs
+from pipeplan.llm.costs import node_costs
+from pipeplan.sim.tensor_groups import group_cluster
 
 from pipeplan.cluster.kinds import kind
 
@@ -321,7 +323,7 @@ def test_hostile_tensor_parallel_plans_are_one_line(tmp_path, capsys, edit, word
 def test_key_value_heads_fewer_than_the_ranks_are_replicated_and_priced_so():
     """TP 8 over 2 key/value heads (Megatron-core replicates them): each rank computes and
     holds one whole key/value head, not a quarter of one."""
-    from pipeplan.graph.llm import _gemm_flops
+    from pipeplan.llm.costs import gemm_flops as _gemm_flops
 
     spec = gpt("g", 4096, 4, 32, kv_heads=2, seq=1024)
     head_dim, tokens = 4096 // 32, 1024
@@ -414,7 +416,7 @@ def test_a_tied_embedding_split_over_first_and_last_stage_is_held_twice_and_redu
     the first and last stage all-reduce its fp32 gradient between them (2 ranks of a server:
     (2 - 1)/2 x 2 x 4 bytes x V h / t over NVLink at 80%, plus 2 latencies) besides their
     data-parallel reduction."""
-    from pipeplan.graph.llm import BF16
+    from pipeplan.llm.spec import BF16
     from pipeplan.sim.tensor_groups import lower
 
     g, c = load_graph(SMALL), load_cluster("dgx-h100x1")

@@ -1,4 +1,4 @@
-"""Decoder-only LLM dimensions -> parameters, FLOPs and activation bytes (graph/llm.py), against
+"""Decoder-only LLM dimensions -> parameters, FLOPs and activation bytes (llm/spec.py), against
 the published counts and the papers' closed forms."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeplan.errors import PipeplanError
-from pipeplan.graph.llm import PRESETS, DecoderSpec, gpt
+from pipeplan.llm.spec import PRESETS, DecoderSpec, gpt
 
 #: Narayanan et al. 2021 (SC'21), Table 1: parameters (billions), heads, hidden, layers
 MEGATRON_TABLE1 = [(1.7, 24, 2304, 24), (3.6, 32, 3072, 30), (7.5, 32, 4096, 36), (18.4, 48, 6144, 40),

@@ -1,5 +1,5 @@
 """Measured time of a whole decoder layer on this GPU, as one tensor-parallel rank runs it:
-what the cost model's layer times (``graph/llm.py`` ``layer_compute_s``) are checked against.
+what the cost model's layer times (``llm/costs.py`` ``layer_compute_s``) are checked against.
 
 GPT-3-style layers (LayerNorm with bias, GELU MLP of 4h, biases, dropout 0.1; the learned
 positions are outside the layer) at sequence 2048 and Llama 3 layers (RMSNorm, SwiGLU, rotary
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _results import RESULTS, add_out_argument, write_json  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))  # pipeplan without installing it
-from pipeplan.graph.llm import PRESETS, DecoderSpec, gpt, llama  # noqa: E402
+from pipeplan.llm.spec import PRESETS, DecoderSpec, gpt, llama  # noqa: E402
 
 #: GPT-3-style layers: (hidden, heads); tensor-parallel degrees; Llama 3 presets and theirs
 GPT = ((6144, 48), (12288, 96), (20480, 128))
@@ -224,7 +224,7 @@ def fits(shape: Shape, cuda: bool) -> bool:
 
 def row(shape: Shape, t: dict[str, float]) -> dict[str, Any]:
     """One results row: the model's dimensions (the rank runs heads, kv_heads and ffn / tp),
-    the times, the rank's parameters and forward FLOPs (graph/llm.py's count / tp), TFLOP/s."""
+    the times, the rank's parameters and forward FLOPs (llm/spec.py's count / tp), TFLOP/s."""
     spec, b, tp = shape.spec, shape.microbatch, shape.tp
     fwd, core = spec.layer_flops(b) / tp, 3 * spec.attention_core_flops(b) / tp
     return {"model": spec.name, "hidden": spec.hidden, "heads": spec.heads, "kv_heads": spec.kv_heads,

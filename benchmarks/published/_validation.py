@@ -18,7 +18,8 @@ import yaml
 
 from pipeplan.cluster import Cluster, load_cluster
 from pipeplan.graph import Graph
-from pipeplan.graph.llm import build_graph, gpt, llama
+from pipeplan.graph.llm import build_graph
+from pipeplan.llm.spec import gpt, llama
 from pipeplan.llm.layout import candidates, chunked
 from pipeplan.llm.parallelism import Parallelism
 from pipeplan.planners import llm3d

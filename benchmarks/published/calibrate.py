@@ -1,5 +1,5 @@
 """Fit the share of the kernel-level compute rate a training run keeps end to end
-(``sim/llm_costs.py``: ``END_TO_END``), the one constant calibrated on published end-to-end
+(``llm/costs.py``: ``END_TO_END``), the one constant calibrated on published end-to-end
 throughput, on Megatron-LM SC'21 Table 1 (``megatron_sc21.yaml``): the value that minimizes
 the summed squared log error of predicted against published TFLOP/s per GPU over the rows,
 every other constant as it is (the GPUs' GEMM efficiency and overhead, NCCL's efficiency):
@@ -8,7 +8,7 @@ every other constant as it is (the GPUs' GEMM efficiency and overhead, NCCL's ef
 
 Prints the fitted value and each row's error at it, and writes
 benchmarks/results/published/calibration.json. ``megatron_sc21.py`` then reports the errors at
-the constant in ``sim/llm_costs.py`` without fitting anything.
+the constant in ``llm/costs.py`` without fitting anything.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from _results import add_out_argument, write_json  # noqa: E402
 from _runs import load_rows, predict  # noqa: E402
 
 from pipeplan.planners import llm3d  # noqa: E402
-from pipeplan.sim import llm_costs  # noqa: E402
+from pipeplan.llm import costs as llm_costs  # noqa: E402
 
 
 @contextmanager
@@ -58,12 +58,12 @@ def main() -> None:
     value = round(float(fit.x), 3)
     errors = log_errors(head, rows, value)
     print(f"end-to-end share of the kernel rate fitted on {len(rows)} rows: {value:.3f} "
-          f"(sim/llm_costs.py has {llm_costs.END_TO_END:.3f})")
+          f"(llm/costs.py has {llm_costs.END_TO_END:.3f})")
     for r, e in zip(rows, errors):
         print(f"  {r.name:>7}  published {r.tflops_per_gpu:5.0f}  predicted {r.tflops_per_gpu * math.exp(e):6.1f} "
               f"TFLOP/s per GPU  error {math.expm1(e):+.1%}")
     write_json(args.out / "calibration.json", {
-        "source": head["source"], "constant": "END_TO_END (sim/llm_costs.py)",
+        "source": head["source"], "constant": "END_TO_END (llm/costs.py)",
         "fitted": value, "in_code": llm_costs.END_TO_END, "objective": "sum of squared log(predicted / published)",
         "rows": [{"model": r.name, "published": r.tflops_per_gpu, "error": math.expm1(e)} for r, e in zip(rows, errors)]})
 

@@ -34,7 +34,7 @@ from _results import add_out_argument, write_json, write_markdown  # noqa: E402
 from _runs import joint, load_rows, pairs_in_order, predict, spearman  # noqa: E402
 
 from pipeplan.planners.joint import LLM_SIMULATIONS  # noqa: E402
-from pipeplan.sim import llm_costs  # noqa: E402
+from pipeplan.llm import costs as llm_costs  # noqa: E402
 
 TARGETS = {"median_abs_error": 0.10, "worst_abs_error": 0.20, "spearman": 0.8}
 

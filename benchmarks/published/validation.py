@@ -28,7 +28,8 @@ from _validation import Run, error, load, predict  # noqa: E402
 
 from pipeplan.planners import llm3d  # noqa: E402
 from pipeplan.planners.joint import LLM_SIMULATIONS  # noqa: E402
-from pipeplan.sim import llm_costs, simulate  # noqa: E402
+from pipeplan.llm import costs as llm_costs  # noqa: E402
+from pipeplan.sim import simulate  # noqa: E402
 from pipeplan.sim.explain import difference, explain  # noqa: E402
 
 TARGETS = {"median_abs_error": 0.05, "worst_abs_error": 0.10, "gain_points": 4.0, "mfu_points_above_best": 2.0}

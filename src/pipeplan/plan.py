@@ -115,7 +115,7 @@ class Plan:
         return int(self.graph.meta.get("microbatch", 1)) * self.microbatches
 
     def recompute_mode(self, stage: int) -> str:
-        """``full``, ``selective`` or ``none`` (``graph.llm.RECOMPUTE``) for ``stage``."""
+        """``full``, ``selective`` or ``none`` (``llm.spec.RECOMPUTE``) for ``stage``."""
         return "full" if self.recomputes(stage) else ("selective" if self.selective else "none")
 
     @property

@@ -27,7 +27,7 @@ class Kind:
     bf16_flops: float = 0.0  # dense bf16 tensor-core peak, FLOP/s (0: not a kind LLMs train on)
     hbm_bytes_per_s: float = 0.0  # memory bandwidth (0: unknown)
     #: a bf16 GEMM of F FLOPs takes F / (bf16_flops x gemm_efficiency) + gemm_overhead_s
-    #: (sim/llm_costs.py; 0: not measured for this kind)
+    #: (llm/costs.py; 0: not measured for this kind)
     gemm_efficiency: float = 0.0
     gemm_overhead_s: float = 0.0
     #: what the bf16 rates rest on until a whole layer is timed on one (``cluster.measured``)

@@ -14,7 +14,7 @@ prediction.
 
 from __future__ import annotations
 
-from ..graph.llm import DecoderSpec, decoder_of
+from ..llm.spec import DecoderSpec, decoder_of
 from ..plan import Plan
 from ..llm.parallelism import Parallelism
 from .shape import common_why_not, layer_counts, parallelism_of, require, shape

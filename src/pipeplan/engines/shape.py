@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import replace
 
 from ..errors import PipeplanError
-from ..graph.llm import decoder_of
+from ..llm.spec import decoder_of
 from ..llm.layout import even, stages as layout_stages
 from ..llm.parallelism import Parallelism
 from ..plan import Plan, Stage, is_decoder

@@ -22,7 +22,7 @@ side-by-side schedules, a TP group across servers, ...) is refused with the near
 
 from __future__ import annotations
 
-from ..graph.llm import decoder_of
+from ..llm.spec import decoder_of
 from ..plan import Plan
 from ..schedule import Kind, make_schedule
 from .shape import common_why_not, placement_of, require, shape

@@ -14,7 +14,8 @@ from urllib.parse import parse_qsl
 
 from ..errors import PipeplanError
 from ..readers import regular_file
-from .llm import DecoderSpec, build_graph, gpt
+from ..llm.spec import DecoderSpec, gpt
+from .llm import build_graph
 from .model import Graph
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2")

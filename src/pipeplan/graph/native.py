@@ -115,7 +115,7 @@ def graph_from_dict(d: object, source: str = "graph") -> Graph:
     if meta.get("microbatch") is not None:
         profiled_microbatch(graph)  # a positive integer, or one line
     if "decoder" in meta:
-        from .llm import decoder_of
+        from ..llm.spec import decoder_of
 
         decoder_of(meta, source)  # the dimensions a decoder LLM's costs follow from, or one line
     return graph

@@ -108,7 +108,8 @@ def _llm_rebuild(graph: Graph, samples: int) -> Graph | None:
     its dimensions and the microbatch, so nothing is scaled linearly."""
     if graph.meta.get("source") != "llm":
         return None
-    from .llm import build_graph, decoder_of
+    from ..llm.spec import decoder_of
+    from .llm import build_graph
 
     spec = decoder_of(graph.meta, f"model {graph.name!r}")
     if build_graph(spec, int(graph.meta["microbatch"])) != graph:  # edited since it was built

@@ -108,7 +108,7 @@ def agrees(plan) -> None:
     """One line unless ``plan`` is what its ``parallelism`` says: a decoder graph of that
     microbatch, the layout's stages on the plan's GPUs, its schedule, recomputation, sequence
     parallelism, ZeRO stage and overlap, whole microbatches on every replica."""
-    from ..graph.llm import decoder_of
+    from .spec import decoder_of
 
     par = plan.parallelism
     if "decoder" not in plan.graph.meta:

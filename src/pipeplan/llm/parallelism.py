@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from ..errors import PipeplanError
-from ..graph.llm import RECOMPUTE, DecoderSpec
+from .spec import RECOMPUTE, DecoderSpec
 
 #: Megatron-core's default rank order (``--order``/``parallel_state``): fastest first
 RANK_ORDER = ("tp", "cp", "ep", "dp", "pp")

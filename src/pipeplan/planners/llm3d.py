@@ -27,17 +27,18 @@ from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
 from ..cluster import Cluster
+from ..cluster.collectives import group_links
 from ..cluster.kinds import KINDS
 from ..errors import PipeplanError
 from ..graph import Graph
-from ..graph.llm import BF16, RECOMPUTE, DecoderSpec, decoder_of
 from ..graph.scale import with_microbatch
+from ..llm.costs import node_costs
 from ..llm.layout import candidates, chunked, stages
 from ..llm.parallelism import GRAD_REDUCE, INTERLEAVED, Parallelism
+from ..llm.spec import BF16, RECOMPUTE, DecoderSpec, decoder_of
+from ..llm.step_costs import dp_collectives_s, dp_ring, pipeline_send_s, tied_reduction_s
 from ..plan import Plan, Stage
-from ..sim.collectives import group_links
 from ..sim.formulas import state_bytes
-from ..sim.tensor_groups import dp_collectives_s, dp_ring, node_costs, pipeline_send_s, tied_reduction_s
 
 #: Model chunks per GPU tried at most (interleaved 1F1B)
 MAX_CHUNKS = 8

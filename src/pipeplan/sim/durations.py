@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cluster import Cluster
+from ..cluster.collectives import collective_s
 from ..cluster.model import Resource
 from .formulas import update_time
 from ..schedule import Kind
@@ -132,7 +133,7 @@ def _allreduce(tg: TaskGraph, lay: Layout, c: StageCosts, cl: Cluster, dur: np.n
             bw, lat = _slowest(m, m, cl)
             bad[:, t] = live & (bw <= 0)
             with np.errstate(divide="ignore", invalid="ignore"):
-                dur[:, t] = np.where(live, 2.0 * (k - 1) / k * c.params[:, s] / (bw * eff) + 2 * (k - 1) * lat, 0.0)
+                dur[:, t] = np.where(live, collective_s("all_reduce", c.params[:, s], k, bw * eff, lat), 0.0)
         if overlap:  # a microbatch's backward: on one replica in turn, or split over all of them
             speed = (np.where(m, cl.speed[None], 0.0).sum(axis=1) if overlap == "split"
                      else np.where(m, cl.speed[None], np.inf).min(axis=1))

@@ -7,7 +7,7 @@ again, its exposed tensor-parallel collectives (they are on the critical path of
 layer), its pipeline sends while it waits for them (Megatron's blocking p2p), the
 data-parallel gradient reduction left exposed, the optimizer step, and the time it idles for
 other stages (the pipeline bubble). A compute task's seconds are split in the proportions of
-its stage's parts (``sim.tensor_groups.NodeParts``), as the simulator costed it (other graphs:
+its stage's parts (``llm.costs.NodeParts``), as the simulator costed it (other graphs:
 forward and backward whole, re-materialization inside the backward). With two
 plans, their difference term by term: "plan B is 1.4x faster" read as so many seconds from
 recomputation, so many from the bubble, ...

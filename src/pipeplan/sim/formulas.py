@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ..cluster import Cluster
+from ..cluster.collectives import collective_s
 from ..errors import Infeasible, PipeplanError
 
 #: Optimizer state as a multiple of the parameter bytes (Adam keeps two moments).
@@ -39,7 +40,8 @@ def transfer_time(cluster: Cluster, src: Sequence[int], dst: Sequence[int], nbyt
 
 def allreduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float,
                    where: str = "all-reduce") -> float:
-    """Ring all-reduce of ``param_bytes`` over ``group`` (SPP Eq. 1, plus per-step latency)."""
+    """All-reduce of ``param_bytes`` over ``group`` on its slowest link (SPP Eq. 1's 2(k-1)/k
+    bytes over the bandwidth), its latency as every collective's (``collective_s``)."""
     k = len(group)
     if k < 2 or param_bytes <= 0:
         return 0.0
@@ -49,7 +51,7 @@ def allreduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float,
         raise Infeasible(f"{where}: zero bandwidth between {a} and {b}, which must all-reduce")
     lat = float(cluster.latency[np.ix_(list(group), list(group))].max())
     eff = float(cluster.meta.get("allreduce_efficiency", 1.0))  # measured by calibrate
-    return 2.0 * (k - 1) / k * param_bytes / (bw * eff) + 2 * (k - 1) * lat
+    return collective_s("all_reduce", param_bytes, k, bw * eff, lat)
 
 
 def update_time(graph_meta: dict, cluster: Cluster, param_bytes, slowest_speed):

@@ -5,9 +5,9 @@ microbatches k, k + r, ...) on GPUs of one speed and memory, with replica k's pi
 links equal to replica 0's, runs every replica's pipeline alike: they meet only in each
 stage's data-parallel all-reduce, which waits for all of them. Two replicas with 2M / r
 microbatches then run as any two of the r do, and the all-reduce is priced as over r by the
-link between the two: the ring's 2(r - 1)/r x bytes / bandwidth + 2(r - 1) latencies equals
-2(2 - 1)/2 x bytes / bandwidth' + 2 latency' with bandwidth' = bandwidth x r / (2(r - 1)) and
-latency' = (r - 1) latency, where bandwidth and latency are the slowest and largest between the
+link between the two: 2(r - 1)/r x bytes / bandwidth + 2 ceil(log2 r) latencies
+(``collective_s``) equals 2(2 - 1)/2 x bytes / bandwidth' + 2 latency' with bandwidth' =
+bandwidth x r / (2(r - 1)) and latency' = ceil(log2 r) latency, where bandwidth and latency are the slowest and largest between the
 r groups of the stage, as the full simulation takes them. The simulation of the two equals
 the full one (tests/test_llm_parallel.py) with r / 2 times fewer tasks.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cluster import Cluster
+from ..cluster.collectives import latency_steps
 from ..plan import Plan
 
 
@@ -76,4 +77,4 @@ def ring_links(cl: Cluster, ring: list[list[int]]) -> tuple[float, float]:
 
 def as_two(r: int, bandwidth: float, latency: float) -> tuple[float, float]:
     """The link between two groups whose all-reduce takes what r groups' does (module docstring)."""
-    return bandwidth * r / (2.0 * (r - 1)), latency * (r - 1)
+    return bandwidth * r / (2.0 * (r - 1)), latency * latency_steps("all_reduce", r) / latency_steps("all_reduce", 2)

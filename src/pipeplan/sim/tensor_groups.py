@@ -1,7 +1,7 @@
 """A plan of a decoder LLM as the simulator runs it (docs/llm.md, "Tensor parallelism"): each
 tensor-parallel group becomes one device of a derived cluster, and each node costs what one
 rank of its stage's group spends on it, from the decoder's dimensions and the GPUs' own bf16
-rates (``sim.llm_costs``), tensor-parallel collectives included.
+rates (``llm.costs``), tensor-parallel collectives included.
 
 - A group of t GPUs: their kind and least speed, t x the least memory (the per-GPU figures
   ``simulate`` reports are the group's / t: Megatron divides weights, gradients, optimizer
@@ -14,7 +14,7 @@ rates (``sim.llm_costs``), tensor-parallel collectives included.
 - Node costs on stage s (t ranks, r replicas; each replica gets whole samples: the
   microbatch in turn with ``round-robin``, b / r of it with ``split``, refused unless whole):
   forward = compute + collectives, backward = compute + recomputation + collectives (compute
-  over ``llm_costs.END_TO_END``, the share of the kernel rate a run keeps), times the
+  over ``llm.costs.END_TO_END``, the share of the kernel rate a run keeps), times the
   kind's speed (graph times are reference seconds) and, with ``split``, r (the simulator
   divides a split microbatch over the r groups); activation bytes kept = a rank's x t (x r).
 - ZeRO-1: the optimizer state is sharded over the stage's replicas (``memory_shards``).
@@ -27,15 +27,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cluster import Cluster, Device
+from ..cluster.collectives import group_links
 from ..cluster.kinds import KINDS
 from ..errors import PipeplanError
 from ..graph import Graph
-from ..graph.llm import BF16, DecoderSpec, decoder_of, embedding_compute_s, head_compute_s
+from ..llm.costs import node_parts
+from ..llm.spec import BF16, DecoderSpec, decoder_of
+from ..llm.step_costs import OPTIMIZER_STEP_BYTES, dp_collectives_s, dp_ring, tied_reduction_s
 from ..plan import Plan, Stage, is_decoder
-from .collectives import group_links
-from . import llm_costs
-from .llm_costs import Collective, comm_s, layer_cost, rates_of
-from .collectives import collective_s
 from .compile import BLOCKING_SENDS
 from .durations import OVERLAP, STAGE_ALLREDUCE_S, STAGE_STEP_EXTRA_S
 from .replicas import as_two, between_groups, ring_links, symmetric_count
@@ -120,99 +119,6 @@ def group_cluster(cl: Cluster, groups: list[list[int]]) -> Cluster:
     bw, lat = between_groups(cl, groups, groups)
     # a group's memory is its GPUs' usable memory (their reserves subtracted once, here)
     return Cluster(f"{cl.name} (tensor-parallel groups)", devices, bw, lat, {**cl.meta, "memory_reserve": 0.0})
-
-
-#: Bytes Megatron-LM's optimizer step moves through HBM per parameter it updates (on its shard
-#: with the distributed optimizer; Megatron's ``MixedPrecisionOptimizer.step``): the gradient
-#: norm reads the fp32 gradient (4), fused Adam reads it (4) and reads and writes the fp32
-#: master weight (8) and the two fp32 moments (16), the master weights are copied to the 16-bit
-#: model weights (read 4, write 2), the gradient buffer is zeroed (4); SGD moves no moments,
-#: momentum one
-OPTIMIZER_STEP_BYTES = {"adam": 42.0, "momentum": 34.0, "sgd": 26.0}
-
-
-def dp_ring(cluster: Cluster, ring: list[int]) -> tuple[float, float]:
-    """(bus bytes/s, latency) of one data-parallel ring, rank ``ring[k]`` of replica k: TP
-    concurrent rings share their servers' adapters, and ``collectives.group_links`` counts this
-    ring's members in each server as the adapters it gets (the servers' rails)."""
-    return group_links(cluster, ring)
-
-
-def dp_collectives_s(dp: int, zero: int, grad_reduce: str, params_per_rank: float,
-                     links: tuple[float, float]) -> float:
-    """Seconds of one rank's data-parallel gradient reduction over ``dp`` replicas on a ring of
-    ``links`` (``dp_ring``): an all-reduce of the gradients in ``grad_reduce`` (fp32 by default
-    for bf16, Megatron's ``accumulate_allreduce_grads_in_fp32``), or with ZeRO-1 (``zero``) a
-    reduce-scatter of them and an all-gather of the 16-bit weights."""
-    from ..llm.parallelism import DTYPE_BYTES
-
-    if dp < 2 or params_per_rank <= 0:
-        return 0.0
-    grads = params_per_rank * DTYPE_BYTES[grad_reduce]
-    if zero:
-        return (collective_s("reduce_scatter", grads, dp, *links)
-                + collective_s("all_gather", params_per_rank * BF16, dp, *links))
-    return collective_s("all_reduce", grads, dp, *links)
-
-
-def pipeline_send_s(spec: DecoderSpec, cluster: Cluster, par) -> float:
-    """One microbatch's hidden state from position 0 to 1, each of the TP ranks sending its
-    1 / TP over its own link (Megatron's scatter/gather, Narayanan et al. 2021 §4.1)."""
-    width = par.dp * par.tp
-    a, b = 0, width if len(cluster) > width else 0
-    nbytes = BF16 * par.microbatch * spec.seq * spec.hidden / par.tp
-    return nbytes / float(cluster.bandwidth[a, b]) + float(cluster.latency[a, b]) if a != b else 0.0
-
-
-@dataclass(frozen=True)
-class NodeParts:
-    """One node on one rank for one microbatch, in seconds by what spends them (``explain``):
-    the forward's and backward's compute, what recomputation runs again, the tensor-parallel
-    collectives of each pass; and the bytes kept for the backward."""
-
-    fwd: float
-    fwd_tp: float
-    bwd: float
-    recompute: float
-    bwd_tp: float
-    kept: float
-
-    @property
-    def fwd_s(self) -> float:
-        return self.fwd + self.fwd_tp
-
-    @property
-    def bwd_s(self) -> float:
-        return self.bwd + self.recompute + self.bwd_tp
-
-
-def node_parts(spec: DecoderSpec, role: str, kind, samples: int, t: int, sp: bool, mode: str,
-               links: tuple[float, float]) -> NodeParts:
-    """One rank's parts of a node (``embed``, ``layer``, ``head``): compute as a training run
-    spends it (over ``llm_costs.END_TO_END``) and the collectives; the embedding's output and
-    the head's input cross the group as Megatron's f and g operators do (an all-reduce, or a
-    reduce-scatter / all-gather with sequence parallelism)."""
-    rates, run = rates_of(kind), 1.0 / llm_costs.END_TO_END
-    hidden = BF16 * samples * spec.seq * spec.hidden
-    if role == "layer":
-        lc = layer_cost(spec, kind, samples, t, sp, mode, *links)
-        return NodeParts(lc.fwd_s * run, lc.fwd_comm_s, lc.bwd_s * run, lc.recompute_s * run, lc.bwd_comm_s,
-                         lc.activation_bytes)
-    reduce = comm_s((Collective("reduce_scatter" if sp else "all_reduce", 1, hidden),), t, *links)
-    gather = comm_s((Collective("all_gather", 1, hidden),), t, *links) if sp else 0.0
-    if role == "embed":
-        f, b = embedding_compute_s(spec, rates, samples)
-        return NodeParts(f * run, reduce, b * run, 0.0, gather, 0.0)
-    f, b = head_compute_s(spec, rates, samples, t)
-    kept = 4.0 * samples * spec.seq * spec.vocab / t + hidden / (t if sp else 1)  # fp32 logits, the input
-    return NodeParts(f * run, gather, b * run, 0.0, reduce, kept)
-
-
-def node_costs(spec: DecoderSpec, role: str, kind, samples: int, t: int, sp: bool, mode: str,
-               links: tuple[float, float]) -> tuple[float, float, float]:
-    """(forward s, backward s, bytes kept) of one rank for one node (``node_parts``)."""
-    p = node_parts(spec, role, kind, samples, t, sp, mode, links)
-    return p.fwd_s, p.bwd_s, p.kept
 
 
 def _role(nid: str) -> str:
@@ -301,15 +207,6 @@ def _tied_reduction(plan: Plan, spec: DecoderSpec) -> list[float]:
     first, last = plan.stage_devices()[0][0], plan.stage_devices()[-1][0]
     return [tied_reduction_s(spec, plan.cluster, st.tp, grad, first, last)
             if "embed" in st.nodes or "head" in st.nodes else 0.0 for st in plan.stages]
-
-
-def tied_reduction_s(spec: DecoderSpec, cluster: Cluster, tp: int, grad: str, first: int, last: int) -> float:
-    """One rank's all-reduce of its 1 / TP of a tied embedding's gradient (``grad`` dtype) between
-    GPU ``first`` of the first stage and ``last`` of the last."""
-    from ..llm.parallelism import DTYPE_BYTES
-
-    bw, lat = group_links(cluster, [first, last])
-    return collective_s("all_reduce", spec.vocab * spec.hidden / tp * DTYPE_BYTES[grad], 2, bw, lat)
 
 
 def _update_s_per_byte(plan: Plan, of_stage: list[list[int]]) -> float:

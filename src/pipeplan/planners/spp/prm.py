@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...cluster import Cluster
+from ...cluster.collectives import collective_s
 from ...sim.formulas import state_bytes
 from ...graph import Linearization
 
@@ -94,10 +95,10 @@ def prm(lin: Linearization, cluster: Cluster, order: list[int], microbatches: in
         e = p + r
         sp = smin[p, e][:, None, None]
         t = m_count * dcomp[None] / (r * sp)
-        if r > 1:  # the ring all-reduce (sim.formulas.allreduce_time): free without parameters
+        if r > 1:  # the all-reduce (sim.formulas.allreduce_time): free without parameters
             bw_g = bin_[p, e][:, None, None]
             with np.errstate(divide="ignore", invalid="ignore"):
-                ring = 2.0 * (r - 1) / r * dpar[None] / bw_g + 2 * (r - 1) * lin_in[p, e][:, None, None]
+                ring = collective_s("all_reduce", dpar[None], r, bw_g, lin_in[p, e][:, None, None])
             t = t + np.where(dpar[None] > 0, ring, 0.0)
         fits = state_bytes(dpar[None], optimizer, precision) <= mmin[p, e][:, None, None]
         return np.where(valid_ll[None] & fits, t, INF)

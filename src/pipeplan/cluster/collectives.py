@@ -19,13 +19,14 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cluster import Cluster
+from .model import Cluster
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 
 
-def bus_factor(kind: str, n: int) -> float:
-    """nccl-tests' factor: bus bytes per byte of the collective's array."""
+def bus_factor(kind: str, n):
+    """nccl-tests' factor: bus bytes per byte of the collective's array (``n`` a count or an
+    array of counts)."""
     if kind == "all_reduce":
         return 2.0 * (n - 1) / n
     if kind in ("all_gather", "reduce_scatter"):
@@ -33,12 +34,30 @@ def bus_factor(kind: str, n: int) -> float:
     raise ValueError(f"unknown collective {kind!r} (known: {', '.join(KINDS)})")
 
 
-def collective_s(kind: str, nbytes: float, n: int, bus_bytes_per_s: float, latency_s: float) -> float:
-    """Seconds of one collective of ``nbytes`` over ``n`` ranks."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    steps = math.ceil(math.log2(n)) * (2 if kind == "all_reduce" else 1)
-    return bus_factor(kind, n) * nbytes / bus_bytes_per_s + steps * latency_s
+def latency_steps(kind: str, n):
+    """The latency steps of a collective over ``n`` ranks: ceil(log2 n), twice for an
+    all-reduce (module docstring); 0 below 2 ranks."""
+    rounds = 2 if kind == "all_reduce" else 1
+    if np.ndim(n):
+        n = np.asarray(n, dtype=float)
+        return np.where(n > 1, np.ceil(np.log2(np.maximum(n, 1.0))), 0.0) * rounds
+    return math.ceil(math.log2(n)) * rounds if n > 1 else 0
+
+
+def collective_s(kind: str, nbytes, n, bus_bytes_per_s, latency_s):
+    """Seconds of one collective of ``nbytes`` over ``n`` ranks on links of
+    ``bus_bytes_per_s`` and ``latency_s``: the one price of every collective in pipeplan.
+    Scalars give a float; numpy arrays (broadcast together) an array, 0 where ``n`` < 2 or
+    ``nbytes`` <= 0."""
+    if not (np.ndim(n) or np.ndim(nbytes) or np.ndim(bus_bytes_per_s) or np.ndim(latency_s)):
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        return bus_factor(kind, n) * nbytes / bus_bytes_per_s + latency_steps(kind, n) * latency_s
+    n, nbytes = np.asarray(n, dtype=float), np.asarray(nbytes, dtype=float)
+    live = (n > 1) & (nbytes > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = bus_factor(kind, np.maximum(n, 2.0)) * nbytes / bus_bytes_per_s + latency_steps(kind, n) * latency_s
+    return np.where(live, t, 0.0)
 
 
 def group_links(cluster: Cluster, group: Sequence[int]) -> tuple[float, float]:

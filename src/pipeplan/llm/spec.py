@@ -1,0 +1,252 @@
+"""Decoder-only transformer LLMs (GPT-3-style, Llama 2/3, Mistral, Qwen): dimensions ->
+parameters, FLOPs and activation bytes per layer, in closed form (docs/llm.md); the published
+presets.
+
+- Parameters: attention (queries h x h, keys and values h x kv each with grouped-query
+  attention, output h x h), MLP (2 matrices h x ffn, or 3 with a gated SwiGLU MLP), two norms
+  per layer (LayerNorm: weight + bias; RMSNorm: weight), biases where the model has them, the
+  token embedding (+ learned positions), a final norm and the LM head (none when tied).
+  With GPT-3's layout this is Narayanan et al. 2021's Eq. 2, 12lh^2(1 + 13/12h + (V+s)/12lh).
+- FLOPs of one microbatch's forward (a multiply-add is 2): the four projections, the
+  attention scores QK^T and their product with V (2 x 2bs^2h, the causal mask not exploited,
+  as Megatron counts) and the MLP; the LM head 2bshV. Backward is 2 x forward; full
+  recomputation adds a layer's forward, selective recomputation (Korthikanti et al. 2022 §5)
+  the attention core's. With GPT-3's layout a layer's forward is 24bsh^2 + 4bs^2h
+  (Narayanan et al. 2021, Appendix).
+- Activation bytes one layer keeps for its backward (16-bit tensors, 1-byte dropout masks):
+  Korthikanti et al. 2022 §4, generalized to grouped-query attention, gated MLPs, models
+  without dropout and fused (flash) attention, which keeps no s x s matrix. With GPT-3's
+  layout it is their Eq. 1, sbh(34 + 5as/h); tensor parallelism t divides all but the
+  norms, the dropout masks after attention and MLP and the inputs of the QKV and first MLP
+  matrices (Eq. 2, 10sbh replicated); sequence parallelism divides those too (Eq. 4);
+  selective recomputation drops the attention core; full recomputation keeps the layer's
+  input, 2sbh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from ..errors import PipeplanError
+
+BF16 = 2  # bytes of a 16-bit activation, weight or gradient
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """A decoder-only transformer's dimensions. ``ffn``: the MLP's intermediate size;
+    ``kv_heads``: key/value heads (grouped-query attention; = ``heads`` without it);
+    ``gated``: a SwiGLU MLP (3 matrices); ``tied``: the LM head shares the embedding table;
+    ``norm``: ``layernorm`` or ``rmsnorm``; ``positions``: ``learned`` (a seq x hidden table)
+    or ``rope``; ``dropout``: the layer keeps dropout masks; ``flash``: fused attention;
+    ``qkv_bias``: without ``bias``, biases on the query, key and value projections alone."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    seq: int
+    vocab: int
+    ffn: int
+    kv_heads: int
+    gated: bool = False
+    tied: bool = False
+    norm: str = "layernorm"
+    bias: bool = True
+    positions: str = "learned"
+    dropout: bool = True
+    flash: bool = False
+    qkv_bias: bool = False  # biases on the query, key and value projections only (Qwen2)
+
+    def __post_init__(self) -> None:
+        where = f"model {self.name!r}"
+        for key in ("hidden", "layers", "heads", "seq", "vocab", "ffn", "kv_heads"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PipeplanError(f"{where}: {key} must be a positive integer, got {value!r}")
+        if self.hidden % self.heads:
+            raise PipeplanError(f"{where}: hidden {self.hidden} is not a multiple of heads {self.heads}")
+        if self.heads % self.kv_heads:
+            raise PipeplanError(f"{where}: heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise PipeplanError(f"{where}: norm must be layernorm or rmsnorm, got {self.norm!r}")
+        if self.positions not in ("learned", "rope"):
+            raise PipeplanError(f"{where}: positions must be learned or rope, got {self.positions!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the keys (and of the values): kv_heads x head_dim."""
+        return self.kv_heads * self.head_dim
+
+    def kv_rank(self, tp: int) -> int:
+        """Width of the keys (and of the values) one of ``tp`` tensor-parallel ranks holds: its
+        1 / tp of the key/value heads, or with more ranks than key/value heads one head,
+        replicated tp / kv_heads times (Megatron-core takes num_query_groups a divisor or a
+        multiple of TP, docs/megatron-rules.md)."""
+        if self.kv_heads % tp == 0:
+            return self.kv_dim // tp
+        if tp % self.kv_heads == 0:
+            return self.head_dim
+        raise PipeplanError(f"model {self.name!r}: {self.kv_heads} key/value heads neither split over nor replicate "
+                            f"onto {tp} tensor-parallel ranks")
+
+    def kv_replicated_params(self, tp: int) -> int:
+        """Parameters a layer's ``tp`` ranks hold beyond its own (key/value heads replicated)."""
+        return 2 * self.hidden * (tp * self.kv_rank(tp) - self.kv_dim)
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.gated else 2
+
+    # -- parameters (counts) ------------------------------------------------------------------
+    def _norm_params(self) -> int:
+        return (2 if self.norm == "layernorm" else 1) * self.hidden
+
+    def layer_params(self) -> int:
+        h, kv, f = self.hidden, self.kv_dim, self.ffn
+        weights = h * (h + 2 * kv) + h * h + self.mlp_matrices * h * f
+        biases = (h + 2 * kv) + h + (self.mlp_matrices - 1) * f + h if self.bias else (h + 2 * kv) * self.qkv_bias
+        return weights + biases + 2 * self._norm_params()
+
+    def embedding_params(self) -> int:
+        """Token table (+ learned positions)."""
+        return self.vocab * self.hidden + (self.seq * self.hidden if self.positions == "learned" else 0)
+
+    def head_params(self) -> int:
+        """The final norm and, unless tied to the embedding, the LM head."""
+        return self._norm_params() + (0 if self.tied else self.vocab * self.hidden)
+
+    def total_params(self) -> int:
+        return self.layers * self.layer_params() + self.embedding_params() + self.head_params()
+
+    # -- FLOPs of one microbatch of ``samples`` sequences ---------------------------------------
+    def attention_core_flops(self, samples: int) -> float:
+        """QK^T and the product with V, forward: 2 x 2bs^2h."""
+        return 4.0 * samples * self.seq * self.seq * self.hidden
+
+    def layer_flops(self, samples: int) -> float:
+        """One layer's forward."""
+        h, kv, tokens = self.hidden, self.kv_dim, samples * self.seq
+        proj = 2.0 * tokens * h * (h + 2 * kv) + 2.0 * tokens * h * h
+        mlp = 2.0 * tokens * h * self.ffn * self.mlp_matrices
+        return proj + mlp + self.attention_core_flops(samples)
+
+    def head_flops(self, samples: int) -> float:
+        """The LM head's forward: 2bshV."""
+        return 2.0 * samples * self.seq * self.hidden * self.vocab
+
+    def layer_training_flops(self, samples: int, recompute: str = "none") -> float:
+        """Forward + backward (2 x forward) + what ``recompute`` runs again."""
+        again = {"none": 0.0, "selective": self.attention_core_flops(samples),
+                 "full": self.layer_flops(samples)}[_recompute(recompute)]
+        return 3.0 * self.layer_flops(samples) + again
+
+    def model_flops_per_sample(self) -> float:
+        """Forward + backward of one sample, no recomputation: the FLOPs MFU counts."""
+        return 3.0 * (self.layers * self.layer_flops(1) + self.head_flops(1))
+
+    # -- activation memory (bytes one layer keeps for its backward) ----------------------------
+    def layer_activation_bytes(self, samples: int, tp: int = 1, sp: bool = False,
+                               recompute: str = "none") -> float:
+        """Korthikanti et al. 2022 §4 for this layer's layout (module docstring)."""
+        rc = _recompute(recompute)
+        s, b, h, f = self.seq, samples, self.hidden, self.ffn
+        sbh = s * b * h
+        if rc == "full":
+            return BF16 * sbh / (tp if sp else 1)
+        mask = 1 if self.dropout else 0
+        # kept whole on every rank of a tensor-parallel group unless sequence-parallel:
+        # the two norms' inputs, the QKV and first MLP matrices' inputs, the two dropout masks
+        replicated = 2 * BF16 * sbh + 2 * BF16 * sbh + 2 * mask * sbh
+        # divided over the group: Q and K for the scores, V, the output projection's input,
+        # the MLP's intermediate tensors, the attention core
+        split = BF16 * sbh + BF16 * sbh  # Q, the output projection's input
+        split += (3 if self.gated else 2) * BF16 * s * b * f
+        if rc == "none":
+            split += self.attention_core_bytes(samples)
+        keys_values = 2 * BF16 * s * b * self.kv_rank(tp)  # K and V: a rank's share, or a replicated head
+        return replicated / (tp if sp else 1) + split / tp + keys_values
+
+    def attention_core_bytes(self, samples: int) -> float:
+        """What the attention core keeps besides Q, K, V and its output: the softmax output
+        (and its dropout mask and dropped-out copy) per head, s x s each; a fused (flash)
+        kernel keeps each row's log-sum-exp (fp32) instead."""
+        s, b, a = self.seq, samples, self.heads
+        if self.flash:
+            return 4 * b * a * s
+        return (BF16 + (1 + BF16 if self.dropout else 0)) * a * s * s * b
+
+    def attention_core_traffic(self, samples: int, backward: bool = False) -> float:
+        """Bytes an unfused attention core moves through memory, per s x s score of each head.
+        Forward: the scores written (2), a fused scale-mask-softmax reading and writing them
+        (4), with dropout its read, write and mask (5), and the product with V reading the
+        probabilities (2). Backward: the probabilities read for dV (2), dP written (2), with
+        dropout its backward reading dP and the mask and writing (5), the softmax backward
+        reading P and dP and writing dS (6), dS read by the dQ and dK products (4). A fused
+        (flash) kernel keeps them on chip (0)."""
+        if self.flash:
+            return 0.0
+        drop = 5 if self.dropout else 0
+        per_score = (2 + 2 + drop + 6 + 4) if backward else (2 + 4 + drop + 2)
+        return float(per_score * samples * self.heads * self.seq * self.seq)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def decoder_of(meta: dict, where: str = "model") -> DecoderSpec:
+    """The ``DecoderSpec`` a graph's ``meta["decoder"]`` records, or one line on what is wrong."""
+    d = meta.get("decoder")
+    if not isinstance(d, dict):
+        raise PipeplanError(f"{where}: meta 'decoder' must be an object of a decoder's dimensions, got {d!r}")
+    known = {f.name: f.type for f in fields(DecoderSpec)}
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise PipeplanError(f"{where}: meta 'decoder' has unknown key {unknown[0]!r}")
+    missing = [k for k in ("name", "hidden", "layers", "heads", "seq", "vocab", "ffn", "kv_heads") if k not in d]
+    if missing:
+        raise PipeplanError(f"{where}: meta 'decoder' lacks {missing[0]!r}")
+    for key, kind in known.items():
+        want = {"bool": bool, "str": str}.get(str(kind))
+        if key in d and want is not None and not isinstance(d[key], want):
+            raise PipeplanError(f"{where}: meta 'decoder' {key!r} must be {'true or false' if want is bool else 'a string'}"
+                                f", got {d[key]!r}")
+    return DecoderSpec(**d)
+
+
+def _recompute(value: str) -> str:
+    if value not in RECOMPUTE:
+        raise PipeplanError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {value!r}")
+    return value
+
+
+def gpt(name: str, hidden: int, layers: int, heads: int, seq: int = 2048, vocab: int = 51200,
+        ffn: int | None = None, kv_heads: int | None = None) -> DecoderSpec:
+    """A GPT-3-style decoder (Brown et al. 2020; Megatron-LM's GPT): LayerNorm, biases,
+    learned positions, GELU MLP of 4 x hidden, dropout, tied embedding and LM head."""
+    return DecoderSpec(name, hidden, layers, heads, seq, vocab, ffn or 4 * hidden, kv_heads or heads,
+                       tied=True)
+
+
+def llama(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int = 128256,
+          seq: int = 8192) -> DecoderSpec:
+    """A Llama-style decoder (Touvron et al. 2023; Llama 3, Dubey et al. 2024): RMSNorm, no
+    biases, rotary positions, SwiGLU MLP, grouped-query attention, no dropout, fused attention,
+    an LM head of its own."""
+    return DecoderSpec(name, hidden, layers, heads, seq, vocab, ffn, kv_heads, gated=True, tied=False,
+                       norm="rmsnorm", bias=False, positions="rope", dropout=False, flash=True)
+
+
+#: Published dimensions. GPT-3 175B: Brown et al. 2020, Table 2.1 (Narayanan et al. 2021 use
+#: vocab 51,200); Llama 3: Dubey et al. 2024, Table 3, vocabulary 128,256 as released.
+PRESETS: dict[str, DecoderSpec] = {s.name: s for s in (
+    gpt("gpt3-175b", 12288, 96, 96),
+    llama("llama3-8b", 4096, 32, 32, 8, 14336),
+    llama("llama3-70b", 8192, 80, 64, 8, 28672),
+    llama("llama3-405b", 16384, 126, 128, 8, 53248),
+)}
