@@ -35,7 +35,10 @@ def parse(*pairs: str) -> Knobs:
 def test_values_parse_into_their_types():
     assert parse() == Knobs()
     assert parse("flag=yes", "count=7", "rate=2.5", "mode=b") == Knobs(True, 7, 2.5, "b")
-    assert parse("flag=0", "rate=none", "count=1", "count=4") == Knobs(False, 4, None, "a")  # the last wins
+    assert parse("flag=0", "rate=none", "count=4") == Knobs(False, 4, None, "a")
+    for twice in (("count=1", "count=4"), ("count=1", "toy.count=1")):  # never silently the last
+        with pytest.raises(PipeplanError, match="option 'count' is given twice"):
+            parse(*twice)
     assert parse("flag=TRUE").flag is True and parse("flag=off").flag is False
 
 

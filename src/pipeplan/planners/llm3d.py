@@ -84,6 +84,17 @@ class Pins:
     def allows(self, schedule: str) -> bool:
         return self.schedules is None or schedule in self.schedules
 
+    def holds(self, par: Parallelism) -> bool:
+        """Whether configuration ``par`` (another planner's, say) agrees with every pin."""
+        o, layers = self.options, sum(par.layout)
+        have = {"tp": par.tp, "pp": par.pp, "vpp": par.vpp, "microbatch": par.microbatch, "recompute": par.recompute,
+                "zero": par.zero, "sp": par.sp, "overlap": par.overlap_grad_reduce, "grad_reduce": par.grad_reduce,
+                "overlap_p2p": par.overlap_p2p}
+        if any(getattr(o, k) is not None and getattr(o, k) != v for k, v in have.items()):
+            return False
+        stages = tuple(sum(par.layout[j::par.pp]) for j in range(par.pp))
+        return self.allows(par.schedule) and (o.layout is None or parse_layout(o.layout, layers) == stages)
+
     def said(self) -> str:
         items = [(f.name, getattr(self.options, f.name)) for f in fields(LLMOptions)]
         items.append(("schedule", ",".join(self.schedules) if self.schedules else None))

@@ -123,8 +123,8 @@ def option_fields(cls: type) -> list[dict[str, Any]]:
 
 
 def parse_options(cls: type[T], pairs: Pairs, planner: str) -> T:
-    """``pairs`` (``KEY=VALUE`` or ``PLANNER.KEY=VALUE``; the last of a key wins) as the frozen
-    dataclass ``cls`` of planner ``planner``."""
+    """``pairs`` (``KEY=VALUE`` or ``PLANNER.KEY=VALUE``) as the frozen dataclass ``cls`` of
+    planner ``planner``; a key given twice (either way) is refused, never silently the last."""
     known = {f.name: f for f in fields(cls)}
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
@@ -137,6 +137,8 @@ def parse_options(cls: type[T], pairs: Pairs, planner: str) -> T:
         if f is None:
             what = f"its options: {', '.join(known)}" if known else "it takes none"
             raise PipeplanError(f"planner {planner!r} has no option {key!r} ({what})")
+        if key in values:
+            raise PipeplanError(f"planner {planner!r}: option {key!r} is given twice; give it once")
         try:
             values[key] = _parse_value(text, hints[key], f.metadata.get("choices"), f.metadata)
         except ValueError as e:

@@ -198,13 +198,16 @@ def _decoder_pins(opts: JointOptions, schedule: str | None) -> llm3d.Pins:
             raise PipeplanError(f"planner 'joint': option {key} steers the search over layer graphs; on decoder LLMs "
                                 "the search is budgeted by -O simulations (and -O budget)")
     pins = llm3d.pins_of(opts, schedule)
-    if opts.schedules == "auto" or schedule is not None:
+    if opts.schedules == "auto":
         return pins
-    allowed = tuple(x.strip() for x in opts.schedules.split(",") if x.strip() in DECODER_SCHEDULES)
-    if not allowed:
+    allowed = tuple(x.strip() for x in opts.schedules.split(",") if x.strip())
+    wrong = [x for x in allowed if x not in DECODER_SCHEDULES]
+    if wrong or not allowed:
         raise PipeplanError(f"planner 'joint': option schedules={opts.schedules!r}: on decoder LLMs expected some of "
-                            f"{', '.join(DECODER_SCHEDULES)}")
-    return replace(pins, schedules=allowed)
+                            f"{', '.join(DECODER_SCHEDULES)}" + (f", not {wrong[0]!r}" if wrong else ""))
+    if schedule is not None and schedule not in allowed:
+        raise PipeplanError(f"planner 'joint': --schedule {schedule} is not among -O schedules={opts.schedules}")
+    return replace(pins, schedules=(schedule,) if schedule is not None else allowed)
 
 
 def _refuse_decoder_pins(opts: JointOptions, graph: Graph) -> None:
@@ -213,6 +216,14 @@ def _refuse_decoder_pins(opts: JointOptions, graph: Graph) -> None:
         if getattr(opts, f.name) is not None:
             raise PipeplanError(f"planner 'joint': option {f.name} is for decoder LLM graphs on GPUs with bf16 rates "
                                 f"(zoo:gpt, zoo:llama3-*, hf: on dgx-*), not {graph.name!r} here")
+
+
+def _holds(pins: llm3d.Pins, seed: Plan) -> bool:
+    """Whether another planner's plan may stand as joint's answer: it agrees with every pin
+    (unpinned: any plan; pinned: one whose parallel configuration shows it)."""
+    if seed.parallelism is None:
+        return pins == llm3d.Pins()
+    return pins.holds(seed.parallelism)
 
 
 def _plan_decoder(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOptions) -> Plan:
@@ -232,7 +243,7 @@ def _plan_decoder(graph: Graph, cluster: Cluster, options: PlanOptions, opts: Jo
     found = llm3d.search(graph, cluster, batch, pins, options.optimizer, opts.simulations, options.allow_over_memory,
                          baseline, deadline)
     answers: dict[str, tuple[Plan, SimResult]] = {"search": (found, simulate(found, timeline=False))}
-    answers.update((f"seed:{name}", pr) for name, pr in (options.known_plans or {}).items())
+    answers.update((f"seed:{name}", pr) for name, pr in (options.known_plans or {}).items() if _holds(pins, pr[0]))
     source = min(answers, key=lambda k: rank_key(answers[k][1], options.allow_over_memory))
     chosen = answers[source][0]
     plan = replace(chosen, extra={k: v for k, v in chosen.extra.items() if k != "llm3d"}, prediction={})
@@ -254,6 +265,8 @@ def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     budget = _budget(opts, _splits(graph, cluster, options))
     seeds = seed_plans(graph, cluster, options, budget,
                        SEED_PLANNERS if len(cluster) <= LOCAL_MAX_DEVICES else LARGE_SEED_PLANNERS)
+    if opts.schedules != "auto":  # the seeds are candidates (and the searches' incumbents) too
+        seeds = {name: pr for name, pr in seeds.items() if pr[0].schedule in schedules + chunk_schedules}
     found, facts = _search(graph, cluster, options, opts, schedules, budget, seeds)
     answers: dict[str, tuple[Plan, SimResult]] = {f"seed:{name}": pr for name, pr in seeds.items()}
     answers.update((name, (p, simulate(p, timeline=False))) for name, p in found.items())
