@@ -3,6 +3,8 @@ AutoConfig without weights or downloads."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -23,8 +25,28 @@ def test_a_llama_config_is_the_llama3_preset():
 
 def test_gpt2_small_has_its_published_parameter_count():
     """GPT-2 small: 124,439,808 parameters (tied embedding, 1,024 learned positions)."""
-    g = load_graph("hf:gpt2")
+    g = load_graph("hf:gpt2?n_embd=768&n_layer=12&n_head=12&vocab_size=50257")
     assert g.params.sum() / 2 == 124_439_808 and g.meta["decoder"]["seq"] == 1024
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("hf:gpt2", "does not give n_embd, n_layer, n_head, vocab_size"),
+    ("hf:llama?hidden_size=1024", "does not give num_hidden_layers, num_attention_heads, intermediate_size, vocab_size"),
+    ("hf:llama?bogus_key=3&" + LLAMA3_8B[len("hf:llama?"):], "'llama' configs have no key 'bogus_key'"),
+    (LLAMA3_8B.replace("num_hidden_layers=32", "num_hidden_layers=1000000000"), "layers 1,000,000,000 is above"),
+    (LLAMA3_8B.replace("seq=8192", "seq=1000000000"), "seq 1,000,000,000 is above"),
+])
+def test_a_config_short_of_dimensions_or_with_a_key_it_lacks_is_one_line(spec, words):
+    """Never transformers' default dimensions in silence, never a key passed through unread,
+    never minutes on an absurd size (the limits are checked before the graph is built)."""
+    with pytest.raises(PipeplanError, match=re.escape(words)):
+        load_graph(spec)
+
+
+def test_a_config_file_short_of_dimensions_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": 512}')
+    with pytest.raises(PipeplanError, match="does not give num_hidden_layers, num_attention_heads"):
+        load_graph(f"hf:{tmp_path}")
 
 
 def test_qwen2_counts_its_query_key_value_biases():

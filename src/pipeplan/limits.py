@@ -50,6 +50,20 @@ def check_layers(count: int, where: str) -> None:
                             "(merge layers into blocks: a stage boundary falls between blocks anyway)")
 
 
+#: A decoder LLM's dimensions (``zoo:``, ``hf:``, plan files alike): above the largest models
+#: and contexts trained (hidden 25,600 and 128K-10M tokens in 2025-26) with room to spare,
+#: below what would make a plan's arithmetic meaningless or its graph take minutes to build.
+MAX_DECODER = {"layers": MAX_LAYERS, "hidden": 1 << 18, "ffn": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14,
+               "seq": 1 << 24, "vocab": 1 << 22, "microbatch": 1 << 16}
+
+
+def check_decoder(key: str, value: int, where: str) -> None:
+    """One line when a decoder dimension ``key`` is above ``MAX_DECODER``'s."""
+    most = MAX_DECODER[key]
+    if value > most:
+        raise PipeplanError(f"{where}: {key} {value:,} is above pipeplan's limit of {most:,}")
+
+
 def check_layer_value(value: float, unit: str, where: str) -> float:
     """``value`` when it lies in 0 .. ``LAYER_RANGES[unit]``; else PipeplanError."""
     bound = LAYER_RANGES[unit]

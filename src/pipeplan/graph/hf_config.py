@@ -42,6 +42,40 @@ def config_value(text: str) -> int | float | bool | str:
     return text
 
 
+#: The dimensions pipeplan reads, by config family: a config must give them (a file) or the
+#: query must set them (``hf:ARCH?...``), never transformers' defaults in silence
+NEEDED = {"gpt2": ("n_embd", "n_layer", "n_head", "vocab_size"),
+          **{k: ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+             for k in LLAMA_LIKE}}
+
+
+def _check_keys(spec: str, cfg, given: set[str]) -> None:
+    """One line for a query key the config does not have, or a dimension pipeplan needs that
+    neither the file nor the query gives."""
+    import inspect
+
+    known = (set(type(cfg)().to_dict()) | set(getattr(cfg, "attribute_map", {}))  # transformers keeps any key given
+             | set(inspect.signature(type(cfg).__init__).parameters))
+    unknown = sorted(k for k in given if k not in known)
+    if unknown:
+        raise PipeplanError(f"model {spec!r}: {getattr(cfg, 'model_type', '?')!r} configs have no key {unknown[0]!r}")
+    missing = [k for k in NEEDED.get(getattr(cfg, "model_type", ""), ()) if k not in given]
+    if missing:
+        raise PipeplanError(f"model {spec!r}: the config does not give {', '.join(missing)} (pipeplan plans no "
+                            "default dimensions)")
+
+
+def _given_in_file(folder: Path) -> set[str]:
+    """The keys a config.json sets itself (transformers fills in the rest from its defaults)."""
+    import json
+
+    try:
+        data = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return set()  # AutoConfig has already read it; its own error stands where it could not
+    return set(data) if isinstance(data, dict) else set()
+
+
 def _config(spec: str, body: str, options: dict[str, str]):
     from transformers import AutoConfig
 
@@ -55,8 +89,12 @@ def _config(spec: str, body: str, options: dict[str, str]):
             if path.suffix == ".json" and path.name != "config.json":
                 raise PipeplanError(f"model {spec!r}: expected a config.json or the folder holding one")
             regular_file(folder / "config.json", f"model {spec!r}: config")  # not a FIFO, not huge
-            return AutoConfig.from_pretrained(str(folder), local_files_only=True)
-        return AutoConfig.for_model(body, **kwargs)
+            cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+            _check_keys(spec, cfg, _given_in_file(folder))
+            return cfg
+        cfg = AutoConfig.for_model(body, **kwargs)
+        _check_keys(spec, cfg, set(kwargs))
+        return cfg
     except PipeplanError:
         raise
     except Exception as e:  # transformers' many error types: one line
@@ -80,6 +118,8 @@ def _decoder(spec: str, cfg, seq: int | None) -> DecoderSpec:
                                int(cfg.intermediate_size), int(getattr(cfg, "num_key_value_heads", None) or heads),
                                gated=True, tied=bool(cfg.tie_word_embeddings), norm="rmsnorm", bias=False,
                                positions="rope", dropout=False, flash=True, qkv_bias=kind == "qwen2")
+    except PipeplanError:
+        raise
     except (TypeError, ValueError, AttributeError) as e:
         raise PipeplanError(f"model {spec!r}: the config's dimensions are not usable ({e})") from None
     raise PipeplanError(f"model {spec!r}: {kind!r} configs are not planned (known: gpt2, {', '.join(LLAMA_LIKE)})")

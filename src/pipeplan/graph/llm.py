@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from ..errors import PipeplanError
-from ..limits import check_layers
+from ..limits import check_decoder, check_layers
 from ..llm.costs import H100_SPEED, REFERENCE, REFERENCE_DEVICE, Rates, embedding_compute_s, head_compute_s, layer_compute_s
 from ..llm.spec import BF16, PRESETS, DecoderSpec, gpt
 from .model import Graph, NodeSpec
@@ -20,6 +20,7 @@ def build_graph(spec: DecoderSpec, microbatch: int, rates: Rates = REFERENCE) ->
     hidden state handed on (s x b x h, 16-bit) and what each layer keeps for its backward
     (Korthikanti's count, no recomputation). ``meta["decoder"]`` keeps the dimensions, from
     which costs at other tensor-parallel degrees and microbatch sizes are computed."""
+    check_decoder("microbatch", microbatch, f"model {spec.name!r}")
     b, hidden_bytes = microbatch, BF16 * microbatch * spec.seq * spec.hidden
     e_f, e_b = (t * H100_SPEED for t in embedding_compute_s(spec, rates, b))
     l_f, l_b, _ = (t * H100_SPEED for t in layer_compute_s(spec, rates, b))

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from ..errors import PipeplanError
+from ..limits import check_decoder
 
 BF16 = 2  # bytes of a 16-bit activation, weight or gradient
 RECOMPUTE = ("none", "selective", "full")
@@ -65,6 +66,7 @@ class DecoderSpec:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PipeplanError(f"{where}: {key} must be a positive integer, got {value!r}")
+            check_decoder(key, value, where)
         if self.hidden % self.heads:
             raise PipeplanError(f"{where}: hidden {self.hidden} is not a multiple of heads {self.heads}")
         if self.heads % self.kv_heads:
