@@ -270,6 +270,8 @@ YAML_SPECIALS = {
     "a link matrix of the wrong shape": ("devices: [{name: a, memory: 1GB, speed: 1}, {name: b, memory: 1GB, speed: 1}]"
                                          "\nbandwidth_matrix: [[0, 1e9]]\nlatency_matrix: [[0, 0], [0, 0]]\n"),
     "a full cluster with no devices": "devices: []\nbandwidth_matrix: []\nlatency_matrix: []\n",
+    "a negative bandwidth on the diagonal": ("devices: [{name: a, memory: 1e9, speed: 1}, {name: b, memory: 1e9, speed: 1}]"
+                                             "\nbandwidth_matrix: [[-1, 1e9], [1e9, 0]]\nlatency_matrix: [[0, 0], [0, 0]]\n"),
     "no devices": "devices: []\nbandwidth: 10GB/s\n",
     "a 5000-digit bandwidth": "devices: [{name: a}, {name: b}]\nbandwidth: " + "9" * 5000 + "\n",
 }

@@ -121,6 +121,8 @@ class Cluster:
             for arr, what in ((self.bandwidth, "bandwidth"), (self.latency, "latency")):
                 if arr.shape != (v, v):
                     raise PipeplanError(f"{where}: {what} matrix is {arr.shape}, expected {(v, v)}")
+                if np.any(np.isnan(arr) | (arr < 0)):  # the diagonal too, before it is set: never ignored
+                    raise PipeplanError(f"{where}: a link's {what} is negative or not a number")
             np.fill_diagonal(self.bandwidth, np.inf)
             np.fill_diagonal(self.latency, 0.0)
             bw, lat = self.bandwidth, self.latency
