@@ -51,8 +51,9 @@ def joint_instance(rng: np.random.Generator) -> tuple[Graph, Cluster, int]:
 
 def tiny_instance(rng: np.random.Generator) -> tuple[Graph, Cluster, int]:
     """``joint_instance`` at sizes an enumeration of every plan covers in seconds: 2-5 layers
-    on 2-3 devices, or 2-3 layers on 4 devices."""
+    on 2-3 devices, or 2-4 layers on 4 devices (where device subsets and zero-bubble plans
+    beat the others most often)."""
     while True:
         g, c, m = joint_instance(rng)
-        if len(c) <= 3 and len(g) <= 5 or len(c) == 4 and len(g) <= 3:
+        if len(c) <= 3 and len(g) <= 5 or len(c) == 4 and len(g) <= 4:
             return g, c, m

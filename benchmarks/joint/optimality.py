@@ -2,7 +2,7 @@
 against an enumeration that shares none of their code (``benchmarks/_bruteforce.py``: every
 contiguous partition of the linearized layers x device subsets x replica mode x round-robin
 replica order x schedule, each plan simulated), on seeded random tiny instances
-(``_instances.tiny_instance``: 2-5 layers, 2-4 devices, uneven links, latency 0 / 1 / 20 ms,
+(``_instances.tiny_instance``: 2-5 layers on 2-3 devices or 2-4 on 4, uneven links, latency 0 / 1 / 20 ms,
 speeds 0.5-1.5, tight memory in 40%).
 
 Three checks per instance: ``exact`` against the enumeration over its schedules (gpipe, 1f1b,
@@ -91,7 +91,7 @@ def markdown(s: dict, seed: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--instances", type=int, default=120)
+    ap.add_argument("--instances", type=int, default=200)
     ap.add_argument("--seed", type=int, default=2027)
     add_out_argument(ap, "joint")
     args = ap.parse_args()

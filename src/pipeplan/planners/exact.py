@@ -34,8 +34,11 @@ full- and half-duplex clusters:
   first task is a forward, which waits for its microbatch's forwards and forward transfers
   through the stages before; after its last backward come that microbatch's backward
   transfers and backwards through them: at least ``(f+b)/sum(peak)`` per stage and the
-  cheapest transfer each way per cut. A cut no edge crosses still orders the stages but
-  sends nothing (no transfer, no channel).
+  cheapest transfer each way per cut. With a schedule that splits the backward (zero bubble,
+  ``split_backward``) among those searched, a device's last task may be a weight gradient
+  that nothing on the stages before waits for: the chain is then the forward half alone
+  (``f/sum(peak)`` per stage, the forward transfer per cut). A cut no edge crosses still
+  orders the stages but sends nothing (no transfer, no channel).
 - channel: split stages send all M microbatches over one channel per direction (both
   directions on one channel when half-duplex), each transfer of ``sim.formulas.transfer_time``.
   Round-robin replicas each use their own channel per pair of replicas and direction: the
@@ -76,6 +79,7 @@ from ..sim.formulas import precision_of, state_bytes
 from ..errors import Infeasible, PipeplanError
 from ..graph import Graph, linearize
 from ..plan import Plan, Stage
+from ..schedule import SCHEDULES as SCHEDULE_KINDS
 from ..sim import SimResult, simulate
 from ..sim.bounds import peak_rates
 from .base import PlanOptions, register
@@ -209,6 +213,10 @@ class _Search:
                 self.class_of[d] = k
         self.peak, self.mem = peak_rates(self.cluster), self.cluster.usable
         self.comp = self.lin.fwd_cum + self.lin.bwd_cum
+        # the chain through the stages before a device: forward and backward, or with a split
+        # backward (zero bubble) the forward alone (module docstring)
+        split = any(SCHEDULE_KINDS[s].split_backward for s in self.schedules)
+        self.chain, self.chain_ways = (self.lin.fwd_cum, 1) if split else (self.comp, 2)
         self.crossed = crossed_cuts(self.graph, self.lin.order)
         self.half = self.cluster.meta.get("duplex", "full") == "half"
         self.stats = {"candidates": 0, "simulated": 0, "bounded": 0, "evaluations": 0, "complete": True,
@@ -280,7 +288,7 @@ class _Search:
         if prev is not None and self.crossed[layer]:
             floors = link_floors(self.cluster, prev, devs, float(self.lin.cut_bytes[layer]))
             chan = channel_bounds(floors, self.half, len(prev), len(devs), m)
-            through = path + floors.sum(axis=1)
+            through = path + floors[:, :self.chain_ways].sum(axis=1)
         return np.maximum(chan, through + busiest), through
 
     def search(self, layer: int, avail: list[int], prev: list[int] | None, parts: list,
@@ -306,7 +314,7 @@ class _Search:
                     continue
                 rest = [a - c for a, c in zip(avail, counts)]
                 here = parts + [_Part(layer, end, devs, through)]
-                per_micro = float(self.comp[end] - self.comp[layer]) / float(self.peak[devs].sum())
+                per_micro = float(self.chain[end] - self.chain[layer]) / float(self.peak[devs].sum())
                 if end == n:
                     self.consider(here, alive, bound)
                 elif any(rest):

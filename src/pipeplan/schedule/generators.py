@@ -78,6 +78,9 @@ class ScheduleKind:
     lanes: bool = False
     placement: str = "single"  # layout.PLACEMENTS
     device_order: DeviceOrderFn | None = None
+    #: the backward split into input and weight gradients, the latter free to run last: after a
+    #: device's last task no backward need follow on the stages before it
+    split_backward: bool = False
 
 
 SCHEDULES: dict[str, ScheduleKind] = {
@@ -90,13 +93,13 @@ SCHEDULES: dict[str, ScheduleKind] = {
                                 one_f_one_b_order, stream=3, lanes=True),
     "zb-h1": ScheduleKind("zero bubble ZB-H1: 1F1B with the backward split into input and weight gradients, "
                           "weight gradients delayed into the bubbles, 1F1B's peak memory (Qi et al. ICLR'24)",
-                          zb_h1_order),
+                          zb_h1_order, split_backward=True),
     "interleaved-1f1b": ScheduleKind("Megatron-LM's interleaved 1F1B over v >= 2 model chunks per device "
                                      "(stage j on the devices of stage j mod p; Narayanan et al. SC'21)", None,
                                      placement="loop", device_order=interleaved_order),
     "zb-v": ScheduleKind("zero bubble ZB-V: two model chunks per device in a V (device d holds stages d and "
                          "2p-1-d), backward split into input and weight gradients (Qi et al. ICLR'24 §6)", None,
-                         placement="v", device_order=zb_v_order),
+                         placement="v", device_order=zb_v_order, split_backward=True),
 }
 
 
