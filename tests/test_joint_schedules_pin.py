@@ -7,12 +7,14 @@ The expected values are the pins themselves."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from pipeplan.cli import main
 from pipeplan.cluster import Cluster, Device
+from pipeplan.errors import PipeplanError
 from pipeplan.graph import Graph
 from pipeplan.planners import PlanOptions, planner_settings, run_planner
 from pipeplan.planners.llm3d import LLMOptions, Pins
@@ -69,3 +71,33 @@ def test_another_planners_configuration_stands_only_where_it_holds_every_pin():
     for pinned in (LLMOptions(tp=4), LLMOptions(recompute="full"), LLMOptions(layout="3,5"), LLMOptions(zero=1)):
         assert not Pins(pinned).holds(par)
     assert not Pins(schedules=("zb-h1",)).holds(par)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "zb-h1", "spp-pe"])
+def test_schedule_flag_is_honored_by_joint_and_exact_on_layer_graphs(schedule):
+    g, c = _chain_on_slow_links()
+    for planner, extra in (("joint", (("evaluations", "300"),)), ("exact", ())):
+        options = PlanOptions(microbatches=4, schedule=schedule, settings=planner_settings([planner], extra))
+        plan, _ = run_planner(planner, g, c, options)
+        assert plan.schedule == schedule, planner
+
+
+def test_a_schedule_exact_does_not_search_or_joint_is_not_given_is_one_line():
+    g, c = _chain_on_slow_links()
+    with pytest.raises(PipeplanError, match="exact: --schedule interleaved-1f1b is not a schedule it searches"):
+        run_planner("exact", g, c, PlanOptions(microbatches=4, schedule="interleaved-1f1b"))
+    with pytest.raises(PipeplanError, match="--schedule 1f1b is not among -O schedules=gpipe"):
+        run_planner("joint", g, c, PlanOptions(microbatches=4, schedule="1f1b",
+                                               settings=planner_settings(["joint"], (("schedules", "gpipe"),))))
+
+
+def test_a_planner_that_would_run_another_schedule_is_refused(monkeypatch):
+    """The safety net behind every planner: a plan of another schedule than --schedule is an
+    error, never returned."""
+    from pipeplan.planners import base
+
+    g, c = _chain_on_slow_links()
+    info = base.get_planner("dp")
+    monkeypatch.setitem(base.REGISTRY, "dp", replace(info, fn=lambda *a: replace(info.fn(*a), schedule="gpipe")))
+    with pytest.raises(PipeplanError, match="does not plan for --schedule 1f1b here"):
+        run_planner("dp", g, c, PlanOptions(microbatches=4, schedule="1f1b"))

@@ -47,7 +47,9 @@ def _commands() -> list[str]:
 def _planners() -> list[str]:
     out = ["## Planners (`--planner NAME`, `-O KEY=VALUE`)", "",
            "In `compare`, `-O KEY=VALUE` goes to every compared planner that has the option (an error if "
-           "none has it) and `-O NAME.KEY=VALUE` to one planner.", "",
+           "none has it) and `-O NAME.KEY=VALUE` to one planner. A key given twice to one planner "
+           "(`-O tp=1 -O tp=2`, or `-O tp=1 -O megatron.tp=2`) is refused in one line, never silently the last. "
+           "`--schedule` is honored or refused: a planner whose plan would run another schedule exits 2.", "",
            "| planner | description | default schedule | options |", "|---|---|---|---|"]
     for e in planner_catalog():
         opts = "; ".join(f"`{o['name']}` ({o['type']}{', ' + o['range'] if 'range' in o else ''}, default "

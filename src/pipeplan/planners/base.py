@@ -170,6 +170,7 @@ def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions)
         plan = keep_tied_together(plan_for_global_batch(info.fn, graph, cluster, options, options.global_batch,
                                                         memory_variants=info.memory_variants))
         plan.planner, plan.setup_s = name, setup_s
+        _check_schedule(name, plan, options)
         return plan, evaluate(plan)
     plan = keep_tied_together(info.fn(graph, cluster, options))  # no plan cuts a tied parameter
     plan.search_s = time.perf_counter() - t0
@@ -178,11 +179,20 @@ def run_planner(name: str, graph: Graph, cluster: Cluster, options: PlanOptions)
     reworkable = info.memory_variants and not own_batch
     if result.over_memory and reworkable and not options.allow_over_memory:
         fitted = fit_memory(plan)  # its fastest variant that fits (planning time too)
-        if fitted is not plan:
+        if fitted is not plan and (options.schedule is None or fitted.schedule == options.schedule):
             fitted.search_s, fitted.planner = time.perf_counter() - t0, name
             plan, result = fitted, evaluate(fitted)
     plan.setup_s = setup_s
+    _check_schedule(name, plan, options)
     return plan, result
+
+
+def _check_schedule(name: str, plan: Plan, options: PlanOptions) -> None:
+    """``--schedule`` is honored or refused, never silently another (the safety net behind
+    each planner's own handling of it)."""
+    if options.schedule is not None and plan.schedule != options.schedule:
+        raise PipeplanError(f"planner {name!r} does not plan for --schedule {options.schedule} here (its plan runs "
+                            f"{plan.schedule}); drop --schedule, or pick a planner that takes it")
 
 
 def memory_over_bytes(result: SimResult) -> dict[str, float]:

@@ -87,6 +87,8 @@ from .ranking import rank_key
 
 MAX_LAYERS, MAX_DEVICES = 12, 8
 SCHEDULES = ("gpipe", "1f1b", "spp-pe")
+#: what ``--schedule`` may pin: exact's schedules and zero-bubble H1 (one stage per device)
+PINNABLE = SCHEDULES + ("zb-h1",)
 MODES = ("split", "round-robin")
 SLACK = 1e-9  # relative: prune only what the bound beats by more than float noise
 #: Evaluations the search may make by default: partial plans bounded plus plans simulated
@@ -378,8 +380,14 @@ def plan_exact(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
         raise PipeplanError(f"exact: instance too large ({n} layers, {v} devices; "
                             f"at most {MAX_LAYERS} and {MAX_DEVICES})")
     opts = options.settings_of(ExactOptions)
-    plan, stats = search_exhaustively(graph, cluster, options, Budget(opts.budget, opts.evaluations),
-                                      incumbents=_spp_incumbent(graph, cluster, options))
+    schedules = SCHEDULES
+    if options.schedule is not None:
+        if options.schedule not in PINNABLE:
+            raise PipeplanError(f"exact: --schedule {options.schedule} is not a schedule it searches "
+                                f"({', '.join(PINNABLE)})")
+        schedules = (options.schedule,)
+    seeds = [pr for pr in _spp_incumbent(graph, cluster, options) if pr[0].schedule in schedules]
+    plan, stats = search_exhaustively(graph, cluster, options, Budget(opts.budget, opts.evaluations), schedules, seeds)
     if plan is None:
         raise Infeasible("exact: no plan fits in memory: the weights, gradients and optimizer state "
                          "alone overflow every device set")

@@ -97,6 +97,19 @@ def search_schedules(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return single, tuple(s for s in names if s in CHUNK_SCHEDULES)
 
 
+def _schedules_text(option: str, schedule: str | None) -> str:
+    """The schedules searched: ``-O schedules``, or with ``--schedule X`` X (a chunked X on
+    the best plan of every one-stage-per-device schedule); both given, X must be among them."""
+    if schedule is None:
+        return option
+    listed = [x.strip() for x in option.split(",")]
+    if option != "auto" and schedule not in listed:
+        raise PipeplanError(f"planner 'joint': --schedule {schedule} is not among -O schedules={option}")
+    if schedule in CHUNK_SCHEDULES:
+        return ",".join([x for x in SEARCH_SCHEDULES if x in SCHEDULES] + [schedule])
+    return schedule
+
+
 def _estimate_s(graph: Graph, cluster: Cluster, options: PlanOptions) -> float:
     """Seconds the search may take, for progress bars: its cap, else its evaluations at the
     expected rate."""
@@ -261,12 +274,13 @@ def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     if is_decoder(graph) and has_rates(cluster):
         return _plan_decoder(graph, cluster, options, opts)
     _refuse_decoder_pins(opts, graph)
-    schedules, chunk_schedules = search_schedules(opts.schedules)
+    schedules, chunk_schedules = search_schedules(_schedules_text(opts.schedules, options.schedule))
     budget = _budget(opts, _splits(graph, cluster, options))
     seeds = seed_plans(graph, cluster, options, budget,
                        SEED_PLANNERS if len(cluster) <= LOCAL_MAX_DEVICES else LARGE_SEED_PLANNERS)
-    if opts.schedules != "auto":  # the seeds are candidates (and the searches' incumbents) too
-        seeds = {name: pr for name, pr in seeds.items() if pr[0].schedule in schedules + chunk_schedules}
+    wanted = (options.schedule,) if options.schedule else schedules + chunk_schedules
+    if options.schedule or opts.schedules != "auto":  # the seeds are candidates (and incumbents) too
+        seeds = {name: pr for name, pr in seeds.items() if pr[0].schedule in wanted}
     found, facts = _search(graph, cluster, options, opts, schedules, budget, seeds)
     answers: dict[str, tuple[Plan, SimResult]] = {f"seed:{name}": pr for name, pr in seeds.items()}
     answers.update((name, (p, simulate(p, timeline=False))) for name, p in found.items())
@@ -278,6 +292,9 @@ def plan_joint(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
         base = min(single, key=key)
         for variant, done in chunked.simulated_variants(answers[base][0], chunk_schedules, options.allow_over_memory):
             answers[f"{base}+{variant.schedule}x{variant.num_stages // answers[base][0].num_stages}"] = done
+    answers = {k: a for k, a in answers.items() if options.schedule is None or a[0].schedule == options.schedule}
+    if not answers:
+        raise PipeplanError(f"joint: no plan of schedule {options.schedule} found (the stages' shapes do not take it)")
     source = min(answers, key=key)
     chosen = answers[source][0]  # a copy: a seed's plan may be another planner's answer too (compare)
     plan = replace(chosen, extra=dict(chosen.extra), prediction={})
