@@ -7,6 +7,8 @@ a model, and special files where a graph file is expected."""
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl
+
 import os
 import re
 import resource
@@ -39,21 +41,30 @@ BAD_SIZES = {"0": "must be a positive integer", "-1": "must be a positive intege
              "abc": "must be int", "1.5": "must be int"}
 
 
+def _merged(arch: str, extra: str) -> str:
+    """``hf:ARCH?`` with the base settings, ``extra``'s keys replacing theirs (a key given
+    twice is itself refused)."""
+    query = dict(parse_qsl(BASE[arch]))
+    query.update(parse_qsl(extra, keep_blank_values=True))
+    return f"hf:{arch}?" + "&".join(f"{k}={v}" for k, v in query.items())
+
+
 def _hf_cases() -> list[tuple[str, str]]:
     cases = []
     for arch, keys in SHAPE.items():
-        hf = f"hf:{arch}?{BASE[arch]}"
+        def hf(extra: str, arch=arch) -> str:
+            return _merged(arch, extra)
         for role in ("layers", "width", "heads", "vocab", "positions"):
-            cases += [(f"{hf}{keys[role]}={bad}", f"{keys[role]}.*{why}") for bad, why in BAD_SIZES.items()]
-        cases += [(f"{hf}{keys['activation']}=nope", f"unknown {keys['activation']} 'nope'"),
-                  (f"{hf}seq=257", "seq=257 is beyond the model's 256 positions"),
-                  (f"{hf}{keys['layers']}=30000", "30,003 layers; pipeplan plans for at most"),
-                  (f"{hf}{keys['layers']}=500&{keys['width']}=2048", "parameters; pipeplan builds models of at most"),
-                  (f"{hf}{keys['width']}=130", "is not a multiple of"),
-                  (f"{hf}microbatch=100000000&seq=256", "one microbatch of input is")]
-    llama = f"hf:llama?{BASE['llama']}"
-    cases += [(f"{llama}num_key_value_heads={bad}", "num_key_value_heads must be a positive integer dividing")
-              for bad in ("0", "3", "-2")]
+            cases += [(hf(f"{keys[role]}={bad}"), f"{keys[role]}.*{why}") for bad, why in BAD_SIZES.items()]
+        cases += [(hf(f"{keys['activation']}=nope"), f"unknown {keys['activation']} 'nope'"),
+                  (hf("seq=257"), "seq=257 is beyond the model's 256 positions"),
+                  (hf(f"{keys['layers']}=30000"), "30,003 layers; pipeplan plans for at most"),
+                  (hf(f"{keys['layers']}=500&{keys['width']}=2048"), "parameters; pipeplan builds models of at most"),
+                  (hf(f"{keys['width']}=130"), "is not a multiple of"),
+                  (hf("microbatch=100000000&seq=256"), "one microbatch of input is")]
+    cases += [(_merged("llama", f"num_key_value_heads={bad}"), "num_key_value_heads must be a positive integer "
+               "dividing") for bad in ("0", "3", "-2")]
+    cases.append((f"hf:llama?{BASE['llama']}&vocab_size=7", "key 'vocab_size' is given twice"))
     return cases
 
 

@@ -86,6 +86,23 @@ def name_field(d: dict, key: str, default: str, where: str) -> str:
     return str(v)
 
 
+def parse_query(query: str, where: str, strict: bool = True) -> dict[str, str]:
+    """The ``key=value&...`` after a spec's ``?`` (``zoo:``, ``hf:``) as a dict; one line for a
+    query that does not parse or a key given twice (never silently the last)."""
+    from urllib.parse import parse_qsl
+
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=strict and bool(query))
+    except ValueError:
+        raise PipeplanError(f"{where}: cannot read the options after '?' (expected key=value&...)") from None
+    out: dict[str, str] = {}
+    for key, value in pairs:
+        if key in out:
+            raise PipeplanError(f"{where}: key {key!r} is given twice; give it once")
+        out[key] = value
+    return out
+
+
 def _no_duplicates(where: str):
     def hook(pairs: list[tuple[str, Any]]) -> dict:
         out: dict = {}

@@ -5,9 +5,9 @@ config, ``hf:ARCH?key=value&...`` or ``hf:PATH`` (``graph/hf_config.py``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import parse_qsl
 
 from ..errors import PipeplanError
+from ..readers import parse_query
 from .linearize import Linearization, chains, is_chain, linearize
 from .model import Graph, NodeSpec
 from .native import graph_from_dict, graph_to_dict, load_native, save_graph
@@ -20,11 +20,7 @@ __all__ = ["Graph", "NodeSpec", "Linearization", "load_graph", "linearize", "is_
 def parse_zoo_spec(spec: str) -> tuple[str, dict[str, str]]:
     body = spec[len("zoo:"):]
     name, _, query = body.partition("?")
-    try:
-        options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
-    except ValueError:
-        raise PipeplanError(f"model {spec!r}: cannot read the options after '?' (expected key=value&...)") from None
-    return name.strip(), options
+    return name.strip(), parse_query(query, f"model {spec!r}")
 
 
 def load_graph(spec: str) -> Graph:

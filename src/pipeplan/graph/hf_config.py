@@ -10,10 +10,9 @@ are refused until experts are a plan dimension."""
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import parse_qsl
 
 from ..errors import PipeplanError
-from ..readers import regular_file
+from ..readers import parse_query, regular_file
 from ..llm.spec import DecoderSpec, gpt
 from .llm import build_graph
 from .model import Graph
@@ -128,10 +127,7 @@ def _decoder(spec: str, cfg, seq: int | None) -> DecoderSpec:
 def from_hf(spec: str) -> Graph:
     """The graph of ``hf:ARCH?...`` or ``hf:PATH`` (module docstring)."""
     body, _, query = spec[len("hf:"):].partition("?")
-    try:
-        options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
-    except ValueError:
-        raise PipeplanError(f"model {spec!r}: cannot read the options after '?' (expected key=value&...)") from None
+    options = parse_query(query, f"model {spec!r}")
     ours = {k: options.pop(k) for k in ("seq", "microbatch") if k in options}
     for key, raw in ours.items():
         if not str(raw).isdigit() or int(raw) < 1:

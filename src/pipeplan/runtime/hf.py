@@ -23,12 +23,12 @@ input is token ids; the loss is the runtime's, squared error on the logits."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from urllib.parse import parse_qsl
 
 import torch
 from torch import nn
 
 from ..errors import PipeplanError
+from ..readers import parse_query
 from ..graph.hf_config import DEFAULT_SEQ, default_seq
 from ..graph.hf_config import config_value as _value
 from ..limits import check_built_parameters, check_input_bytes, check_layers
@@ -85,7 +85,7 @@ def parse_spec(spec: str) -> tuple[str, dict, int, int]:
     if arch not in _ARCHS:
         raise PipeplanError(f"model spec {spec!r}: unknown Hugging Face architecture {arch!r} "
                             f"(known: {', '.join(_ARCHS)})")
-    opts = {k: _value(v) for k, v in parse_qsl(query, keep_blank_values=True, strict_parsing=False)}
+    opts = {k: _value(v) for k, v in parse_query(query, f"model spec {spec!r}", strict=False).items()}
     seq, micro = opts.pop("seq", None if arch == "llama" else 64), opts.pop("microbatch", 1 if arch == "llama" else 8)
     if seq is None:  # the analytic graph's default (graph/hf_config.py)
         from transformers import LlamaConfig
