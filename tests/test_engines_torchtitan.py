@@ -126,6 +126,10 @@ def test_the_cli_writes_the_folder_or_nothing(tmp_path, capsys):
     capsys.readouterr()
     assert main(["export-plan", str(plan), "--to", "torchtitan"]) == 2
     assert "give --out DIR" in capsys.readouterr().err
+    (tmp_path / "realdir").mkdir()
+    (tmp_path / "linkdir").symlink_to(tmp_path / "realdir", target_is_directory=True)
+    assert main(["export-plan", str(plan), "--to", "torchtitan", "--out", str(tmp_path / "linkdir")]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err and not any((tmp_path / "realdir").iterdir())
     assert main(["plan", "--model", GPT, "--cluster", "dgx-h100x1", "--global-batch", "16", "--planner", "gpipe",
                  "--schedule", "fb-parallel", "--out", str(plan)]) in (0, 2)
     bad = tmp_path / "bad"

@@ -270,6 +270,9 @@ YAML_SPECIALS = {
     "a link matrix of the wrong shape": ("devices: [{name: a, memory: 1GB, speed: 1}, {name: b, memory: 1GB, speed: 1}]"
                                          "\nbandwidth_matrix: [[0, 1e9]]\nlatency_matrix: [[0, 0], [0, 0]]\n"),
     "a full cluster with no devices": "devices: []\nbandwidth_matrix: []\nlatency_matrix: []\n",
+    "a negative self bandwidth by server": ("devices: [{name: a, memory: 1e9, speed: 1, server: s0}, {name: b, memory: "
+                                            "1e9, speed: 1, server: s0}]\nserver_links: {bandwidth: [[1e9]], latency: [[0]], "
+                                            "self_bandwidth: -1, self_latency: 0}\n"),
     "a negative bandwidth on the diagonal": ("devices: [{name: a, memory: 1e9, speed: 1}, {name: b, memory: 1e9, speed: 1}]"
                                              "\nbandwidth_matrix: [[-1, 1e9], [1e9, 0]]\nlatency_matrix: [[0, 0], [0, 0]]\n"),
     "no devices": "devices: []\nbandwidth: 10GB/s\n",

@@ -41,6 +41,17 @@ def _existing_ancestor(path: Path) -> Path:
     return a
 
 
+def check_folder(option: str, path: str) -> Path:
+    """``path`` as a folder ``option`` writes files into: not a symbolic link (files would land
+    where it points), a folder if it exists."""
+    p = Path(path)
+    if os.path.islink(p):
+        raise PipeplanError(f"{option} {path}: is a symbolic link; name the folder it points to ({os.path.realpath(p)})")
+    if os.path.lexists(p) and not p.is_dir():
+        raise PipeplanError(f"{option} {path}: is not a folder")
+    return p
+
+
 def check_target(option: str, path: str, formats: tuple[str, ...]) -> Path:
     """``path`` as a safe target for ``option``, or PipeplanError saying why not."""
     p = Path(path)

@@ -18,7 +18,7 @@ from typing import Callable
 from .argtypes import calibration_seconds, non_negative_int, positive_seconds, seed as _seed, threads
 from .argtypes import names as _names, positive_int as _positive_int
 from ..errors import Infeasible, PipeplanError, Terminated, from_ctrl_c, interrupted, one_line
-from ..outputs import Outputs
+from ..outputs import Outputs, check_folder
 from .progress import planning_progress, training_progress
 
 
@@ -340,6 +340,8 @@ def cmd_export_plan(args) -> int:
     if (args.to == "torchtitan") != (args.out is not None):
         raise PipeplanError("export-plan: --to torchtitan writes a folder (give --out DIR); --to megatron prints "
                             "its arguments (no --out)")
+    if args.out is not None:
+        check_folder("--out", args.out)
     outs = Outputs()
     names = ("torchtitan.toml", "torchtitan-0.3.args", "pp_schedule.csv")
     for name in names if args.out else ():

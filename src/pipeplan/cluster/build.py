@@ -245,8 +245,9 @@ def _links_from_dict(d: dict, devices: list[Device]) -> tuple[np.ndarray, np.nda
     idx = np.array([rank[x.server] for x in devices])
     out = []
     for key in ("bandwidth", "latency"):
-        if math.isnan(float(s[f"self_{key}"])):
-            raise PipeplanError(f"server_links: self_{key} is not a number")
+        own = float(s[f"self_{key}"])
+        if math.isnan(own) or own < 0:
+            raise PipeplanError(f"server_links: self_{key} is {'not a number' if math.isnan(own) else 'negative'}")
         m = np.array(s[key], dtype=float)
         if m.shape != (len(rank), len(rank)):
             raise PipeplanError(f"server_links: {key} is {m.shape}, expected {(len(rank), len(rank))} (one per "
