@@ -21,6 +21,15 @@ def test_round_trip(tmp_path):
     assert d["stages"][0] == {"nodes": ["l0"], "devices": ["s0g0", "s0g1"]}
 
 
+def test_more_stages_than_nodes_is_refused_before_they_are_built(tmp_path):
+    """A tampered plan of millions of stages: one line from their count, not minutes."""
+    g = uniform_chain(4, params=8.0, act=4.0)
+    d = chain_plan(g, one_server(3), [0, 1, 4], [2, 1], 6, "1f1b").to_dict()
+    d["stages"] = [{"nodes": ["l0"], "devices": ["s0g0"]}] * 5
+    with pytest.raises(PipeplanError, match="5 stages for a graph of 4 nodes"):
+        plan_from_dict(d)
+
+
 def _plan(stages, m=2):
     g = uniform_chain(3)
     return Plan(g, one_server(3), [Stage(n, d) for n, d in stages], m)

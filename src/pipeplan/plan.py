@@ -194,6 +194,8 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
     stages = []
     if not isinstance(d["stages"], list):
         raise PipeplanError(f"{source}: 'stages' must be a list")
+    if len(d["stages"]) > len(graph):  # each stage holds a node: limits before any work
+        raise PipeplanError(f"{source}: {len(d['stages']):,} stages for a graph of {len(graph):,} nodes")
     for k, s in enumerate(d["stages"]):
         if not isinstance(s, dict) or not isinstance(s.get("nodes"), list) or not isinstance(s.get("devices"), list):
             raise PipeplanError(f"{source}: stages[{k}] needs lists 'nodes' and 'devices'")
