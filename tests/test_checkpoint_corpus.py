@@ -163,3 +163,17 @@ def test_a_fifo_as_checkpoint_is_refused_not_waited_on(tmp_path):
     for run, (out, err) in zip(runs, results):
         assert run.returncode == 2 and not out, err
         assert err == f"pipeplan: error: checkpoint {str(fifo)!r}: is a FIFO, not a regular file\n"
+
+
+def test_a_plain_pickle_as_checkpoint_is_one_line_without_torchs_warning(tmp_path):
+    """torch.load(weights_only=True) warns in two lines before refusing a pickle it will not
+    run; the whole of stderr is pipeplan's one line."""
+    import pickle
+
+    path = tmp_path / "pickle.pt"
+    path.write_bytes(pickle.dumps(Path("x")))  # a class torch's safe loader refuses
+    run = subprocess.run([sys.executable, "-m", "pipeplan", "plan", "--model", "zoo:vgg16", "--cluster", "drlpp-4gpu",
+                          "--planner", "drl-pp", "-O", f"checkpoint={path}"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONWARNINGS": "default"})
+    assert run.returncode == 2
+    assert len(run.stderr.strip().splitlines()) == 1 and "not a pipeplan checkpoint" in run.stderr, run.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import random
+import warnings
 from dataclasses import MISSING, asdict, dataclass, fields
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable
@@ -111,7 +112,9 @@ def load_checkpoint(path: str, agent: str) -> dict:
     the contents it reads: ``config_from``, ``check_state``."""
     regular_file(path, "checkpoint")
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns in two lines before refusing a plain pickle: one line here
+            warnings.simplefilter("ignore")
+            data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many kinds for a file that is not a checkpoint
         raise PipeplanError(f"checkpoint {path!r}: not a pipeplan checkpoint ({type(e).__name__})") from None
     if not isinstance(data, dict) or data.get("agent") != agent:
