@@ -104,6 +104,52 @@ def test_a_failing_writer_leaves_nothing(tmp_path):
     assert not list(tmp_path.iterdir())  # neither output, no temporary file
 
 
+def _two_old_outputs(tmp_path: Path) -> Outputs:
+    (tmp_path / "t.json").write_text("old trace")
+    (tmp_path / "p.json").write_text("old plan")
+    outs = Outputs()
+    outs.want("--trace", str(tmp_path / "t.json"), "json")
+    outs.want("--out", str(tmp_path / "p.json"), "json")
+    outs.set("--trace", lambda p: Path(p).write_text("new trace"))
+    return outs
+
+
+def test_a_target_changed_while_the_work_ran_leaves_every_file_as_it_was(tmp_path):
+    """The targets are checked again before any rename: a folder made where an output goes
+    (a concurrent change) is refused, and "nothing was written" is true."""
+    outs = _two_old_outputs(tmp_path)
+
+    def write_and_meanwhile(p: str) -> None:
+        Path(p).write_text("new plan")
+        (tmp_path / "p.json").unlink()
+        (tmp_path / "p.json").mkdir()  # what another process did meanwhile
+
+    outs.set("--out", write_and_meanwhile)
+    with pytest.raises(PipeplanError, match=r"--out .*is a directory.*; nothing was written"):
+        outs.write_all()
+    assert (tmp_path / "t.json").read_text() == "old trace"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json", "t.json"]  # no temporary or kept copy
+
+
+def test_a_rename_that_fails_puts_back_the_ones_before_it(tmp_path, monkeypatch):
+    outs = _two_old_outputs(tmp_path)
+    outs.set("--out", lambda p: Path(p).write_text("new plan"))
+    real, calls = os.replace, []
+
+    def second_fails(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(5, "Input/output error")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", second_fails)
+    with pytest.raises(PipeplanError, match=r"\(Input/output error\); nothing was written"):
+        outs.write_all()
+    monkeypatch.setattr(os, "replace", real)
+    assert (tmp_path / "t.json").read_text() == "old trace" and (tmp_path / "p.json").read_text() == "old plan"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json", "t.json"]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
 def test_a_replaced_file_keeps_its_owner_group_and_mode(tmp_path):
     out = tmp_path / "p.json"

@@ -30,6 +30,7 @@ FORMATS = {"json": (".json",), "yaml": (".yaml", ".yml"), "figure": (".png", ".s
 class _Output:
     option: str
     path: Path
+    formats: tuple[str, ...]
     write: Callable[[str], None] | None = None
 
 
@@ -106,6 +107,18 @@ def _mode_for(target: Path) -> int:
     return 0o666 & ~umask
 
 
+def _put_back(kept: list[tuple[str | None, "_Output"]]) -> None:
+    """Undo the renames done: each replaced file back from its copy, a new one removed."""
+    for copy, out in reversed(kept):
+        try:
+            if copy is not None:
+                os.replace(copy, out.path)
+            elif os.path.isfile(out.path):
+                os.unlink(out.path)
+        except OSError:
+            pass  # the original error is the one to report
+
+
 class Outputs:
     """The outputs a command will write: ``want`` each (checked at once), ``set`` how to
     write it once the work is done, then ``write_all``."""
@@ -115,7 +128,7 @@ class Outputs:
 
     def want(self, option: str, path: str | None, kind: str) -> None:
         if path is not None:
-            self._items[option] = _Output(option, check_target(option, path, FORMATS[kind]))
+            self._items[option] = _Output(option, check_target(option, path, FORMATS[kind]), FORMATS[kind])
 
     def set(self, option: str, write: Callable[[str], None]) -> None:
         """``write(path)`` writes the output to a path (a temporary file beside the target)."""
@@ -123,8 +136,11 @@ class Outputs:
             self._items[option].write = write
 
     def write_all(self) -> None:
-        """Write every output that was set to a temporary file, then rename them all."""
+        """Write every output that was set to a temporary file, check every target again (it
+        may have changed while the work ran), then rename them all; a rename that fails puts
+        back what the ones before it replaced, so that "nothing was written" stays true."""
         done: list[tuple[str, _Output]] = []
+        kept: list[tuple[str | None, _Output]] = []  # (the replaced file's copy, or None: there was none)
         try:
             for out in self._items.values():
                 if out.write is None:
@@ -134,15 +150,28 @@ class Outputs:
                 out.write(tmp)
                 _keep_owner(tmp, out.path)
                 os.chmod(tmp, _mode_for(out.path))
+            for _, out in done:
+                check_target(out.option, str(out.path), out.formats)
             for tmp, out in done:
+                kept.append((self._keep(out), out))
                 os.replace(tmp, out.path)
-        except OSError as e:
-            raise PipeplanError(f"{out.option} {out.path}: cannot write ({e.strerror or e}); nothing was written") \
-                from None
+        except (OSError, PipeplanError) as e:
+            _put_back(kept)
+            why = e.strerror or e if isinstance(e, OSError) else str(e).split(": ", 1)[-1]
+            raise PipeplanError(f"{out.option} {out.path}: cannot write ({why}); nothing was written") from None
         finally:
-            for tmp, _ in done:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            for path in [tmp for tmp, _ in done] + [copy for copy, _ in kept if copy]:
+                if os.path.exists(path):
+                    os.unlink(path)
+
+    @staticmethod
+    def _keep(out: _Output) -> str | None:
+        """A hard link to the file ``out`` is about to replace (None: there is none)."""
+        if not os.path.isfile(out.path):
+            return None
+        copy = tempfile.mktemp(dir=out.path.parent, prefix=".pipeplan-kept-")
+        os.link(out.path, copy)
+        return copy
 
     @staticmethod
     def _temporary(out: _Output) -> str:
