@@ -209,6 +209,43 @@ def test_ctrl_c_in_the_first_second_of_compare_is_one_line_and_130(after_s):
     assert proc.returncode == -signal.SIGINT or err, err
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("after_s", [0.0, 0.3])
+def test_ctrl_c_while_calibrate_starts_its_workers_is_one_line_and_130(after_s):
+    """SIGINT to the process group (a terminal's Ctrl-C) once the workers' fork server exists,
+    while it imports torch or starts the workers: the launcher's one line and 130, no
+    traceback from the server or a worker (runtime/quiet_interrupt.py)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeplan", "calibrate", "--workers", "2", "--no-runtime",
+                             "--seconds", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None and not _fork_server_of(proc.pid):
+        time.sleep(0.02)
+    time.sleep(after_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err == "pipeplan: calibrate interrupted (Ctrl-C)\n", (proc.returncode, err)
+
+
+def _fork_server_of(group: int) -> bool:
+    import os
+
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if b"forkserver" in open(f"/proc/{pid}/cmdline", "rb").read() and os.getpgid(int(pid)) == group:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def test_messages_quoting_user_text_stay_one_line(tmp_path, capsys):
     """A path with a newline or an escape sequence is printed escaped, on the error's one line."""
     bad = tmp_path / "x\ny\x1b[31m"

@@ -38,6 +38,7 @@ import yaml
 from torch import nn
 
 from ..cluster.build import CALIBRATED
+from ..cluster.collectives import latency_steps
 from ..cluster.model import Cluster, Device
 from ..errors import PipeplanError
 from ..limits import MAX_CALIBRATION_S
@@ -248,6 +249,8 @@ def _links(got: dict, workers: int, large: int) -> tuple[np.ndarray, np.ndarray,
             if a != b and math.isnan(bw[a, b]):
                 bw[a, b] = min(bw[0, a], bw[0, b])
                 lat[a, b] = max(lat[0, a], lat[0, b])
+    np.fill_diagonal(bw, np.inf)  # a worker to itself: no link
+    np.fill_diagonal(lat, 0.0)
     return bw, lat, links
 
 
@@ -323,11 +326,11 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
     meta = {"source": "pipeplan calibrate", "device": device, "threads": threads,
             "profile_threads": profile_threads, "benchmark_model": model_spec or "built-in MLP"}
     if workers > 1:
-        # ring all-reduce: 2(k-1)/k x bytes cross the slowest link; its measured time against
+        # all-reduce: 2(k-1)/k x bytes cross the slowest link; its measured time against
         # what the point-to-point bandwidth predicts is the collective's efficiency
         # (less its latency term, so that sim.formulas.allreduce_time gives back the measured time)
         off = np.eye(workers) > 0
-        t_ar = med(got[0]["allreduce_s"]) - 2 * (workers - 1) * float(np.max(np.where(off, 0.0, lat)))
+        t_ar = med(got[0]["allreduce_s"]) - latency_steps("all_reduce", workers) * float(np.max(np.where(off, 0.0, lat)))
         ideal = 2 * (workers - 1) / workers * got[0]["allreduce_bytes"] / float(np.nanmin(np.where(off, np.nan, bw)))
         meta["allreduce_efficiency"] = min(1.0, ideal / t_ar) if t_ar > 0 else 1.0
     # the optimizer step on the workers, all at once, after a backward: the slowest worker's

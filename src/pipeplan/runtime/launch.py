@@ -214,6 +214,7 @@ def _alive(pid: int) -> bool:
 def _entry(rank: int, world: int, init_method: str, spec: _Spec, results: Any) -> None:
     """A spawned process: join the group, run the worker, report; on any error, report it in
     one line and exit 1."""
+    sys.excepthook = sys.__excepthook__  # the fork server's quiet one is for starting (``quiet_interrupt``)
     spec.enter(rank)
     ctx = Worker(rank, world, results)
     try:
@@ -361,12 +362,32 @@ def launch(worker: Callable[..., Any], world: int, args: tuple = (), *,
 def _context(worker: Callable[..., Any]):
     """multiprocessing's forkserver context, its server importing torch and the worker's
     module once: each worker then starts in milliseconds instead of importing torch anew
-    (the server starts with the first launch of this process and ends with it)."""
+    (the server starts with the first launch of this process and ends with it); a Ctrl-C
+    there ends the server or a worker silently (``quiet_interrupt``, imported first)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", __name__, worker.__module__])
+    ctx.set_forkserver_preload(["pipeplan.runtime.quiet_interrupt", "torch", "torch.distributed", __name__,
+                                worker.__module__])
+    _start_server()
     return ctx
+
+
+def _start_server() -> None:
+    """Start the fork server (when not running) with Ctrl-C ignored from its first
+    instruction on: an ignored signal stays ignored across exec, so a Ctrl-C before the server
+    imports ``quiet_interrupt`` cannot print its traceback. This process ignores Ctrl-C only
+    for the milliseconds the spawn takes."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def torchrun_world() -> tuple[int, int] | None:
