@@ -371,3 +371,17 @@ def test_plan_says_which_stages_a_tied_parameter_merged(tmp_path, capsys):
     assert main(["plan", "--model", str(tmp_path / "g.json"), "--cluster", "hier:servers=1,gpus=4,intra=80Gbps,"
                  "inter=80Gbps", "--planner", "gpipe", "--microbatches", "8"]) == 0
     assert "tied parameters kept in one stage: w (the planner's stages 1-2 merged)" in capsys.readouterr().out
+
+
+def test_a_model_whose_forward_never_returns_is_refused_at_the_timeout(tmp_path, monkeypatch, capsys):
+    """profile --timeout: a user model that sleeps in its forward is one line, not a wait."""
+    from pipeplan.cli import main
+
+    (tmp_path / "hangs_forever.py").write_text(
+        "import time, torch\nfrom torch import nn\n"
+        "class Hang(nn.Module):\n    def forward(self, x):\n        time.sleep(3600)\n        return x\n"
+        "def make():\n    return nn.Sequential(nn.Linear(4, 4), Hang()), torch.randn(2, 4)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["profile", "hangs_forever:make", "--timeout", "1", "--warmup", "0", "--reps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did not finish within 1 s (--timeout)" in err, err

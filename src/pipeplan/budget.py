@@ -8,8 +8,12 @@ it says so (``why_stopped``)."""
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from .errors import PipeplanError
 
@@ -60,3 +64,26 @@ class Budget:
         if self.evaluations is not None and evaluations >= self.evaluations:
             return f"the budget of {self.evaluations:,} evaluations ran out"
         return None
+
+
+@contextmanager
+def time_limit(seconds: float | None, what: str) -> Iterator[None]:
+    """Run the block for at most ``seconds`` (None: no limit), else a PipeplanError naming
+    ``what``: a wall-clock alarm (SIGALRM) interrupts Python code that never returns, such as a
+    user model's forward that loops or sleeps (code stuck inside one C call ends with it).
+    Main thread only (elsewhere the block runs unlimited)."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: object) -> None:
+        raise PipeplanError(f"{what} did not finish within {seconds:g} s (--timeout)")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+

@@ -18,10 +18,13 @@ from typing import Callable
 from .argtypes import calibration_seconds, non_negative_int, positive_seconds, seed as _seed, threads
 from .argtypes import names as _names, positive_int as _positive_int
 from ..errors import Infeasible, PipeplanError, Terminated, from_ctrl_c, interrupted, one_line
+from ..budget import time_limit
 from ..outputs import Outputs, check_folder
 from .progress import planning_progress, training_progress
 
 
+#: ``profile --timeout``: a model whose profile takes longer is refused (a forward that never returns)
+PROFILE_TIMEOUT_S = 600.0
 MODEL_SPEC_HELP = ("example:mlp|transformer|cnn|resnet, hf:gpt2?n_layer=4&... or hf:bert?... (transformers "
                    "from a config), or package.module:factory")
 
@@ -444,8 +447,9 @@ def cmd_profile(args) -> int:
 
     outs = Outputs()
     outs.want("--out", args.out, "json")
-    graph = profile_model(args.model_spec, microbatch=args.microbatch, device=args.device,
-                          warmup=args.warmup, reps=args.reps, threads=args.threads)
+    with time_limit(args.timeout, f"profile: {args.model_spec}"):
+        graph = profile_model(args.model_spec, microbatch=args.microbatch, device=args.device,
+                              warmup=args.warmup, reps=args.reps, threads=args.threads)
     outs.set("--out", lambda p: save_graph(graph, p))
     outs.write_all()
     if args.json:
@@ -819,6 +823,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--threads", type=threads, default=1, help="threads (use the runtime's, default 1)")
     sp.add_argument("--warmup", type=non_negative_int, default=3, help="repetitions before measuring (default 3)")
     sp.add_argument("--reps", type=_positive_int, default=10, help="repetitions; the median is kept")
+    sp.add_argument("--timeout", type=positive_seconds, default=PROFILE_TIMEOUT_S,
+                    help=f"give up on a model that takes longer than this, in seconds (default {PROFILE_TIMEOUT_S:g})")
     sp.add_argument("--out", help="write the graph JSON here")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_profile)
