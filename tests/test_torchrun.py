@@ -76,3 +76,35 @@ def test_bad_launcher_arguments_are_one_line(tmp_path, capsys, argv, words):
         main([str(plan), *model, *argv])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and words in err
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp* writes them) of sockets listening on ``port``."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            addr, hex_port = local.rsplit(":", 1)
+            if int(hex_port, 16) == port and state == "0A":  # LISTEN
+                out.add(addr)
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's socket tables")
+def test_torchruns_store_binding_is_the_documented_exception(capsys):
+    """No pipeplan command listens beyond loopback; torchrun's own store does, with any
+    --master-addr: torch's TCPStore binds the wildcard address. That exception is said in
+    docs/runtime.md and in the launcher's --help; if torch ever binds the address given, this
+    test says the note is stale."""
+    import torch.distributed as dist
+
+    from pipeplan.runtime.launch import main
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    wildcard = {"00000000", "00000000000000000000000000000000"}
+    assert _listening_addresses(store.port) & wildcard, "torch now binds the address given: update the docs"
+    del store
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "listens on every interface at --master-port" in " ".join(capsys.readouterr().out.split())
+    assert "listens on every interface" in " ".join((Path(__file__).parents[1] / "docs" / "runtime.md").read_text().split())

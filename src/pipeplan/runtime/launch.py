@@ -390,6 +390,13 @@ def _start_server() -> None:
         signal.signal(signal.SIGINT, old)
 
 
+#: ``python -m pipeplan.runtime.launch --help``: what it is, and what torchrun (not pipeplan) binds
+LAUNCH_HELP = ("one rank of a plan's run under torchrun. Note: torchrun's own rendezvous store listens on every "
+               "interface at --master-port, even with --master-addr 127.0.0.1 (torch's TCPStore binds the wildcard "
+               "address); restrict that port with a firewall or a network namespace, or on one machine use "
+               "'pipeplan run', which opens no port")
+
+
 def torchrun_world() -> tuple[int, int] | None:
     """(rank, world size) that torchrun gave this process (``TORCHRUN_ENV`` all set), else None."""
     if not all(os.environ.get(k) for k in TORCHRUN_ENV):
@@ -460,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{self.prog}: error: {message}", file=sys.stderr)
             raise SystemExit(2)
 
-    p = OneLine(prog="python -m pipeplan.runtime.launch", description="one rank of a plan's run under torchrun")
+    p = OneLine(prog="python -m pipeplan.runtime.launch", description=LAUNCH_HELP)
     p.add_argument("plan")
     p.add_argument("--model", required=True)
     p.add_argument("--steps", type=int, default=3)
