@@ -179,7 +179,81 @@ def option_cases() -> list[Case]:
             cases += input_cases(f"{command} PLAN", lambda p, b=base, i=at: b[:i] + [p] + b[i + 1:], "plan",
                                  contents=command == "simulate")
     cases += input_cases("explain PLAN_B", lambda p: ["explain", "{plan}", p], "plan", contents=False)
-    return cases + planner_option_cases() + schedule_cases()
+    return cases + planner_option_cases() + schedule_cases() + llm_cases()
+
+
+#: A decoder LLM run the LLM cases vary (a small GPT on one DGX A100)
+LLM_GPT = "hidden=256&layers=2&heads=4&seq=128&vocab=512"
+LLM_HF = ("hidden_size=256&num_hidden_layers=2&num_attention_heads=4&num_key_value_heads=2&intermediate_size=512"
+          "&vocab_size=512&seq=128")
+BAD_SIZES = ("0", "-1", "x", "1000000000", "9" * 20)
+
+
+def _llm_plan(model: str, *extra: str, planner: str = "megatron") -> tuple[str, ...]:
+    return ("plan", "--model", model, "--cluster", "dgx-a100x1", "--planner", planner, "--global-batch", "8", *extra)
+
+
+def _query(base: str, key: str, value: str) -> str:
+    """``base`` with ``key`` set to ``value`` (replaced where ``base`` has it)."""
+    pairs = [p for p in base.split("&") if p and p.split("=")[0] != key]
+    return "&".join(pairs + [f"{key}={value}"])
+
+
+def llm_cases() -> list[Case]:
+    """Generated from the LLM specs' and pins' own declarations, so that a new option joins:
+    every ``zoo:`` decoder key given absurd sizes, twice, and an unknown key; ``hf:`` configs
+    short of each dimension pipeplan reads, with a key their config lacks, a key twice, a file
+    without dimensions; every decoder pin of megatron and joint given values it cannot hold;
+    schedules decoders do not run and ``--schedule`` against ``-O schedules``."""
+    from dataclasses import fields
+
+    from pipeplan.graph.hf_config import NEEDED
+    from pipeplan.graph.llm import DESCRIPTIONS, GPT_OPTIONS, PRESET_OPTIONS
+    from pipeplan.planners.llm3d import LLMOptions
+
+    cases = []
+    for name in DESCRIPTIONS:
+        base = LLM_GPT if name == "gpt" else ""
+        for key in GPT_OPTIONS if name == "gpt" else PRESET_OPTIONS:
+            cases += [Case(f"zoo:{name} {key}={v}", _llm_plan(f"zoo:{name}?{_query(base, key, v)}"), bulk=True)
+                      for v in BAD_SIZES]
+            cases.append(Case(f"zoo:{name} {key} twice", _llm_plan(f"zoo:{name}?{_query(base, key, '2')}&{key}=3")))
+        cases.append(Case(f"zoo:{name} unknown key", _llm_plan(f"zoo:{name}?{_query(base, 'bogus', '1')}")))
+    for key in NEEDED["llama"]:
+        short = "&".join(p for p in LLM_HF.split("&") if p.split("=")[0] != key)
+        cases.append(Case(f"hf:llama without {key}", _llm_plan(f"hf:llama?{short}")))
+        cases += [Case(f"hf:llama {key}={v}", _llm_plan(f"hf:llama?{_query(LLM_HF, key, v)}"), bulk=True)
+                  for v in BAD_SIZES]
+    cases += [Case("hf:llama unknown key", _llm_plan(f"hf:llama?{LLM_HF}&bogus_key=3")),
+              Case("hf:llama a key twice", _llm_plan(f"hf:llama?{LLM_HF}&vocab_size=7")),
+              Case("hf:llama seq absurd", _llm_plan(f"hf:llama?{_query(LLM_HF, 'seq', '1000000000')}")),
+              Case("hf: config.json without dimensions", _llm_plan("hf:{dir}/config.json"),
+                   files=(("config.json", ("text", '{"model_type": "llama"}')),))]
+    return cases + llm_pin_cases(fields(LLMOptions))
+
+
+def llm_pin_cases(pins) -> list[Case]:
+    """Each decoder pin of megatron and joint, given values that cannot hold on the small GPT
+    (refused by the planner itself: it runs), given twice, and the schedules cases."""
+    model = f"zoo:gpt?{LLM_GPT}"
+    bad = {"int": ("0", "1000000", "x"), "bool": ("maybe",), "str": ("bogus",)}
+    cases = []
+    for planner in ("megatron", "joint"):
+        for f in pins:
+            kind = "str" if "str" in str(f.type) else "bool" if "bool" in str(f.type) else "int"
+            values = {"zero": ("2", "x"), "layout": ("0,0", "3*0", "1*3", "x")}.get(f.name, bad[kind])
+            cases += [Case(f"plan {model} --planner {planner} -O {f.name}={v}",
+                           _llm_plan(model, "-O", f"{f.name}={v}", planner=planner), planner_runs=True, bulk=True)
+                      for v in values]
+        cases.append(Case(f"plan {model} --planner {planner} -O tp twice",
+                          _llm_plan(model, "-O", "tp=1", "-O", "tp=2", planner=planner)))
+    for schedules in ("gpipe", "1f1b,bogus", ","):
+        cases.append(Case(f"plan {model} --planner joint -O schedules={schedules}",
+                          _llm_plan(model, "-O", f"schedules={schedules}", planner="joint"), planner_runs=True))
+    cases.append(Case(f"plan {model} --planner joint --schedule 1f1b -O schedules=zb-h1",
+                      _llm_plan(model, "--schedule", "1f1b", "-O", "schedules=zb-h1", planner="joint"),
+                      planner_runs=True))
+    return cases
 
 
 def schedule_cases() -> list[Case]:

@@ -76,6 +76,18 @@ def _given_in_file(folder: Path) -> set[str]:
 
 
 def _config(spec: str, body: str, options: dict[str, str]):
+    """The config, with transformers' own log lines held back (pipeplan's answer is one line)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return _read_config(spec, body, options)
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _read_config(spec: str, body: str, options: dict[str, str]):
     from transformers import AutoConfig
 
     kwargs = {k: config_value(v) for k, v in options.items()}
