@@ -100,6 +100,7 @@ def test_complete_only_when_the_exhaustive_phase_searched_everything():
     g, c, m = small_instance(np.random.default_rng(1))
     plan, _ = run_planner("joint", g, c, PlanOptions(microbatches=m))
     assert plan.extra["joint"]["complete"] is True and plan.search_complete
+    assert "schedule (1f1b, gpipe, spp-pe, zb-h1)" in plan.extra["joint"]["complete_space"]
     short, _ = run_planner("joint", g, c, PlanOptions(microbatches=m, settings=planner_settings(["joint"], [("evaluations", "3")])))
     assert not short.search_complete and "evaluations ran out" in short.extra["joint"]["incomplete"]
     big, _ = run_planner("joint", load_graph("zoo:bert-large"), load_cluster("v100x4"),

@@ -195,7 +195,17 @@ def _search(graph: Graph, cluster: Cluster, options: PlanOptions, opts: JointOpt
              "local_converged": lo["converged"]}
     if not ex["complete"]:
         facts["incomplete"] = ex["incomplete"]
+    else:
+        facts["complete_space"] = complete_space(schedules)
     return plans, facts
+
+
+def complete_space(schedules: tuple[str, ...]) -> str:
+    """What ``complete: true`` covers (docs/joint.md, "What complete means"): no plan of it
+    is faster than the answer."""
+    return ("every contiguous partition of the linearized layers x every set of devices for each stage (devices may "
+            "stay idle) x replica mode x round-robin order x schedule (" + ", ".join(schedules) + "), re-materializing "
+            "the stages that overflow; not chunked schedules or other recomputation settings")
 
 
 #: JointOptions that steer the search over graphs, not over decoder configurations
