@@ -59,12 +59,24 @@ def candidates(graph: Graph, cluster: Cluster, m: int, schedules: tuple[str, ...
 def brute_force(graph: Graph, cluster: Cluster, m: int, schedules: tuple[str, ...] = EXACT_SCHEDULES) -> dict:
     """The fastest fitting candidate's time (inf when none fits), what it needed, and how
     many candidates were simulated."""
-    out = {"time": np.inf, "mode": None, "recompute": False, "overflowing": 0, "candidates": 0}
+    return brute_force_by_schedule(graph, cluster, m, schedules)[schedules]
+
+
+def brute_force_by_schedule(graph: Graph, cluster: Cluster, m: int, schedules: tuple[str, ...],
+                            subsets: tuple[tuple[str, ...], ...] = ()) -> dict[tuple[str, ...], dict]:
+    """``brute_force``'s answer over ``schedules`` and over each of ``subsets`` of them, from
+    one enumeration (each candidate simulated once)."""
+    spaces = (schedules, *subsets)
+    out = {s: {"time": np.inf, "mode": None, "recompute": False, "overflowing": 0, "candidates": 0} for s in spaces}
     for plan in candidates(graph, cluster, m, schedules):
         t, fits, rec = fitting_time(plan)
-        out["overflowing"] += rec
-        out["candidates"] += 1
-        if fits and t < out["time"]:
-            out.update(time=t, mode=plan.replicas, recompute=rec, schedule=plan.schedule,
-                       replication=plan.replication())
+        for space in spaces:
+            if plan.schedule not in space:
+                continue
+            best = out[space]
+            best["overflowing"] += rec
+            best["candidates"] += 1
+            if fits and t < best["time"]:
+                best.update(time=t, mode=plan.replicas, recompute=rec, schedule=plan.schedule,
+                            replication=plan.replication())
     return out
