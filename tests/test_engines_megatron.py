@@ -122,7 +122,7 @@ def test_the_cli_prints_the_arguments_or_one_line(tmp_path, capsys):
     capsys.readouterr()
     assert main(["export-plan", str(out), "--to", "megatron"]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("pretrain_gpt.py \\\n") and "    --tensor-model-parallel-size 2 \\\n" in text
+    assert text.startswith("export CUDA_DEVICE_MAX_CONNECTIONS=1\npretrain_gpt.py \\\n") and "    --tensor-model-parallel-size 2 \\\n" in text
     assert main(["plan", "--model", GPT, "--cluster", "dgx-h100x1", "--global-batch", "16", "--planner", "gpipe",
                  "--out", str(out)]) == 0
     capsys.readouterr()
@@ -152,6 +152,11 @@ EXPORTS = {
         tp=8, pp=8, dp=1, layout=(11,) + (12,) * 6 + (13,), recompute="full", sp=True)),
     "gqa_kv2_tp8": ("zoo:gpt?hidden=4096&layers=8&heads=32&kv_heads=2&seq=4096", "dgx-h100x1", 16, dict(
         tp=8, pp=1, dp=1, layout=(8,), recompute="selective", sp=True)),
+    "llama8b_tp2_pp2": ("zoo:llama3-8b", "dgx-h100x1", 32, dict(tp=2, pp=2, dp=2, layout=(16, 16), sp=True, zero=1,
+                                                                 overlap_grad_reduce=True, recompute="selective")),
+    "llama70b_tp8_pp4_v5": ("zoo:llama3-70b", "dgx-h100x8", 128, dict(
+        tp=8, pp=4, dp=2, layout=(4,) * 20, vpp=5, sp=True, zero=1, overlap_grad_reduce=True,
+        schedule="interleaved-1f1b")),
     "interleaved_blocking_sends_bf16_grads": ("zoo:llama3-8b", "dgx-h100x4", 64, dict(
         tp=2, pp=4, dp=4, layout=(4,) * 8, vpp=2, overlap_p2p=False, zero=1, overlap_grad_reduce=True,
         grad_reduce="bf16", sp=True, schedule="interleaved-1f1b")),
@@ -181,7 +186,24 @@ def test_megatron_accepted_what_pipeplan_exports(name):
     world, argv = export_argv(name)
     assert (case["world_size"], case["argv"]) == (world, argv), "the export changed since Megatron judged it"
     assert case["accepted"] and case["pretrain_accepted"], case["pretrain_error"]
+    assert case["env"] == megatron.environment(export_plan(name)), "judged in another environment than exported"
     assert VERDICTS["commit"] == FIXTURE["commit"]
+
+
+@pytest.mark.parametrize("name", [n for n, e in EXPORTS.items() if "llama" in e[0]])
+def test_megatron_reads_llama3s_rope_base_and_norm_epsilon_from_the_export(name):
+    """Megatron's parsed arguments (its verdict) have Llama 3's RoPE base 500,000 (Dubey et al.
+    2024, Table 3) and RMSNorm epsilon 1e-5, as the model the plan costed."""
+    case = next(c for c in VERDICTS["cases"] if c["name"] == f"pipeplan_{name}")
+    assert case["derived"]["rotary_base"] == 500000 and case["derived"]["position_embedding_type"] == "rope"
+    assert 1e-5 in (case["derived"]["norm_epsilon"], case["derived"]["layernorm_epsilon"])
+
+
+def test_the_export_says_the_environment_megatron_asserts():
+    """validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP > 1 before Blackwell: the
+    printed export starts with it."""
+    assert megatron.environment(export_plan("llama8b_tp2_pp2")) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert megatron.environment(export_plan("llama405b_8k_v8")) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
 def test_llama3_405b_exports_megatrons_layout_and_megatron_builds_its_split():

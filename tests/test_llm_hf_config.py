@@ -14,7 +14,7 @@ from pipeplan.graph import load_graph
 pytest.importorskip("transformers")
 
 LLAMA3_8B = ("hf:llama?hidden_size=4096&num_hidden_layers=32&num_attention_heads=32&num_key_value_heads=8"
-             "&intermediate_size=14336&vocab_size=128256&seq=8192")
+             "&intermediate_size=14336&vocab_size=128256&seq=8192&rope_theta=500000&rms_norm_eps=0.00001")
 
 
 def test_a_llama_config_is_the_llama3_preset():

@@ -352,6 +352,8 @@ def cmd_export_plan(args) -> int:
     plan = load_plan(args.plan)
     if args.to == "megatron":
         lines = megatron.arguments(plan)
+        for key, value in megatron.environment(plan).items():
+            print(f"export {key}={value}")
         print("pretrain_gpt.py \\\n" + " \\\n".join(f"    {a}" for a in lines))
         print(megatron.note(plan))
         return 0

@@ -89,7 +89,8 @@ def model_arguments(spec: DecoderSpec) -> list[str]:
     if spec.norm == "rmsnorm":
         args.append("--normalization RMSNorm")
     if spec.positions == "rope":
-        args.append("--position-embedding-type rope")
+        args += ["--position-embedding-type rope", f"--rotary-base {round(spec.rope_base)}"]  # an int in Megatron
+    args.append(f"--norm-epsilon {spec.norm_eps!r}")
     if not spec.tied:
         args.append("--untie-embeddings-and-output-weights")
     if not spec.bias:
@@ -99,6 +100,13 @@ def model_arguments(spec: DecoderSpec) -> list[str]:
     if not spec.dropout:
         args += ["--attention-dropout 0", "--hidden-dropout 0"]
     return args + ["--bf16"]
+
+
+def environment(plan: Plan) -> dict[str, str]:
+    """What ``pretrain_gpt.py`` needs in its environment for ``plan``: with tensor (or context)
+    parallelism on GPUs before Blackwell, validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1
+    (megatron/training/arguments.py, core_v0.16.1; Megatron's own launch scripts set it)."""
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if view(plan).tp > 1 else {}
 
 
 def note(plan: Plan) -> str:

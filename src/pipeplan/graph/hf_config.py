@@ -9,6 +9,7 @@ are refused until experts are a plan dimension."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import PipeplanError
@@ -48,13 +49,18 @@ NEEDED = {"gpt2": ("n_embd", "n_layer", "n_head", "vocab_size"),
              for k in LLAMA_LIKE}}
 
 
+#: keys transformers 5 still reads, under their older names, into a field of another name
+#: (``rope_theta`` and ``rope_scaling`` into ``rope_parameters``), as released configs have them
+LEGACY_KEYS = {"rope_theta", "rope_scaling"}
+
+
 def _check_keys(spec: str, cfg, given: set[str]) -> None:
     """One line for a query key the config does not have, or a dimension pipeplan needs that
     neither the file nor the query gives."""
     import inspect
 
     known = (set(type(cfg)().to_dict()) | set(getattr(cfg, "attribute_map", {}))  # transformers keeps any key given
-             | set(inspect.signature(type(cfg).__init__).parameters))
+             | set(inspect.signature(type(cfg).__init__).parameters) | LEGACY_KEYS)
     unknown = sorted(k for k in given if k not in known)
     if unknown:
         raise PipeplanError(f"model {spec!r}: {getattr(cfg, 'model_type', '?')!r} configs have no key {unknown[0]!r}")
@@ -113,6 +119,12 @@ def _read_config(spec: str, body: str, options: dict[str, str]):
         raise PipeplanError(f"model {spec!r}: transformers cannot build this config ({reason[:200]})") from None
 
 
+def rope_base(cfg) -> float:
+    """A config's rotary base: ``rope_theta``, or its ``rope_parameters`` (transformers 5)."""
+    theta = getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta")
+    return float(theta or 10000.0)
+
+
 def _decoder(spec: str, cfg, seq: int | None) -> DecoderSpec:
     kind = getattr(cfg, "model_type", "?")
     name = spec[len("hf:"):].split("?")[0].rstrip("/").split("/")[-1] or kind
@@ -120,15 +132,17 @@ def _decoder(spec: str, cfg, seq: int | None) -> DecoderSpec:
         raise PipeplanError(f"model {spec!r}: mixture-of-experts models ({kind}) are not planned yet")
     try:
         if kind == "gpt2":
-            return gpt(name, int(cfg.n_embd), int(cfg.n_layer), int(cfg.n_head), seq or default_seq(int(cfg.n_positions)),
-                       int(cfg.vocab_size), int(cfg.n_inner or 4 * cfg.n_embd))
+            return replace(gpt(name, int(cfg.n_embd), int(cfg.n_layer), int(cfg.n_head),
+                               seq or default_seq(int(cfg.n_positions)), int(cfg.vocab_size),
+                               int(cfg.n_inner or 4 * cfg.n_embd)), norm_eps=float(cfg.layer_norm_epsilon))
         if kind in LLAMA_LIKE:
             heads = int(cfg.num_attention_heads)
             return DecoderSpec(name, int(cfg.hidden_size), int(cfg.num_hidden_layers), heads,
                                seq or default_seq(int(cfg.max_position_embeddings)), int(cfg.vocab_size),
                                int(cfg.intermediate_size), int(getattr(cfg, "num_key_value_heads", None) or heads),
                                gated=True, tied=bool(cfg.tie_word_embeddings), norm="rmsnorm", bias=False,
-                               positions="rope", dropout=False, flash=True, qkv_bias=kind == "qwen2")
+                               positions="rope", dropout=False, flash=True, qkv_bias=kind == "qwen2",
+                               rope_base=rope_base(cfg), norm_eps=float(cfg.rms_norm_eps))
     except PipeplanError:
         raise
     except (TypeError, ValueError, AttributeError) as e:

@@ -41,7 +41,8 @@ class DecoderSpec:
     ``gated``: a SwiGLU MLP (3 matrices); ``tied``: the LM head shares the embedding table;
     ``norm``: ``layernorm`` or ``rmsnorm``; ``positions``: ``learned`` (a seq x hidden table)
     or ``rope``; ``dropout``: the layer keeps dropout masks; ``flash``: fused attention;
-    ``qkv_bias``: without ``bias``, biases on the query, key and value projections alone."""
+    ``qkv_bias``: without ``bias``, biases on the query, key and value projections alone;
+    ``rope_base``, ``norm_eps``: what an engine needs to build the same model (no cost)."""
 
     name: str
     hidden: int
@@ -59,6 +60,8 @@ class DecoderSpec:
     dropout: bool = True
     flash: bool = False
     qkv_bias: bool = False  # biases on the query, key and value projections only (Qwen2)
+    rope_base: float = 10000.0  # rotary positions' base (theta); Llama 3: 500,000 (costs nothing, engines need it)
+    norm_eps: float = 1e-5  # the norms' epsilon (as rope_base: for the engines)
 
     def __post_init__(self) -> None:
         where = f"model {self.name!r}"
@@ -71,6 +74,10 @@ class DecoderSpec:
             raise PipeplanError(f"{where}: hidden {self.hidden} is not a multiple of heads {self.heads}")
         if self.heads % self.kv_heads:
             raise PipeplanError(f"{where}: heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
+        for key in ("rope_base", "norm_eps"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e12:
+                raise PipeplanError(f"{where}: {key} must be a number > 0, got {value!r}")
         if self.norm not in ("layernorm", "rmsnorm"):
             raise PipeplanError(f"{where}: norm must be layernorm or rmsnorm, got {self.norm!r}")
         if self.positions not in ("learned", "rope"):
@@ -236,12 +243,13 @@ def gpt(name: str, hidden: int, layers: int, heads: int, seq: int = 2048, vocab:
 
 
 def llama(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int = 128256,
-          seq: int = 8192) -> DecoderSpec:
+          seq: int = 8192, rope_base: float = 500000.0, norm_eps: float = 1e-5) -> DecoderSpec:
     """A Llama-style decoder (Touvron et al. 2023; Llama 3, Dubey et al. 2024): RMSNorm, no
     biases, rotary positions, SwiGLU MLP, grouped-query attention, no dropout, fused attention,
-    an LM head of its own."""
+    an LM head of its own; rotary base 500,000 (Llama 3) unless given."""
     return DecoderSpec(name, hidden, layers, heads, seq, vocab, ffn, kv_heads, gated=True, tied=False,
-                       norm="rmsnorm", bias=False, positions="rope", dropout=False, flash=True)
+                       norm="rmsnorm", bias=False, positions="rope", dropout=False, flash=True, rope_base=rope_base,
+                       norm_eps=norm_eps)
 
 
 #: Published dimensions. GPT-3 175B: Brown et al. 2020, Table 2.1 (Narayanan et al. 2021 use
