@@ -17,8 +17,7 @@ $(STAMP): pyproject.toml requirements.lock
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/pipeplan compare --model zoo:bert-large --cluster spp-sim --microbatches 32 --gantt $(OUT)/demo-gantt.png
-	$(BIN)/pipeplan plan --model zoo:bert-large --cluster spp-sim --microbatches 32 --out $(OUT)/demo-plan.json
+	$(BIN)/pipeplan compare --model zoo:bert-large --cluster spp-sim --microbatches 32 --out $(OUT)/demo-plan.json
 	$(BIN)/pipeplan simulate $(OUT)/demo-plan.json --trace $(OUT)/demo-trace.json --gantt $(OUT)/demo-plan-gantt.png
 
 test: $(STAMP)

@@ -598,13 +598,18 @@ def cmd_planners(args) -> int:
     if args.json:
         print(json.dumps({"planners": entries}))
         return 0
-    table = Table(title="planners (use as --planner NAME; options as -O KEY=VALUE)")
+    table = Table(title="planners (use as --planner NAME; options as -O KEY=VALUE"
+                        + ("" if args.verbose else "; --verbose describes each option") + ")")
     for col in ("name", "description", "schedule", "options"):
         table.add_column(col)
     for e in entries:
-        opts = "\n".join(f"{o['name']} ({o['type']}, default {o['default']}): {o['help']}"
-                         + (f" [{'|'.join(o['choices'])}]" if "choices" in o else "") for o in e["options"])
-        table.add_row(e["name"], e["description"], e["default_schedule"], opts or "-")
+        if args.verbose:
+            opts = "\n".join(f"{o['name']} ({o['type']}, default {o['default']}): {o['help']}"
+                             + (f" [{'|'.join(o['choices'])}]" if "choices" in o else "") for o in e["options"])
+        else:
+            opts = ", ".join(o["name"] for o in e["options"])
+        table.add_row(e["name"], e["description"],
+                      e["default_schedule"], opts or "-")
     make_console().print(table)
     return 0
 
@@ -861,6 +866,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ir_parsers(sub)
 
     sp = sub.add_parser("planners", help="list the planners, their default schedules and options")
+    sp.add_argument("--verbose", action="store_true", help="describe every option (default: their names)")
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_planners)
     sp = sub.add_parser("models", help="list the zoo models")

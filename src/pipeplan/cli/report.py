@@ -38,7 +38,7 @@ def print_plan(plan: Plan, result: SimResult, console: Console | None = None, se
     console = console or make_console()
     costs = stage_costs(plan)
     table = Table(title=f"{plan.planner} plan for {plan.graph.name} on {plan.cluster.name} "
-                        f"({plan.microbatches} microbatches, schedule {plan.schedule})")
+                        f"({microbatch_text(plan)}, schedule {plan.schedule})")
     for col in ("stage", "layers", "#", "devices", "fwd+bwd / mb", "params", "peak memory", "util"):
         table.add_column(col, justify="right" if col not in ("layers", "devices") else "left")
     by_dev = result.device_of()
@@ -68,6 +68,16 @@ def print_plan(plan: Plan, result: SimResult, console: Console | None = None, se
     print_parallelism(plan, result, console)
 
 
+def microbatch_text(plan: Plan) -> str:
+    """The microbatches as people count them: per data-parallel replica and in all."""
+    par = plan.parallelism
+    if par is not None and par.dp > 1:
+        return f"{par.microbatches(plan.global_batch)} microbatches a replica x {par.dp} replicas"
+    if plan.replicas == "round-robin" and plan.stages and min(len(st.tp_groups) for st in plan.stages) > 1:
+        return f"{plan.microbatches} microbatches in all, taken in turn by the replicas"
+    return f"{plan.microbatches} microbatches"
+
+
 def print_parallelism(plan: Plan, result: SimResult, console: Console) -> None:
     """A decoder LLM plan's 3D configuration, per-GPU memory and throughput, and the
     Megatron-LM arguments that run it."""
@@ -76,7 +86,8 @@ def print_parallelism(plan: Plan, result: SimResult, console: Console) -> None:
         x = result.extra
         console.print(f"per GPU: peak memory {fmt_bytes(float(result.memory_bytes.max()))} of "
                       f"{fmt_bytes(float(result.memory_limit.min()))} usable; model {x['model_tflops_per_gpu']:.0f} "
-                      f"TFLOP/s (MFU {x['mfu']:.1%}), hardware {x['hw_tflops_per_gpu']:.0f} TFLOP/s with recomputation")
+                      f"TFLOP/s (MFU {x['mfu']:.1%}), hardware {x['hw_tflops_per_gpu']:.0f} TFLOP/s"
+                      + (" with recomputation" if _recomputes(plan) else ""))
     if par is None:
         return
     replica = par.microbatches(plan.global_batch)
@@ -95,6 +106,10 @@ def print_parallelism(plan: Plan, result: SimResult, console: Console) -> None:
         console.print(f"Megatron-LM: {escape(' '.join(megatron.parallel_arguments(plan)))}")
     except PipeplanError as e:
         console.print(f"Megatron-LM: {escape(str(e))}")
+
+
+def _recomputes(plan: Plan) -> bool:
+    return any(plan.recompute_mode(s) != "none" for s in range(plan.num_stages))
 
 
 def cut_summary(plan: Plan) -> str:
@@ -124,7 +139,7 @@ def print_prediction(result: SimResult, console: Console, plan: Plan | None = No
     loaded) how long the search took and whether it finished."""
     console.print(f"iteration time [bold]{fmt_time(result.iteration_s)}[/bold]  "
                   f"lower bound {fmt_time(result.lower_s)}  efficiency {result.efficiency:.1%}  "
-                  f"bubble {result.bubble_fraction:.1%}")
+                  f"bubble {abs(result.bubble_fraction) if abs(result.bubble_fraction) < 5e-4 else result.bubble_fraction:.1%}")
     if plan is not None:
         search = f"; search took {fmt_time(plan.search_s)}{_setup_text(plan.setup_s)}" if searched else ""
         console.print(f"bottleneck: {bottleneck(plan, result)}{search}"
