@@ -223,3 +223,27 @@ def test_version_is_the_package_metadata(capsys):
         main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"pipeplan {version('pipeplan')}"
+
+
+def test_a_decoder_plan_counts_microbatches_as_people_do(capsys):
+    """The title says microbatches a replica x replicas (the per-replica count is the global
+    batch / (DP x microbatch size)); 'with recomputation' only where a stage recomputes; the
+    bubble never prints as -0.0%."""
+    argv = ["plan", "--model", "zoo:gpt?hidden=1024&layers=8&heads=16&seq=512&vocab=8192", "--cluster", "dgx-a100x2",
+            "--global-batch", "64", "--planner", "megatron", "-O", "tp=2", "-O", "pp=2", "-O", "microbatch=2",
+            "-O", "recompute=none"]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(8 microbatches a replica x 4 replicas," in out  # 64 / (4 x 2)
+    assert "with recomputation" not in out and "bubble -0.0%" not in out
+    assert main(argv[:-2] + ["-O", "recompute=full"]) == 0
+    assert "with recomputation" in " ".join(capsys.readouterr().out.split())
+
+
+def test_planners_lists_option_names_and_verbose_describes_them(capsys):
+    assert main(["planners"]) == 0
+    short = capsys.readouterr().out
+    assert main(["planners", "--verbose"]) == 0
+    long = capsys.readouterr().out
+    assert ", default " not in short and ", default " in long  # each option's type and default: verbose only
+    assert len(short.splitlines()) < len(long.splitlines()) / 2 and "microbatch" in short
