@@ -7,6 +7,7 @@ and receives without a deadlock."""
 from __future__ import annotations
 
 import json
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -25,10 +26,10 @@ from pipeplan.planners import llm3d
 from helpers import layout_stages as megatron_stages
 
 SCHEMA = json.loads((Path(__file__).parent / "fixtures" / "torchtitan_config.json").read_text())
-GPT = "zoo:gpt?hidden=1024&layers=16&heads=16&seq=512&vocab=8192"
+FLAVORED = "zoo:llama3-8b?seq=512"  # a model torchtitan has (its 8B flavor), short sequences
 
 
-def _plan(schedule: str, vpp: int = 1, model: str = GPT, zero: int = 0) -> Plan:
+def _plan(schedule: str, vpp: int = 1, model: str = FLAVORED, zero: int = 0) -> Plan:
     g, c = load_graph(model), load_cluster("dgx-h100x2")
     spec = llm3d.spec_of(g)
     stages = megatron_stages(c.names, spec.layers, 2, 4, 2, vpp)
@@ -57,12 +58,12 @@ def _check_keys(files: dict[str, str]):
 
 
 def test_a_3d_plan_is_torchtitans_configuration():
-    g, c = load_graph("zoo:llama3-8b?layers=8"), load_cluster("dgx-h100x4")
-    par = Parallelism(4, 2, 4, (2, 2, 2, 2), 2, microbatch=2, recompute="selective", zero=1, sp=True,
+    g, c = load_graph("zoo:llama3-8b"), load_cluster("dgx-h100x4")
+    par = Parallelism(4, 2, 4, (8, 8, 8, 8), 2, microbatch=2, recompute="selective", zero=1, sp=True,
                       overlap_grad_reduce=True, schedule="interleaved-1f1b")
     plan = llm3d.plan_of(g, c, par, 64)
     files = torchtitan.export(plan)
-    assert set(files) == {"torchtitan.toml", "torchtitan-0.3.args"}
+    assert set(files) == {"torchtitan.toml", "torchtitan-0.3.args", "launch.sh"}
     toml = _check_keys(files)
     p = toml["parallelism"]
     assert (p["tensor_parallel_degree"], p["pipeline_parallel_degree"], p["data_parallel_shard_degree"],
@@ -70,7 +71,7 @@ def test_a_3d_plan_is_torchtitans_configuration():
     assert p["pipeline_parallel_schedule"] == "Interleaved1F1B" and p["pipeline_parallel_microbatch_size"] == 2
     parts = p["module_fqns_per_model_part"]
     assert len(parts) == 4 and parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
-    assert sum(len(x) for x in parts) == 8 + 3
+    assert sum(len(x) for x in parts) == 32 + 3
     assert toml["training"] == {"local_batch_size": 16, "global_batch_size": 64, "seq_len": 8192}
     assert toml["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
     assert toml["model"] == {"name": "llama3", "flavor": "8B"}
@@ -83,7 +84,7 @@ def test_a_schedule_torch_cannot_name_goes_as_a_csv_that_torchs_runtime_accepts(
     files = torchtitan.export(plan)
     toml = _check_keys(files)
     p = toml["parallelism"]
-    assert p["pipeline_parallel_schedule_csv"] == "pp_schedule.csv"
+    assert p["pipeline_parallel_schedule_csv"] == str(Path("pp_schedule.csv").resolve())  # beside the config
     assert p["pipeline_parallel_schedule"] == "PipelineScheduleSingle"
     rows = files["pp_schedule.csv"].splitlines()
     actions = {rank: [_Action.from_str(a) for a in row.split(",")] for rank, row in enumerate(rows)}
@@ -118,11 +119,14 @@ def test_what_torchtitan_cannot_run_is_one_line_with_the_nearest_plans_cost():
 
 def test_the_cli_writes_the_folder_or_nothing(tmp_path, capsys):
     plan = tmp_path / "p.json"
-    assert main(["plan", "--model", GPT, "--cluster", "dgx-h100x1", "--global-batch", "16", "--planner", "megatron",
+    assert main(["plan", "--model", FLAVORED, "--cluster", "dgx-h100x1", "--global-batch", "16", "--planner", "megatron",
                  "-O", "tp=2", "-O", "pp=2", "--schedule", "1f1b", "--out", str(plan)]) == 0
     out = tmp_path / "tt"
     assert main(["export-plan", str(plan), "--to", "torchtitan", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["torchtitan-0.3.args", "torchtitan.toml"]
+    assert sorted(p.name for p in out.iterdir()) == ["launch.sh", "torchtitan-0.3.args", "torchtitan.toml"]
+    launch = (out / "launch.sh").read_text()
+    assert subprocess.run(["sh", "-n", str(out / "launch.sh")]).returncode == 0  # the shell parses it
+    assert "--nnodes=1 --nproc_per_node=8" in launch and f'--job.config_file "{out.resolve() / "torchtitan.toml"}"' in launch
     capsys.readouterr()
     assert main(["export-plan", str(plan), "--to", "torchtitan"]) == 2
     assert "give --out DIR" in capsys.readouterr().err
@@ -130,7 +134,7 @@ def test_the_cli_writes_the_folder_or_nothing(tmp_path, capsys):
     (tmp_path / "linkdir").symlink_to(tmp_path / "realdir", target_is_directory=True)
     assert main(["export-plan", str(plan), "--to", "torchtitan", "--out", str(tmp_path / "linkdir")]) == 2
     assert "is a symbolic link" in capsys.readouterr().err and not any((tmp_path / "realdir").iterdir())
-    assert main(["plan", "--model", GPT, "--cluster", "dgx-h100x1", "--global-batch", "16", "--planner", "gpipe",
+    assert main(["plan", "--model", FLAVORED, "--cluster", "dgx-h100x1", "--global-batch", "16", "--planner", "gpipe",
                  "--schedule", "fb-parallel", "--out", str(plan)]) in (0, 2)
     bad = tmp_path / "bad"
     if plan.exists():
@@ -147,8 +151,8 @@ def test_the_csv_is_the_action_list_pipeplans_own_runtime_runs(schedule, vpp):
     from pipeplan.runtime.translate import pipeline_orders
     from pipeplan.schedule import make_schedule
 
-    g, c = load_graph(GPT), load_cluster("dgx-h100x1")
-    plan = Plan(g, c, megatron_stages(c.names, 16, 1, 4, 2, vpp), 8, schedule=schedule, replicas="round-robin")
+    g, c = load_graph(FLAVORED), load_cluster("dgx-h100x1")
+    plan = Plan(g, c, megatron_stages(c.names, 32, 1, 4, 2, vpp), 8, schedule=schedule, replicas="round-robin")
     rows = torchtitan.schedule_csv(plan).splitlines()
     ours = {rank: [_Action.from_str(a) for a in row.split(",")] for rank, row in enumerate(rows)}
     runtime = pipeline_orders(make_schedule(schedule, plan.stage_devices(), 8, "round-robin"),
@@ -201,3 +205,47 @@ def test_a_plan_for_another_decoder_is_refused_before_any_process_starts(tmp_pat
     err = capsys.readouterr().err
     assert "the plan's model has vocab 512, this one 500 (set vocab_size= in the spec)" in err
     assert err.count("\n") == 1
+
+
+FLAVORS_FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "torchtitan_flavors.json").read_text())
+
+
+@pytest.mark.parametrize("flavor", list(torchtitan.FLAVORS))
+def test_each_flavor_pipeplan_names_has_torchtitans_own_dimensions(flavor):
+    """The preset exported as a flavor is what torchtitan builds for it: its llama3_args read
+    from its source (tests/fixtures/torchtitan_flavors.py, the tag's commit recorded)."""
+    from pipeplan.llm.spec import PRESETS
+
+    theirs = FLAVORS_FIXTURE["llama3"][flavor]
+    ours = PRESETS[torchtitan.FLAVORS[flavor]]
+    assert (ours.hidden, ours.layers, ours.heads, ours.kv_heads, ours.ffn, ours.vocab, ours.rope_base, ours.norm_eps) == \
+        (theirs["dim"], theirs["n_layers"], theirs["n_heads"], theirs["n_kv_heads"], theirs["ffn"], theirs["vocab_size"],
+         theirs["rope_theta"], theirs["norm_eps"])
+    assert torchtitan.flavor_of(ours) == flavor
+
+
+@pytest.mark.parametrize("model", ["zoo:gpt3-175b", "zoo:llama3-8b?layers=8",
+                                   "hf:llama?hidden_size=4096&num_hidden_layers=32&num_attention_heads=32"
+                                   "&num_key_value_heads=8&intermediate_size=14336&vocab_size=128256"])
+def test_a_model_torchtitan_has_no_flavor_for_is_refused_in_one_line(model, tmp_path, capsys):
+    """torchtitan would train its debug model (or fail) instead: refused, naming the dimensions
+    (an hf: Llama 3 8B with RoPE base 10,000 is not torchtitan's 8B either)."""
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--model", model, "--cluster", "dgx-h100x2", "--global-batch", "16", "--planner", "megatron",
+                 "--out", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["export-plan", str(plan), "--to", "torchtitan", "--out", str(tmp_path / "tt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "none of torchtitan's Llama 3 flavors (8B, 70B, 405B)" in err
+    assert not (tmp_path / "tt").exists()
+
+
+def test_the_schedule_csv_resolves_from_the_launch_line(tmp_path):
+    """torchtitan reads the CSV path from its own working directory (its checkout): the config
+    names it by absolute path, beside the config, where export-plan writes it."""
+    plan = _plan("zb-h1")
+    files = torchtitan.export(plan, tmp_path / "tt")
+    path = tomllib.loads(files["torchtitan.toml"])["parallelism"]["pipeline_parallel_schedule_csv"]
+    assert Path(path).is_absolute() and Path(path) == (tmp_path / "tt").resolve() / "pp_schedule.csv"
+    assert f"--parallelism.pipeline_parallel_schedule_csv {path}" in files["torchtitan-0.3.args"]
+

@@ -346,7 +346,7 @@ def cmd_export_plan(args) -> int:
     if args.out is not None:
         check_folder("--out", args.out)
     outs = Outputs()
-    names = ("torchtitan.toml", "torchtitan-0.3.args", "pp_schedule.csv")
+    names = ("torchtitan.toml", "torchtitan-0.3.args", "launch.sh", "pp_schedule.csv")
     for name in names if args.out else ():
         outs.want(f"--out ({name})", str(Path(args.out) / name), name.rsplit(".", 1)[1])
     plan = load_plan(args.plan)
@@ -357,7 +357,7 @@ def cmd_export_plan(args) -> int:
         print("pretrain_gpt.py \\\n" + " \\\n".join(f"    {a}" for a in lines))
         print(megatron.note(plan))
         return 0
-    files = torchtitan.export(plan)
+    files = torchtitan.export(plan, args.out)
     for name, text in files.items():
         outs.set(f"--out ({name})", lambda p, t=text: Path(p).write_text(t))
     outs.write_all()

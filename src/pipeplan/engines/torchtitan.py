@@ -6,9 +6,11 @@ writes both, with the field names of each version (tests/fixtures/torchtitan_con
 
 - ``torchtitan.toml`` (0.2.2): ``[parallelism]`` (degrees, schedule, microbatch size, the
   modules of each model part), ``[training]`` (local and global batch, sequence length),
-  ``[activation_checkpoint]`` (none, selective by op, or full), and ``[model]`` where the
-  model is one of torchtitan's Llama 3 flavors;
+  ``[activation_checkpoint]`` (none, selective by op, or full), and ``[model]``: the
+  torchtitan Llama 3 flavor of the model's dimensions (a model of no flavor is refused in one
+  line: torchtitan would train its debug model instead);
 - ``torchtitan-0.3.args``: the overrides for 0.3.0, one a line;
+- ``launch.sh``: torchrun on every node with the config by its absolute path;
 - ``pp_schedule.csv`` when the plan's schedule has no name in ``torch.distributed.pipelining``
   (zero-bubble H1, SPP's order): each pipeline rank's compute actions from pipeplan's schedule
   IR (``0F0``, ``1B2``, ``0I0``, ``0W0``; an empty cell is idle), one row a rank, which
@@ -22,7 +24,11 @@ side-by-side schedules, a TP group across servers, ...) is refused with the near
 
 from __future__ import annotations
 
-from ..llm.spec import decoder_of
+import os
+from pathlib import Path
+
+from ..errors import PipeplanError
+from ..llm.spec import PRESETS, DecoderSpec, decoder_of
 from ..plan import Plan
 from ..schedule import Kind, make_schedule
 from .shape import common_why_not, placement_of, require, shape
@@ -32,9 +38,32 @@ NAMED = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B"
 #: the schedule class whose stage placement a CSV of each placement needs (torchtitan builds the
 #: stages of a rank by it: one a rank, in a loop, or a V of two)
 CSV_CLASS = {"single": "PipelineScheduleSingle", "loop": "PipelineScheduleMulti", "v": "ZBVZeroBubble"}
-#: torchtitan's Llama 3 flavors by pipeplan preset
-FLAVORS = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B"}
+#: torchtitan's Llama 3 flavors (its ``llama3_args``) by the pipeplan preset of the same
+#: dimensions (tests/fixtures/torchtitan_flavors.json, read from its source, checks them)
+FLAVORS = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
+#: what a flavor fixes: every dimension but the sequence length (the training's seq_len)
+_BUILT_FROM = ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab", "gated", "tied", "norm", "bias", "qkv_bias",
+               "positions", "rope_base", "norm_eps")
 LETTER = {int(Kind.F): "F", int(Kind.B): "B", int(Kind.I): "I", int(Kind.W): "W"}
+
+
+def flavor_of(spec: DecoderSpec) -> str | None:
+    """The torchtitan Llama 3 flavor that builds ``spec`` (None: none does)."""
+    dims = lambda d: tuple(getattr(d, k) for k in _BUILT_FROM)  # noqa: E731
+    return next((f for f, preset in FLAVORS.items() if dims(PRESETS[preset]) == dims(spec)), None)
+
+
+def _flavor(plan: Plan) -> str:
+    """The flavor, or one line on why torchtitan cannot build the model the plan costed (it
+    would fall back to its debug model: the run would not be the plan)."""
+    spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
+    flavor = flavor_of(spec)
+    if flavor is None:
+        raise PipeplanError(f"torchtitan: model {spec.name!r} (hidden {spec.hidden}, {spec.layers} layers, {spec.heads} "
+                            f"heads, {spec.kv_heads} key/value heads, ffn {spec.ffn}, vocab {spec.vocab}) is none of "
+                            f"torchtitan's Llama 3 flavors ({', '.join(FLAVORS)}); register a flavor of these "
+                            "dimensions in torchtitan, or export to megatron")
+    return flavor
 
 
 def _group_leads(plan: Plan) -> list[list[int]]:
@@ -78,7 +107,7 @@ def schedule_csv(plan: Plan) -> str:
     return "\n".join(rows) + "\n"
 
 
-def _settings(plan: Plan, head: str, csv: bool) -> dict[str, dict]:
+def _settings(plan: Plan, head: str, csv: str | None) -> dict[str, dict]:
     """The tables of the configuration, as plain values."""
     tp, pp, dp, vpp = shape(plan)
     spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
@@ -91,7 +120,7 @@ def _settings(plan: Plan, head: str, csv: bool) -> dict[str, dict]:
                    "pipeline_parallel_schedule": CSV_CLASS[placement_of(plan)] if csv else NAMED[plan.schedule],
                    "module_fqns_per_model_part": module_fqns(plan, head)}
     if csv:
-        parallelism["pipeline_parallel_schedule_csv"] = "pp_schedule.csv"
+        parallelism["pipeline_parallel_schedule_csv"] = csv
     training = {"local_batch_size": micro * plan.microbatches // (dp if plan.replicas == "round-robin" else 1),
                 "global_batch_size": b * plan.microbatches, "seq_len": spec.seq}
     return {"parallelism": parallelism, "training": training}
@@ -107,16 +136,12 @@ def _toml_value(v) -> str:
     return str(v)
 
 
-def toml_text(plan: Plan, csv: bool) -> str:
+def toml_text(plan: Plan, csv: str | None) -> str:
     """torchtitan 0.2.2's TOML (module docstring)."""
     tables = _settings(plan, "output", csv)
-    spec_name = decoder_of(plan.graph.meta, "model").name
     mode = plan.recompute_mode(0)
-    lines = ["# written by pipeplan export-plan (torchtitan 0.2.2: --job.config_file; 0.3.0: torchtitan-0.3.args)"]
-    if spec_name in FLAVORS:
-        lines += ["[model]", 'name = "llama3"', f'flavor = "{FLAVORS[spec_name]}"', ""]
-    else:
-        lines += [f"# [model]: {spec_name} is not one of torchtitan's registered flavors; give yours", ""]
+    lines = ["# written by pipeplan export-plan (torchtitan 0.2.2: --job.config_file; 0.3.0: torchtitan-0.3.args)",
+             "[model]", 'name = "llama3"', f'flavor = "{_flavor(plan)}"', ""]
     for name, table in tables.items():
         lines.append(f"[{name}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
@@ -127,15 +152,14 @@ def toml_text(plan: Plan, csv: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def args_text(plan: Plan, csv: bool) -> str:
+def args_text(plan: Plan, csv: str | None) -> str:
     """torchtitan 0.3.0's command-line overrides (module docstring), one a line."""
     tables = _settings(plan, "lm_head", csv)
     tp, pp, dp, vpp = shape(plan)
     tables["parallelism"]["enable_sequence_parallel"] = bool(plan.sequence_parallel)
     if pp > 1:
         tables["training"]["disable_cuda_graphs"] = True
-    spec_name = decoder_of(plan.graph.meta, "model").name
-    lines = ([f"--module llama3 --config llama3_{FLAVORS[spec_name].lower()}"] if spec_name in FLAVORS else [])
+    lines = [f"--module llama3 --config llama3_{_flavor(plan).lower()}"]
     for name, table in tables.items():
         for k, v in table.items():
             if isinstance(v, bool):
@@ -148,12 +172,35 @@ def args_text(plan: Plan, csv: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def export(plan: Plan) -> dict[str, str]:
-    """File name -> text of the configuration (module docstring); a PipeplanError naming what
+def launch_text(plan: Plan, folder: Path) -> str:
+    """A ``run_train.sh``-style launch of torchtitan 0.2.2 on the plan's servers: torchrun on
+    every node with the config by its absolute path (torchtitan resolves paths from its own
+    working directory, its checkout)."""
+    gpus = len(plan.cluster)
+    per_node = max(len([d for d in plan.cluster.devices if d.server == plan.cluster.devices[0].server]), 1)
+    nodes = -(-gpus // per_node)
+    return "\n".join([
+        "#!/bin/sh",
+        f"# written by pipeplan export-plan: torchtitan 0.2.2 on {nodes} node(s) x {per_node} GPUs = {gpus} ranks, as "
+        "planned; run it on every node, from torchtitan's checkout",
+        "# set: MASTER_ADDR (the first node's address), NODE_RANK (0 .. nodes - 1); the data and tokenizer in the "
+        "config's [training] dataset and [model] hf_assets_path (placeholders: torchtitan's defaults)",
+        'PYTORCH_ALLOC_CONF="expandable_segments:True" \\',
+        f"torchrun --nnodes={nodes} --nproc_per_node={per_node} --node_rank=${{NODE_RANK:?set NODE_RANK}} \\",
+        '    --rdzv_backend c10d --rdzv_endpoint="${MASTER_ADDR:?set MASTER_ADDR}:29500" \\',
+        f'    -m torchtitan.train --job.config_file "{folder / "torchtitan.toml"}" "$@"', ""])
+
+
+def export(plan: Plan, folder: str | Path = ".") -> dict[str, str]:
+    """File name -> text of the configuration written to ``folder`` (module docstring; the
+    schedule CSV and the launch name their files by absolute path); a PipeplanError naming what
     torchtitan cannot run and the nearest plan's cost."""
     require("torchtitan", "torchtitan", plan, _why_not)
-    csv = plan.schedule not in NAMED
-    files = {"torchtitan.toml": toml_text(plan, csv), "torchtitan-0.3.args": args_text(plan, csv)}
+    _flavor(plan)
+    where = Path(os.path.abspath(folder))
+    csv = str(where / "pp_schedule.csv") if plan.schedule not in NAMED else None
+    files = {"torchtitan.toml": toml_text(plan, csv), "torchtitan-0.3.args": args_text(plan, csv),
+             "launch.sh": launch_text(plan, where)}
     if csv:
         files["pp_schedule.csv"] = schedule_csv(plan)
     return files
