@@ -340,13 +340,14 @@ def cmd_export_plan(args) -> int:
     from ..engines import megatron, torchtitan
     from ..plan import load_plan
 
-    if (args.to == "torchtitan") != (args.out is not None):
-        raise PipeplanError("export-plan: --to torchtitan writes a folder (give --out DIR); --to megatron prints "
-                            "its arguments (no --out)")
+    if (args.to != "megatron") != (args.out is not None):
+        raise PipeplanError(f"export-plan: --to {args.to} writes a folder (give --out DIR)" if args.to != "megatron"
+                            else "export-plan: --to megatron prints its arguments (no --out)")
     if args.out is not None:
         check_folder("--out", args.out)
     outs = Outputs()
-    names = ("torchtitan.toml", "torchtitan-0.3.args", "launch.sh", "pp_schedule.csv")
+    names = (("torchtitan.toml", "torchtitan-0.3.args", "launch.sh", "pp_schedule.csv") if args.to == "torchtitan"
+             else ("pp_schedule.csv",))
     for name in names if args.out else ():
         outs.want(f"--out ({name})", str(Path(args.out) / name), name.rsplit(".", 1)[1])
     plan = load_plan(args.plan)
@@ -357,11 +358,12 @@ def cmd_export_plan(args) -> int:
         print("pretrain_gpt.py \\\n" + " \\\n".join(f"    {a}" for a in lines))
         print(megatron.note(plan))
         return 0
-    files = torchtitan.export(plan, args.out)
+    files = torchtitan.export(plan, args.out) if args.to == "torchtitan" else torchtitan.export_schedule(plan)
     for name, text in files.items():
         outs.set(f"--out ({name})", lambda p, t=text: Path(p).write_text(t))
     outs.write_all()
-    print(f"torchtitan configuration written to {args.out}: {', '.join(files)}")
+    what = "torchtitan configuration" if args.to == "torchtitan" else "torch pipelining schedule"
+    print(f"{what} written to {args.out}: {', '.join(files)}")
     return 0
 
 
@@ -898,8 +900,10 @@ def _add_plan_file_parsers(sub) -> None:
     sp = sub.add_parser("export-plan", help="a plan as an engine's configuration (Megatron-LM's arguments, "
                                             "torchtitan's config)")
     sp.add_argument("plan", help="plan JSON written by 'pipeplan plan --out'")
-    sp.add_argument("--to", required=True, choices=("megatron", "torchtitan"), help="the engine")
-    sp.add_argument("--out", help="torchtitan: the folder for its TOML, 0.3 overrides and schedule CSV")
+    sp.add_argument("--to", required=True, choices=("megatron", "torchtitan", "pipelining"),
+                    help="the engine (pipelining: torch.distributed.pipelining's schedule CSV alone, any decoder)")
+    sp.add_argument("--out", help="torchtitan, pipelining: the folder for the files (TOML, 0.3 overrides, launch "
+                                  "line, schedule CSV)")
     sp.set_defaults(fn=cmd_export_plan)
 
 

@@ -191,6 +191,14 @@ def launch_text(plan: Plan, folder: Path) -> str:
         f'    -m torchtitan.train --job.config_file "{folder / "torchtitan.toml"}" "$@"', ""])
 
 
+def export_schedule(plan: Plan) -> dict[str, str]:
+    """The plan's schedule as torch.distributed.pipelining's CSV alone (``schedule_csv``), for
+    ``pipeplan run --schedule-csv`` or a job of your own: any model torch's pipelining runs
+    this plan for (no torchtitan flavor needed)."""
+    require("torch pipelining", "torch.distributed.pipelining", plan, _why_not)
+    return {"pp_schedule.csv": schedule_csv(plan)}
+
+
 def export(plan: Plan, folder: str | Path = ".") -> dict[str, str]:
     """File name -> text of the configuration written to ``folder`` (module docstring; the
     schedule CSV and the launch name their files by absolute path); a PipeplanError naming what
