@@ -292,6 +292,17 @@ def test_check_fails_a_lost_or_repeated_microbatch(fault, monkeypatch):
     assert got.verdict == "fail" and got.max_rel_diff > 10 * got.tolerance, got
 
 
+@pytest.mark.slow
+def test_the_prediction_error_points_at_the_warning_that_explains_it(tmp_path, capsys):
+    """A plan for V100s run on this CPU: the warning comes first, and the error line says
+    that a warning explains it."""
+    plan_for("1f1b", "split", 7, 2).save(tmp_path / "p.json")
+    assert main(["run", str(tmp_path / "p.json"), "--model", "example:mlp", "--steps", "1", "--warmup", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert "warning: " in err and "'local' (V100)" in err
+    assert "prediction error" in out and "warning(s) above say why it may not hold here" in out
+
+
 def test_a_plan_for_another_cluster_is_warned_about():
     from pipeplan.cluster import Cluster, Device
     from pipeplan.runtime.executor import target_warnings

@@ -558,14 +558,15 @@ def cmd_run(args) -> int:
         result.max_rel_diff, result.check = check.max_rel_diff, check.to_dict()
     code = 0 if check is None or check.verdict == "pass" else 1
     for w in result.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        print(f"warning: {w}", file=sys.stderr, flush=True)  # before the figures it explains
     if args.json:
         print(json.dumps(result.to_dict()))
         return code
     print(f"{plan.planner} plan, schedule {plan.schedule}, {result.processes} processes, "
           f"{args.steps} steps after {args.warmup} warm-up")
     print(f"measured {fmt_time(result.measured_s)} per iteration (median), predicted "
-          f"{fmt_time(result.predicted_s)}: prediction error {result.error:.1%}")
+          f"{fmt_time(result.predicted_s)}: prediction error {result.error:.1%}"
+          + (f" ({len(result.warnings)} warning(s) above say why it may not hold here)" if result.warnings else ""))
     if result.action_error is not None:
         print("per-action error against the prediction (median |error|): " + ", ".join(
             f"{kind} {v['median_abs_error']:.1%}" for kind, v in result.action_error["summary"].items()))
