@@ -234,3 +234,34 @@ def test_what_megatron_refuses_pipeplan_refuses_or_never_exports(case, why):
         for name in EXPORTS:
             f = flags(megatron.arguments(export_plan(name)))
             assert not ("--num-layers-per-virtual-pipeline-stage" in f and "--decoder-first-pipeline-num-layers" in f)
+
+
+@pytest.mark.parametrize("launcher", megatron.LAUNCHERS)
+def test_the_launch_script_runs_the_exported_arguments_on_the_plans_nodes(launcher, tmp_path, capsys):
+    """export-plan --launch: bash parses it; it exports the environment Megatron asserts, starts
+    torchrun with the plan's nodes and GPUs a node, passes exactly the arguments Megatron's
+    parser judged (the fixture above), and stops before anything when the data is not given."""
+    import os
+    import subprocess
+
+    plan = export_plan("llama70b_tp8_pp4_v5")  # 8 DGX H100 nodes
+    plan.save(tmp_path / "p.json")
+    assert main(["export-plan", str(tmp_path / "p.json"), "--to", "megatron", "--launch", launcher]) == 0
+    script = capsys.readouterr().out
+    (tmp_path / "run.sh").write_text(script)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "run.sh")]).returncode == 0
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in script and "--nnodes=8 --nproc-per-node=8" in script
+    body = script.split("pretrain_gpt.py \\\n", 1)[1].split("    --data-path", 1)[0]
+    assert [ln.strip().rstrip(" \\") for ln in body.splitlines()] == megatron.arguments(plan)
+    if launcher == "slurm":
+        assert "#SBATCH --nodes=8" in script and "srun torchrun" in script
+    env = {k: v for k, v in os.environ.items() if k not in ("DATA_PATH", "TOKENIZER_MODEL")}
+    done = subprocess.run(["bash", str(tmp_path / "run.sh")], capture_output=True, text=True, env=env)
+    assert done.returncode != 0 and "set DATA_PATH" in done.stderr
+
+
+def test_launch_is_for_megatron_only(tmp_path, capsys):
+    export_plan("llama8b_tp2_pp2").save(tmp_path / "p.json")
+    assert main(["export-plan", str(tmp_path / "p.json"), "--to", "torchtitan", "--out", str(tmp_path / "t"),
+                 "--launch", "slurm"]) == 2
+    assert "--launch writes Megatron-LM's launch script" in capsys.readouterr().err

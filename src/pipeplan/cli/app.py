@@ -351,6 +351,12 @@ def cmd_export_plan(args) -> int:
     for name in names if args.out else ():
         outs.want(f"--out ({name})", str(Path(args.out) / name), name.rsplit(".", 1)[1])
     plan = load_plan(args.plan)
+    if args.launch is not None and args.to != "megatron":
+        raise PipeplanError("export-plan: --launch writes Megatron-LM's launch script (--to megatron); torchtitan's "
+                            "is launch.sh in --out")
+    if args.to == "megatron" and args.launch is not None:
+        print(megatron.launch_script(plan, args.launch), end="")
+        return 0
     if args.to == "megatron":
         lines = megatron.arguments(plan)
         for key, value in megatron.environment(plan).items():
@@ -905,6 +911,9 @@ def _add_plan_file_parsers(sub) -> None:
                     help="the engine (pipelining: torch.distributed.pipelining's schedule CSV alone, any decoder)")
     sp.add_argument("--out", help="torchtitan, pipelining: the folder for the files (TOML, 0.3 overrides, launch "
                                   "line, schedule CSV)")
+    sp.add_argument("--launch", choices=("torchrun", "slurm"), help="megatron: print a bash script that launches "
+                    "the run on the plan's nodes (torchrun on each, or one Slurm job), data and tokenizer as "
+                    "variables it requires")
     sp.set_defaults(fn=cmd_export_plan)
 
 

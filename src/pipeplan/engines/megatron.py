@@ -139,3 +139,40 @@ def parallel_arguments(plan: Plan) -> list[str]:
     if plan.optimizer != "adam":
         args.append(f"--optimizer {plan.optimizer}")
     return args
+
+
+#: ``--launch``: how the script starts Megatron on every node
+LAUNCHERS = ("torchrun", "slurm")
+
+
+def launch_script(plan: Plan, launcher: str) -> str:
+    """A bash script that runs ``pretrain_gpt.py`` with ``arguments(plan)`` on the plan's
+    nodes: torchrun on every node (MASTER_ADDR and NODE_RANK set by the user), or one Slurm job
+    (``sbatch``; srun starts torchrun once a node). The data and tokenizer, which no plan
+    decides, are required variables the script stops without (``${VAR:?...}``)."""
+    gpus = len(plan.cluster)
+    per_node = max(len([d for d in plan.cluster.devices if d.server == plan.cluster.devices[0].server]), 1)
+    nodes = -(-gpus // per_node)
+    spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
+    head = ["#!/bin/bash", f"# written by pipeplan export-plan: Megatron-LM pretrain_gpt.py on {nodes} node(s) x "
+            f"{per_node} GPUs = {gpus} ranks, as planned; run from Megatron-LM's checkout"]
+    if launcher == "slurm":
+        head += [f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={per_node}",
+                 "#SBATCH --exclusive"]
+    head += [f"export {k}={v}" for k, v in environment(plan).items()]
+    head += ["DATA_PATH=${DATA_PATH:?set DATA_PATH: your data, the --data-path prefix of Megatron}",
+             f'TOKENIZER_MODEL=${{TOKENIZER_MODEL:?set TOKENIZER_MODEL: a tokenizer of {spec.vocab} tokens, as '
+             'the plan assumed}',
+             'TRAIN_ITERS=${TRAIN_ITERS:-1000}', 'LR=${LR:-3e-4}']
+    if launcher == "slurm":
+        head.append('MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
+        start = (f"srun torchrun --nnodes={nodes} --nproc-per-node={per_node} --node-rank=\"$SLURM_NODEID\" "
+                 '--master-addr="$MASTER_ADDR" --master-port=6000 \\')
+    else:
+        start = (f"torchrun --nnodes={nodes} --nproc-per-node={per_node} --node-rank=\"${{NODE_RANK:?set NODE_RANK}}\" "
+                 '--master-addr="${MASTER_ADDR:?set MASTER_ADDR}" --master-port=6000 \\')
+    body = ["    pretrain_gpt.py \\"] + [f"    {a} \\" for a in arguments(plan)]
+    tail = ['    --data-path "$DATA_PATH" --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL" \\',
+            '    --train-iters "$TRAIN_ITERS" --lr "$LR"']
+    return "\n".join(head + [start] + body + tail) + "\n"
+
