@@ -106,3 +106,27 @@ def test_the_llama_flow_to_torchtitan_and_torchrun(tmp_path, capsys, monkeypatch
                           timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.count("check pass") == 4 and done.stdout.count("4 processes (cpu, fp32)") == 4
+
+
+@pytest.mark.slow
+def test_from_a_plan_to_a_running_job(tmp_path, capsys, monkeypatch):
+    """The README's path, command by command: the plan, its explanation, the Megatron Slurm job
+    (bash parses it; it names the plan's degrees) and torchtitan's folder with its launch line."""
+    import subprocess
+
+    monkeypatch.chdir(tmp_path)
+    block = next(b for b in re.findall(r"```\n(.*?)```", README.read_text(), re.S)
+                 if b.startswith("$ pipeplan plan --model zoo:llama3-70b"))
+    commands = [ln[2:] for ln in block.splitlines() if ln.startswith("$ ")]
+    assert [c.split()[1] for c in commands] == ["plan", "explain", "export-plan", "export-plan"]
+    for command in commands:
+        argv, _, target = command.partition(" > ")
+        assert main(shlex.split(argv)[1:]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        if target:
+            (tmp_path / target).write_text(out)
+    assert subprocess.run(["bash", "-n", "train.sbatch"]).returncode == 0
+    job = (tmp_path / "train.sbatch").read_text()
+    assert "#SBATCH --nodes=8" in job and "pretrain_gpt.py" in job and "--rotary-base 500000" in job
+    assert sorted(p.name for p in (tmp_path / "titan").iterdir()) == ["launch.sh", "torchtitan-0.3.args",
+                                                                     "torchtitan.toml"]

@@ -261,6 +261,12 @@ TERM_TEXT = {"forward": "forward compute", "backward": "backward compute", "reco
              "bubble": "pipeline bubble (idle)", "other": "other"}
 
 
+def _clean(seconds: float, iteration_s: float) -> float:
+    """0 for what is only the floating-point residue of a sum (under 1e-9 of the iteration):
+    no "7.1e-14 s" of "other", no -0.0%."""
+    return 0.0 if abs(seconds) <= 1e-9 * abs(iteration_s) else seconds
+
+
 def print_explained(names: list[str], found: list[dict], diff: dict | None) -> None:
     """``explain``'s table: each plan's seconds and share per term, and the difference."""
     table = Table(title="where the iteration goes (the bottleneck group: " + ", ".join(f["device"] for f in found)
@@ -275,9 +281,11 @@ def print_explained(names: list[str], found: list[dict], diff: dict | None) -> N
     for key, text in TERM_TEXT.items():
         row = [text]
         for f in found:
-            row += [f"{f['terms'][key]:.4g}", f"{f['terms'][key] / f['iteration_s']:.1%}"]
+            x = _clean(f["terms"][key], f["iteration_s"])
+            row += [f"{x:.4g}", f"{x / f['iteration_s']:.1%}"]
         if diff:
-            row += [f"{diff['saved_s'][key]:+.4g}", f"{diff['share_of_a'][key]:+.1%}"]
+            x = _clean(diff["saved_s"][key], found[0]["iteration_s"])
+            row += [f"{x:+.4g}", f"{x / found[0]['iteration_s']:+.1%}"]
         table.add_row(*row)
     row = ["iteration"] + [x for f in found for x in (f"{f['iteration_s']:.4g}", "100%")]
     if diff:
