@@ -348,8 +348,13 @@ def launch(worker: Callable[..., Any], world: int, args: tuple = (), *,
         procs = [ctx.Process(target=_entry, args=(r, world, init_method, spec, results), daemon=True,
                              name=f"{name}-{r}") for r in range(world)]
         try:
-            for p in procs:
-                p.start()
+            try:
+                for p in procs:
+                    p.start()
+            except (EOFError, ConnectionError) as e:  # the fork server ended under a worker's start
+                time.sleep(0.2)  # a Ctrl-C that ended it reaches this process too: it lands here, as 130
+                raise PipeplanError(f"the workers' fork server ended while starting them ({type(e).__name__}); "
+                                    "run again") from None
             return watch(procs, results, hang_s, timeout_s)
         except LaunchFailed as e:
             raise PipeplanError(diagnose(e.failure)) from None
