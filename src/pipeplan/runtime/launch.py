@@ -379,20 +379,17 @@ def _context(worker: Callable[..., Any]):
 
 
 def _start_server() -> None:
-    """Start the fork server (when not running) with Ctrl-C ignored from its first
-    instruction on: an ignored signal stays ignored across exec, so a Ctrl-C before the server
-    imports ``quiet_interrupt`` cannot print its traceback. This process ignores Ctrl-C only
-    for the milliseconds the spawn takes."""
+    """Start the fork server (when not running) with Ctrl-C blocked, not lost: the blocked
+    mask survives exec, so a Ctrl-C before the server imports ``quiet_interrupt`` (which
+    unblocks it once its quiet handler is in place) waits there instead of printing a
+    traceback; in this process the Ctrl-C held during the spawn arrives when it ends."""
     from multiprocessing import forkserver
 
-    if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()
-        return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         forkserver.ensure_running()
     finally:
-        signal.signal(signal.SIGINT, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 #: ``python -m pipeplan.runtime.launch --help``: what it is, and what torchrun (not pipeplan) binds

@@ -1,6 +1,7 @@
 """Imported first by the workers' fork server (``launch._context``), before torch: a Ctrl-C
 while the server imports torch, or in a worker it starts, ends that process at once and
-silently (exit 130). The launcher gets the same Ctrl-C and says so in its one line; it ends
+silently (exit 130); one that came before this import, held blocked since the launcher
+spawned the server (``launch._start_server``), arrives here. The launcher gets the same Ctrl-C and says so in its one line; it ends
 the workers that are left (``launch.end_all``).
 
 A worker interrupted while it starts can also find what the launcher handed it gone (its
@@ -26,4 +27,5 @@ def _bootstrap_failed(kind: type, value: BaseException, tb: object) -> None:
 
 
 signal.signal(signal.SIGINT, _quiet)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # the launcher spawned this server with it blocked
 sys.excepthook = _bootstrap_failed
