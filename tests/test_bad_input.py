@@ -221,10 +221,12 @@ def test_ctrl_c_while_calibrate_starts_its_workers_is_one_line_and_130(after_s):
     import sys
     import time
 
+    from helpers import default_sigint
+
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-m", "pipeplan", "calibrate", "--workers", "2", "--no-runtime",
                              "--seconds", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_sigint)  # as a terminal's command has it
     while proc.poll() is None and not _fork_server_of(proc.pid):  # readiness, not a clock
         time.sleep(0.02)
     assert proc.poll() is None, "calibrate ended before its fork server was seen"
