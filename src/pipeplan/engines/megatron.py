@@ -17,7 +17,7 @@ from __future__ import annotations
 from ..llm.spec import DecoderSpec, decoder_of
 from ..plan import Plan
 from ..llm.parallelism import Parallelism
-from .shape import common_why_not, layer_counts, parallelism_of, require, shape
+from .shape import common_why_not, nodes_of, layer_counts, parallelism_of, require, shape
 
 
 def _why_not(plan: Plan) -> str | None:
@@ -151,8 +151,7 @@ def launch_script(plan: Plan, launcher: str) -> str:
     (``sbatch``; srun starts torchrun once a node). The data and tokenizer, which no plan
     decides, are required variables the script stops without (``${VAR:?...}``)."""
     gpus = len(plan.cluster)
-    per_node = max(len([d for d in plan.cluster.devices if d.server == plan.cluster.devices[0].server]), 1)
-    nodes = -(-gpus // per_node)
+    nodes, per_node = nodes_of(plan)
     spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
     head = ["#!/bin/bash", f"# written by pipeplan export-plan: Megatron-LM pretrain_gpt.py on {nodes} node(s) x "
             f"{per_node} GPUs = {gpus} ranks, as planned; run from Megatron-LM's checkout"]

@@ -131,3 +131,12 @@ def require(engine: str, label: str, plan: Plan, why_not) -> None:
     why = why_not(plan)
     if why is not None:
         raise PipeplanError(refusal(engine, plan, why))
+
+
+def nodes_of(plan: Plan) -> tuple[int, int]:
+    """(nodes, GPUs a node) of the plan's cluster, as the launch scripts start them: the first
+    server's GPUs a node."""
+    first = plan.cluster.devices[0].server
+    per_node = max(sum(d.server == first for d in plan.cluster.devices), 1)
+    return -(-len(plan.cluster) // per_node), per_node
+

@@ -31,7 +31,7 @@ from ..errors import PipeplanError
 from ..llm.spec import PRESETS, DecoderSpec, decoder_of
 from ..plan import Plan
 from ..schedule import Kind, make_schedule
-from .shape import common_why_not, placement_of, require, shape
+from .shape import common_why_not, nodes_of, placement_of, require, shape
 
 #: pipeplan's schedules by the names ``torch.distributed.pipelining.get_schedule_class`` takes
 NAMED = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B", "zb-v": "ZBVZeroBubble"}
@@ -177,8 +177,7 @@ def launch_text(plan: Plan, folder: Path) -> str:
     every node with the config by its absolute path (torchtitan resolves paths from its own
     working directory, its checkout)."""
     gpus = len(plan.cluster)
-    per_node = max(len([d for d in plan.cluster.devices if d.server == plan.cluster.devices[0].server]), 1)
-    nodes = -(-gpus // per_node)
+    nodes, per_node = nodes_of(plan)
     return "\n".join([
         "#!/bin/sh",
         f"# written by pipeplan export-plan: torchtitan 0.2.2 on {nodes} node(s) x {per_node} GPUs = {gpus} ranks, as "
