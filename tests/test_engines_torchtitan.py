@@ -45,16 +45,68 @@ def _check_keys(files: dict[str, str]):
     assert set(toml) <= set(old["tables"])
     for table, keys in toml.items():
         assert set(keys) <= set(old[table]), (table, sorted(set(keys) - set(old[table])))
-    new = SCHEMA["0.3.0"]
-    for line in files["torchtitan-0.3.args"].splitlines():
-        if line.startswith("--module"):
-            assert line.split()[-1] in new["configs"]
-        elif line.startswith("activation-checkpoint:"):
-            assert line.split(":")[1] in new["activation_checkpoint_modes"]
-        else:
-            table, key = line.split()[0][2:].split(".", 1)
-            assert key.removeprefix("no_") in new[table], line
     return toml
+
+
+class _Fields:
+    """A torchtitan config dataclass as the fixture declares it: setting a field it lacks raises."""
+
+    def __init__(self, fields: list[str], **values):
+        object.__setattr__(self, "_fields", set(fields))
+        for k, v in values.items():
+            setattr(self, k, v)
+
+    def __setattr__(self, key, value):
+        if key not in self._fields:
+            raise AttributeError(f"torchtitan has no field {key!r} here")
+        object.__setattr__(self, key, value)
+
+
+def run_03_config(text: str) -> tuple[_Fields, list[str]]:
+    """Run the exported 0.3 module against a torchtitan made from the fixture (0.3's field names,
+    configs, their flavors and converters: tests/fixtures/torchtitan_config.py): a registered
+    config that converts to float8 raises, as it does without torchao on SM89+. The config
+    ``plan()`` returns, and the registered configs it called."""
+    import sys
+    import types
+
+    new, called = SCHEMA["0.3"], []
+    ac_mod = types.ModuleType("torchtitan.distributed.activation_checkpoint")
+    for mode, cls in (("full", "FullAC"), ("selective", "SelectiveAC")):
+        setattr(ac_mod, cls, types.SimpleNamespace(Config=lambda m=mode, **kw: (m, _Fields(
+            new["activation_checkpoint"][m], **kw))))
+    registry = types.ModuleType("torchtitan.models.llama3.config_registry")
+
+    def registered(name):
+        def make():
+            called.append(name)
+            if new["converters"][name]:
+                raise RuntimeError(f"{name}: {new['converters'][name]} need torchao on SM89+")
+            return _Fields(["model_spec", "hf_assets_path", "parallelism", "training", "activation_checkpoint",
+                            "dataloader", "optimizer"], parallelism=_Fields(new["parallelism"]),
+                           training=_Fields(new["training"]), model_spec=("registered", new["flavors"][name]))
+        return make
+
+    for name in new["configs"]:
+        setattr(registry, name, registered(name))
+    llama3 = types.ModuleType("torchtitan.models.llama3")
+    llama3.config_registry = registry
+    llama3.model_registry = lambda flavor, converters=None: (flavor, converters or [])
+    mods = {"torchtitan": types.ModuleType("torchtitan"), "torchtitan.distributed": types.ModuleType("x"),
+            "torchtitan.distributed.activation_checkpoint": ac_mod, "torchtitan.models": types.ModuleType("y"),
+            "torchtitan.models.llama3": llama3, "torchtitan.models.llama3.config_registry": registry}
+    saved = {k: sys.modules.get(k) for k in mods}
+    sys.modules.update(mods)
+    try:
+        scope: dict = {}
+        exec(compile(text, "pipeplan_torchtitan.py", "exec"), scope)
+        return scope["plan"](), called
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
 
 
 def test_a_3d_plan_is_torchtitans_configuration():
@@ -63,7 +115,7 @@ def test_a_3d_plan_is_torchtitans_configuration():
                       overlap_grad_reduce=True, schedule="interleaved-1f1b")
     plan = llm3d.plan_of(g, c, par, 64)
     files = torchtitan.export(plan)
-    assert set(files) == {"torchtitan.toml", "torchtitan-0.3.args", "launch.sh"}
+    assert set(files) == {"torchtitan.toml", "launch.sh", "pipeplan_torchtitan.py", "launch-0.3.sh"}
     toml = _check_keys(files)
     p = toml["parallelism"]
     assert (p["tensor_parallel_degree"], p["pipeline_parallel_degree"], p["data_parallel_shard_degree"],
@@ -74,8 +126,19 @@ def test_a_3d_plan_is_torchtitans_configuration():
     assert sum(len(x) for x in parts) == 32 + 3
     assert toml["training"] == {"local_batch_size": 16, "global_batch_size": 64, "seq_len": 8192}
     assert toml["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
-    assert toml["model"] == {"name": "llama3", "flavor": "8B"}
-    assert "--training.disable_cuda_graphs" in files["torchtitan-0.3.args"]
+    assert toml["model"] == {"name": "llama3", "flavor": "8B", "converters": []}
+    config, called = run_03_config(files["pipeplan_torchtitan.py"])
+    assert called == ["llama3_8b"] and config.model_spec == ("8B", [])
+    q, t = config.parallelism, config.training
+    assert (q.tensor_parallel_degree, q.pipeline_parallel_degree, q.data_parallel_shard_degree,
+            q.data_parallel_replicate_degree, q.enable_sequence_parallel) == (4, 2, 4, 1, True)
+    assert q.pipeline_parallel_schedule == "Interleaved1F1B" and q.num_pp_microbatches == 8
+    assert q.module_fqns_per_model_part[-1][-2:] == ["norm", "lm_head"] and q.module_fqns_per_model_part[1:-1] \
+        == parts[1:-1]
+    # 64 sequences of 8,192 tokens a step; 2 a microbatch, 8 microbatches on each of 4 ranks
+    assert (t.num_tokens_per_microbatch_per_dp_rank, t.num_tokens_per_train_step, t.max_context_length) == (
+        2 * 8192, 64 * 8192, 8192) and t.disable_cuda_graphs
+    assert config.activation_checkpoint[0] == "selective"
 
 
 @pytest.mark.parametrize("schedule", ["zb-h1", "spp-pe"])
@@ -123,7 +186,8 @@ def test_the_cli_writes_the_folder_or_nothing(tmp_path, capsys):
                  "-O", "tp=2", "-O", "pp=2", "--schedule", "1f1b", "--out", str(plan)]) == 0
     out = tmp_path / "tt"
     assert main(["export-plan", str(plan), "--to", "torchtitan", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["launch.sh", "torchtitan-0.3.args", "torchtitan.toml"]
+    assert sorted(p.name for p in out.iterdir()) == ["launch-0.3.sh", "launch.sh", "pipeplan_torchtitan.py",
+                                                     "torchtitan.toml"]
     launch = (out / "launch.sh").read_text()
     assert subprocess.run(["sh", "-n", str(out / "launch.sh")]).returncode == 0  # the shell parses it
     assert "--nnodes=1 --nproc_per_node=8" in launch and f'--job.config_file "{out.resolve() / "torchtitan.toml"}"' in launch
@@ -247,5 +311,35 @@ def test_the_schedule_csv_resolves_from_the_launch_line(tmp_path):
     files = torchtitan.export(plan, tmp_path / "tt")
     path = tomllib.loads(files["torchtitan.toml"])["parallelism"]["pipeline_parallel_schedule_csv"]
     assert Path(path).is_absolute() and Path(path) == (tmp_path / "tt").resolve() / "pp_schedule.csv"
-    assert f"--parallelism.pipeline_parallel_schedule_csv {path}" in files["torchtitan-0.3.args"]
+    assert run_03_config(files["pipeplan_torchtitan.py"])[0].parallelism.pipeline_parallel_schedule_csv == path
 
+
+
+def test_the_03_export_starts_from_a_registered_config_and_converts_nothing():
+    """torchtitan 0.3's llama3_405b converts linear layers to float8 (the fixture records each
+    registered config's converters): the bf16 plan's module never calls it, and sets the 405B
+    model without converters; each flavor's registered config has that flavor."""
+    new = SCHEMA["0.3"]
+    for flavor, name in torchtitan.REGISTERED.items():
+        assert new["flavors"][name] == flavor
+        assert new["flavors"][torchtitan.BASE_CONFIG[flavor]] in torchtitan.FLAVORS
+        assert new["converters"][torchtitan.BASE_CONFIG[flavor]] == []
+    assert new["converters"]["llama3_405b"] == ["Float8LinearConverter"]
+    g, c = load_graph("zoo:llama3-405b"), load_cluster("dgx-h100x2")
+    plan = llm3d.plan_of(g, c, Parallelism(8, 2, 1, (63, 63), microbatch=1, recompute="full", sp=True), 8)
+    files = torchtitan.export(plan)
+    config, called = run_03_config(files["pipeplan_torchtitan.py"])
+    assert called == ["llama3_70b"] and config.model_spec == ("405B", [])
+    assert config.activation_checkpoint[0] == "full" and config.parallelism.num_pp_microbatches == 8
+    assert tomllib.loads(files["torchtitan.toml"])["model"]["converters"] == []
+
+
+def test_the_03_launch_puts_the_module_on_the_path(tmp_path):
+    files = torchtitan.export(_plan("1f1b"), tmp_path / "tt")
+    (tmp_path / "launch-0.3.sh").write_text(files["launch-0.3.sh"])
+    assert subprocess.run(["sh", "-n", str(tmp_path / "launch-0.3.sh")]).returncode == 0
+    launch = files["launch-0.3.sh"]
+    assert f'PYTHONPATH="{(tmp_path / "tt").resolve()}' in launch
+    assert "-m torchtitan.train --module pipeplan_torchtitan --config plan" in launch
+    # torchtitan's --module takes a name it does not know as an importable module (manager.py)
+    assert "pipeplan_torchtitan" not in SCHEMA["0.3"]["module_shorthands"]

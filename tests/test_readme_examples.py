@@ -128,5 +128,5 @@ def test_from_a_plan_to_a_running_job(tmp_path, capsys, monkeypatch):
     assert subprocess.run(["bash", "-n", "train.sbatch"]).returncode == 0
     job = (tmp_path / "train.sbatch").read_text()
     assert "#SBATCH --nodes=8" in job and "pretrain_gpt.py" in job and "--rotary-base 500000" in job
-    assert sorted(p.name for p in (tmp_path / "titan").iterdir()) == ["launch.sh", "torchtitan-0.3.args",
-                                                                     "torchtitan.toml"]
+    assert sorted(p.name for p in (tmp_path / "titan").iterdir()) == ["launch-0.3.sh", "launch.sh",
+                                                                     "pipeplan_torchtitan.py", "torchtitan.toml"]

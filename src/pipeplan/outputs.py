@@ -23,8 +23,8 @@ from .errors import PipeplanError
 
 #: Formats by kind of output (the extension decides; anything else is refused).
 FORMATS = {"json": (".json",), "yaml": (".yaml", ".yml"), "figure": (".png", ".svg", ".pdf"),
-           "checkpoint": (".pt",), "csv": (".csv",), "toml": (".toml",), "args": (".args",), "npz": (".npz",),
-           "sh": (".sh",)}
+           "checkpoint": (".pt",), "csv": (".csv",), "toml": (".toml",), "npz": (".npz",),
+           "sh": (".sh",), "py": (".py",), "html": (".html",)}
 
 
 @dataclass

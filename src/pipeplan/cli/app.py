@@ -346,7 +346,8 @@ def cmd_export_plan(args) -> int:
     if args.out is not None:
         check_folder("--out", args.out)
     outs = Outputs()
-    names = (("torchtitan.toml", "torchtitan-0.3.args", "launch.sh", "pp_schedule.csv") if args.to == "torchtitan"
+    names = (("torchtitan.toml", "launch.sh", "pipeplan_torchtitan.py", "launch-0.3.sh", "pp_schedule.csv")
+             if args.to == "torchtitan"
              else ("pp_schedule.csv",))
     for name in names if args.out else ():
         outs.want(f"--out ({name})", str(Path(args.out) / name), name.rsplit(".", 1)[1])

@@ -1,16 +1,22 @@
 """A decoder LLM's plan as torchtitan's configuration (docs/engines.md).
 
-torchtitan 0.2.2 is the last release that reads a TOML file (``--job.config_file``); 0.3.0
-takes the same settings as command-line overrides of a registered model config. The export
-writes both, with the field names of each version (tests/fixtures/torchtitan_config.json):
+torchtitan 0.2.2 is the last release that reads a TOML file (``--job.config_file``); its main
+branch (0.3) takes a registered Python config function instead. The export writes both, with
+the field names of each version (tests/fixtures/torchtitan_config.json):
 
 - ``torchtitan.toml`` (0.2.2): ``[parallelism]`` (degrees, schedule, microbatch size, the
   modules of each model part), ``[training]`` (local and global batch, sequence length),
   ``[activation_checkpoint]`` (none, selective by op, or full), and ``[model]``: the
   torchtitan Llama 3 flavor of the model's dimensions (a model of no flavor is refused in one
   line: torchtitan would train its debug model instead);
-- ``torchtitan-0.3.args``: the overrides for 0.3.0, one a line;
-- ``launch.sh``: torchrun on every node with the config by its absolute path;
+- ``pipeplan_torchtitan.py`` (0.3, torchtitan's Python configs: ``--module M --config F``; no
+  release is tagged 0.3 yet, the fixture records the commit): one config function, ``plan``,
+  that starts from the flavor's registered config and sets the same values under 0.3's names
+  (tokens per microbatch and per step, pipeline microbatches, ``lm_head``). It sets the model
+  without converters: 0.3's 405B config converts linear layers to float8, the plan is bf16
+  (the command line cannot undo a converter, hence a module);
+- ``launch.sh`` (0.2.2) and ``launch-0.3.sh`` (0.3, the module's folder on ``PYTHONPATH``):
+  torchrun on every node with the config by its absolute path;
 - ``pp_schedule.csv`` when the plan's schedule has no name in ``torch.distributed.pipelining``
   (zero-bubble H1, SPP's order): each pipeline rank's compute actions from pipeplan's schedule
   IR (``0F0``, ``1B2``, ``0I0``, ``0W0``; an empty cell is idle), one row a rank, which
@@ -41,6 +47,11 @@ CSV_CLASS = {"single": "PipelineScheduleSingle", "loop": "PipelineScheduleMulti"
 #: torchtitan's Llama 3 flavors (its ``llama3_args``) by the pipeplan preset of the same
 #: dimensions (tests/fixtures/torchtitan_flavors.json, read from its source, checks them)
 FLAVORS = {"8B": "llama3-8b", "70B": "llama3-70b", "405B": "llama3-405b"}
+#: torchtitan 0.3's registered config of each flavor (``--module llama3 --config NAME``), and the
+#: one an export starts from: 405B's converts linear layers to float8, which a bf16 plan is not
+#: (tests/fixtures/torchtitan_config.json records each config's flavor and converters)
+REGISTERED = {"8B": "llama3_8b", "70B": "llama3_70b", "405B": "llama3_405b"}
+BASE_CONFIG = {"8B": "llama3_8b", "70B": "llama3_70b", "405B": "llama3_70b"}
 #: what a flavor fixes: every dimension but the sequence length (the training's seq_len)
 _BUILT_FROM = ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab", "gated", "tied", "norm", "bias", "qkv_bias",
                "positions", "rope_base", "norm_eps")
@@ -107,23 +118,28 @@ def schedule_csv(plan: Plan) -> str:
     return "\n".join(rows) + "\n"
 
 
-def _settings(plan: Plan, head: str, csv: str | None) -> dict[str, dict]:
-    """The tables of the configuration, as plain values."""
+def _batch(plan: Plan) -> dict[str, int]:
+    """What both versions say of the batch: sequences of a microbatch on one data-parallel
+    rank, that rank's microbatches, the global batch in sequences, the sequence length."""
     tp, pp, dp, vpp = shape(plan)
     spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
     b = int(plan.graph.meta.get("microbatch", 1))
     micro = b // dp if plan.replicas == "split" else b
-    parallelism = {"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp,
-                   "data_parallel_replicate_degree": 1 if plan.zero else dp,
-                   "data_parallel_shard_degree": dp if plan.zero else 1,
-                   "pipeline_parallel_microbatch_size": micro,
-                   "pipeline_parallel_schedule": CSV_CLASS[placement_of(plan)] if csv else NAMED[plan.schedule],
-                   "module_fqns_per_model_part": module_fqns(plan, head)}
+    per_rank = plan.microbatches // (dp if plan.replicas == "round-robin" else 1)
+    return {"micro": micro, "microbatches": per_rank, "global": b * plan.microbatches, "seq": spec.seq}
+
+
+def _parallelism(plan: Plan, head: str, csv: str | None) -> dict:
+    """The ``[parallelism]`` settings both versions name alike."""
+    tp, pp, dp, vpp = shape(plan)
+    out = {"tensor_parallel_degree": tp, "pipeline_parallel_degree": pp,
+           "data_parallel_replicate_degree": 1 if plan.zero else dp,
+           "data_parallel_shard_degree": dp if plan.zero else 1,
+           "pipeline_parallel_schedule": CSV_CLASS[placement_of(plan)] if csv else NAMED[plan.schedule],
+           "module_fqns_per_model_part": module_fqns(plan, head)}
     if csv:
-        parallelism["pipeline_parallel_schedule_csv"] = csv
-    training = {"local_batch_size": micro * plan.microbatches // (dp if plan.replicas == "round-robin" else 1),
-                "global_batch_size": b * plan.microbatches, "seq_len": spec.seq}
-    return {"parallelism": parallelism, "training": training}
+        out["pipeline_parallel_schedule_csv"] = csv
+    return out
 
 
 def _toml_value(v) -> str:
@@ -138,10 +154,14 @@ def _toml_value(v) -> str:
 
 def toml_text(plan: Plan, csv: str | None) -> str:
     """torchtitan 0.2.2's TOML (module docstring)."""
-    tables = _settings(plan, "output", csv)
+    n = _batch(plan)
+    tables = {"parallelism": {**_parallelism(plan, "output", csv), "pipeline_parallel_microbatch_size": n["micro"]},
+              "training": {"local_batch_size": n["micro"] * n["microbatches"], "global_batch_size": n["global"],
+                           "seq_len": n["seq"]}}
     mode = plan.recompute_mode(0)
-    lines = ["# written by pipeplan export-plan (torchtitan 0.2.2: --job.config_file; 0.3.0: torchtitan-0.3.args)",
-             "[model]", 'name = "llama3"', f'flavor = "{_flavor(plan)}"', ""]
+    lines = ["# written by pipeplan export-plan for torchtitan 0.2.2 (--job.config_file); torchtitan 0.3: "
+             "pipeplan_torchtitan.py", "[model]", 'name = "llama3"', f'flavor = "{_flavor(plan)}"',
+             "converters = []  # the plan is costed in bf16: no float8", ""]
     for name, table in tables.items():
         lines.append(f"[{name}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
@@ -152,42 +172,61 @@ def toml_text(plan: Plan, csv: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def args_text(plan: Plan, csv: str | None) -> str:
-    """torchtitan 0.3.0's command-line overrides (module docstring), one a line."""
-    tables = _settings(plan, "lm_head", csv)
+def module_text(plan: Plan, csv: str | None) -> str:
+    """torchtitan 0.3's config (module docstring): a module of one config function, ``plan``,
+    that starts from the flavor's registered config (a converter-free one where the registry's
+    converts to float8) and sets what the plan decides."""
+    flavor = _flavor(plan)
     tp, pp, dp, vpp = shape(plan)
-    tables["parallelism"]["enable_sequence_parallel"] = bool(plan.sequence_parallel)
-    if pp > 1:
-        tables["training"]["disable_cuda_graphs"] = True
-    lines = [f"--module llama3 --config llama3_{_flavor(plan).lower()}"]
-    for name, table in tables.items():
-        for k, v in table.items():
-            if isinstance(v, bool):
-                lines.append(f"--{name}.{k}" if v else f"--{name}.no_{k}")
-            elif isinstance(v, list):
-                lines.append(f"--{name}.{k} " + " ".join(",".join(part) for part in v))
-            else:
-                lines.append(f"--{name}.{k} {v}")
-    lines.append(f"activation-checkpoint:{plan.recompute_mode(0)}")
-    return "\n".join(lines) + "\n"
+    n = _batch(plan)
+    settings = {"parallelism": {**_parallelism(plan, "lm_head", csv),
+                                "enable_sequence_parallel": bool(plan.sequence_parallel),
+                                "num_pp_microbatches": n["microbatches"] if pp > 1 else 1},
+                "training": {"num_tokens_per_microbatch_per_dp_rank": n["micro"] * n["seq"],
+                             "num_tokens_per_train_step": n["global"] * n["seq"], "max_context_length": n["seq"],
+                             **({"disable_cuda_graphs": True} if pp > 1 else {})}}
+    ac = {"none": "None", "full": "FullAC.Config()", "selective": "SelectiveAC.Config()"}[plan.recompute_mode(0)]
+    base = BASE_CONFIG[flavor]
+    lines = [f'"""torchtitan 0.3 config of a pipeplan plan ({plan.planner}, {plan.schedule}): {plan.graph.name} on '
+             f'{plan.cluster.name}. Written by pipeplan export-plan; run with launch-0.3.sh."""', "",
+             "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401",
+             "from torchtitan.models.llama3 import config_registry, model_registry", "", "",
+             "def plan():",
+             f"    config = config_registry.{base}()  # what the plan leaves open: optimizer, data, checkpoints",
+             f'    config.model_spec = model_registry("{flavor}")  # no converters: the plan is costed in bf16']
+    if base != REGISTERED[flavor]:
+        lines.append(f"    # not {REGISTERED[flavor]}(): it converts linear layers to float8 (torchao, SM89+)")
+        lines.append(f'    config.hf_assets_path = "./assets/hf/Llama-3.1-{flavor}"  # placeholder: your tokenizer')
+    for name, table in settings.items():
+        lines += [f"    config.{name}.{k} = {v!r}" for k, v in table.items()]
+    lines += [f"    config.activation_checkpoint = {ac}", "    return config", ""]
+    return "\n".join(lines)
 
 
-def launch_text(plan: Plan, folder: Path) -> str:
-    """A ``run_train.sh``-style launch of torchtitan 0.2.2 on the plan's servers: torchrun on
-    every node with the config by its absolute path (torchtitan resolves paths from its own
-    working directory, its checkout)."""
+def launch_text(plan: Plan, folder: Path, version: str) -> str:
+    """A ``run_train.sh``-style launch on the plan's servers: torchrun on every node, the
+    config by its absolute path (torchtitan resolves paths from its own working directory,
+    its checkout); ``version`` 0.2.2 (the TOML) or 0.3 (the config module, on PYTHONPATH)."""
     gpus = len(plan.cluster)
     nodes, per_node = nodes_of(plan)
+    if version == "0.3":
+        where = ("# the data and tokenizer: config.dataloader and config.hf_assets_path (placeholders: the "
+                 "registered config's), set in pipeplan_torchtitan.py")
+        env = [f'PYTHONPATH="{folder}${{PYTHONPATH:+:$PYTHONPATH}}" \\']
+        run = '    -m torchtitan.train --module pipeplan_torchtitan --config plan "$@"'
+    else:
+        where = ("# the data and tokenizer: the config's [training] dataset and [model] hf_assets_path (placeholders: "
+                 "torchtitan's defaults)")
+        env = []
+        run = f'    -m torchtitan.train --job.config_file "{folder / "torchtitan.toml"}" "$@"'
     return "\n".join([
         "#!/bin/sh",
-        f"# written by pipeplan export-plan: torchtitan 0.2.2 on {nodes} node(s) x {per_node} GPUs = {gpus} ranks, as "
-        "planned; run it on every node, from torchtitan's checkout",
-        "# set: MASTER_ADDR (the first node's address), NODE_RANK (0 .. nodes - 1); the data and tokenizer in the "
-        "config's [training] dataset and [model] hf_assets_path (placeholders: torchtitan's defaults)",
+        f"# written by pipeplan export-plan: torchtitan {version} on {nodes} node(s) x {per_node} GPUs = {gpus} "
+        "ranks, as planned; run it on every node, from torchtitan's checkout",
+        "# set: MASTER_ADDR (the first node's address), NODE_RANK (0 .. nodes - 1)", where, *env,
         'PYTORCH_ALLOC_CONF="expandable_segments:True" \\',
         f"torchrun --nnodes={nodes} --nproc_per_node={per_node} --node_rank=${{NODE_RANK:?set NODE_RANK}} \\",
-        '    --rdzv_backend c10d --rdzv_endpoint="${MASTER_ADDR:?set MASTER_ADDR}:29500" \\',
-        f'    -m torchtitan.train --job.config_file "{folder / "torchtitan.toml"}" "$@"', ""])
+        '    --rdzv_backend c10d --rdzv_endpoint="${MASTER_ADDR:?set MASTER_ADDR}:29500" \\', run, ""])
 
 
 def export_schedule(plan: Plan) -> dict[str, str]:
@@ -206,8 +245,8 @@ def export(plan: Plan, folder: str | Path = ".") -> dict[str, str]:
     _flavor(plan)
     where = Path(os.path.abspath(folder))
     csv = str(where / "pp_schedule.csv") if plan.schedule not in NAMED else None
-    files = {"torchtitan.toml": toml_text(plan, csv), "torchtitan-0.3.args": args_text(plan, csv),
-             "launch.sh": launch_text(plan, where)}
+    files = {"torchtitan.toml": toml_text(plan, csv), "launch.sh": launch_text(plan, where, "0.2.2"),
+             "pipeplan_torchtitan.py": module_text(plan, csv), "launch-0.3.sh": launch_text(plan, where, "0.3")}
     if csv:
         files["pp_schedule.csv"] = schedule_csv(plan)
     return files
