@@ -52,6 +52,7 @@ BASE = {
     "simulate": ["simulate", "{plan}"],
     "export-plan": ["export-plan", "{plan}", "--to", "megatron"],
     "explain": ["explain", "{plan}"],
+    "report": ["report", "{plan}", "--html", "{html}"],
     "profile": ["profile", "example:mlp"],
     "export": ["export", "example:mlp", "--out", "{out}"],
     "calibrate": ["calibrate", "--workers", "1", "--no-runtime"],
@@ -78,7 +79,7 @@ WORK = {
 INPUTS = {"plan": "plan", "cluster": "cluster", "init": None, "checkpoint": None, "measured": "graph",
           "schedule_csv": None}
 GRAPH_MODEL_COMMANDS = ("plan", "compare", "train")
-OUTPUTS = ("out", "trace", "gantt")
+OUTPUTS = ("out", "trace", "gantt", "html")
 #: Bases for options that only one form of a command takes.
 OPTION_BASE = {("dynamic", "checkpoint"): ["dynamic", "eval"]}
 #: Values that are valid for the option they are given to.
@@ -179,6 +180,7 @@ def option_cases() -> list[Case]:
             cases += input_cases(f"{command} PLAN", lambda p, b=base, i=at: b[:i] + [p] + b[i + 1:], "plan",
                                  contents=command == "simulate")
     cases += input_cases("explain PLAN_B", lambda p: ["explain", "{plan}", p], "plan", contents=False)
+    cases += input_cases("report --compare", lambda p: [*BASE["report"], "--compare", p], "plan", contents=False)
     return cases + planner_option_cases() + schedule_cases() + llm_cases()
 
 
@@ -286,7 +288,8 @@ def planner_option_cases() -> list[Case]:
 
 
 def output_cases(command: str, opt: str, base: list[str]) -> list[Case]:
-    ext = {"train": ".pt", "dynamic": ".pt", "calibrate": ".yaml"}.get(command, ".png" if opt == "--gantt" else ".json")
+    ext = {"train": ".pt", "dynamic": ".pt", "calibrate": ".yaml", "report": ".html"}.get(
+        command, ".png" if opt == "--gantt" else ".json")
     targets = {"directory": ("dir" + ext, "dir"), "FIFO": ("fifo" + ext, "fifo"), "symlink": ("link" + ext, "link"),
                "wrong extension": ("out.txt", None), "file as folder": ("file/out" + ext, "file")}
     cases = [Case(f"{command} {opt} {what}", tuple(_with(base, opt, "{dir}/" + name)),
@@ -484,7 +487,7 @@ def make_file(folder: Path, name: str, how) -> None:
 def valid_inputs(folder: Path) -> dict[str, str]:
     files = {"graph": ("g.json", json.dumps(GRAPH)), "cluster": ("c.yaml", yaml.safe_dump(CLUSTER)),
              "plan": ("p.json", json.dumps(_valid_doc("plan")))}
-    out = {"dir": str(folder), "out": str(folder / "new.json")}
+    out = {"dir": str(folder), "out": str(folder / "new.json"), "html": str(folder / "new.html")}
     for key, (name, text) in files.items():
         (folder / "valid").mkdir(exist_ok=True)
         (folder / "valid" / name).write_text(text)
@@ -624,6 +627,6 @@ def test_every_command_has_a_valid_base(tmp_path, monkeypatch, capsys):
     """The corpus's bases are valid: each command runs (or reaches its work), so that its
     cases fail for the hostile value only."""
     assert set(BASE) == set(COMMANDS)
-    for command in ("plan", "compare", "simulate", "explain", "run", "profile", "train"):
+    for command in ("plan", "compare", "simulate", "explain", "report", "run", "profile", "train"):
         code, _, err, _ = run_case(Case(command, tuple(BASE[command])), tmp_path, monkeypatch, capsys)
         assert code in (0, "reached work"), (command, code, err)

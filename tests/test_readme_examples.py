@@ -118,7 +118,7 @@ def test_from_a_plan_to_a_running_job(tmp_path, capsys, monkeypatch):
     block = next(b for b in re.findall(r"```\n(.*?)```", README.read_text(), re.S)
                  if b.startswith("$ pipeplan plan --model zoo:llama3-70b"))
     commands = [ln[2:] for ln in block.splitlines() if ln.startswith("$ ")]
-    assert [c.split()[1] for c in commands] == ["plan", "explain", "export-plan", "export-plan"]
+    assert [c.split()[1] for c in commands] == ["plan", "explain", "report", "export-plan", "export-plan"]
     for command in commands:
         argv, _, target = command.partition(" > ")
         assert main(shlex.split(argv)[1:]) == 0, capsys.readouterr().err
@@ -126,6 +126,7 @@ def test_from_a_plan_to_a_running_job(tmp_path, capsys, monkeypatch):
         if target:
             (tmp_path / target).write_text(out)
     assert subprocess.run(["bash", "-n", "train.sbatch"]).returncode == 0
+    assert (tmp_path / "plan.html").read_text().count('id="memory-table"') == 1
     job = (tmp_path / "train.sbatch").read_text()
     assert "#SBATCH --nodes=8" in job and "pretrain_gpt.py" in job and "--rotary-base 500000" in job
     assert sorted(p.name for p in (tmp_path / "titan").iterdir()) == ["launch-0.3.sh", "launch.sh",

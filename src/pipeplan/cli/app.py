@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import signal
 import sys
@@ -329,6 +330,36 @@ def cmd_explain(args) -> int:
         print(json.dumps({"plans": found, **({"difference": diff} if diff else {})}))
     else:
         print_explained([args.plan] + ([args.plan_b] if args.plan_b else []), found, diff)
+    return 0
+
+
+def cmd_report(args) -> int:
+    """``report PLAN [--compare PLAN ...] --html FILE``: the page of viz.html."""
+    from rich.console import Console
+
+    from ..plan import load_plan
+    from ..sim import simulate
+    from ..sim.explain import explain
+    from .html_report import Entry, page
+    from .report import print_plan
+
+    outs = Outputs()
+    outs.want("--html", args.html, "html")
+    entries = []
+    for name in [args.plan, *args.compare]:
+        plan = load_plan(name)
+        result = simulate(plan)
+        console = Console(record=True, width=120, file=io.StringIO())
+        print_plan(plan, result, console, searched=False)
+        try:
+            explained, why = explain(plan), ""
+        except PipeplanError as e:
+            explained, why = None, str(e)
+        entries.append(Entry(name, plan, result, console.export_text(), explained, why))
+    _note_unmeasured_rates([e.plan for e in entries])
+    outs.set("--html", lambda p: Path(p).write_text(page(entries)))
+    outs.write_all()
+    print(f"report written to {args.html}")
     return 0
 
 
@@ -905,13 +936,20 @@ def _add_plan_file_parsers(sub) -> None:
     sp.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     sp.set_defaults(fn=cmd_explain)
 
+    sp = sub.add_parser("report", help="one self-contained HTML page of a plan: summary, timeline, memory per GPU, "
+                                       "where the iteration goes; with --compare, other plans set against it")
+    sp.add_argument("plan", help="plan JSON written by 'pipeplan plan --out'")
+    sp.add_argument("--compare", nargs="+", default=[], metavar="PLAN", help="other plan files for the comparison")
+    sp.add_argument("--html", required=True, help="the page to write (.html)")
+    sp.set_defaults(fn=cmd_report)
+
     sp = sub.add_parser("export-plan", help="a plan as an engine's configuration (Megatron-LM's arguments, "
                                             "torchtitan's config)")
     sp.add_argument("plan", help="plan JSON written by 'pipeplan plan --out'")
     sp.add_argument("--to", required=True, choices=("megatron", "torchtitan", "pipelining"),
                     help="the engine (pipelining: torch.distributed.pipelining's schedule CSV alone, any decoder)")
-    sp.add_argument("--out", help="torchtitan, pipelining: the folder for the files (TOML, 0.3 overrides, launch "
-                                  "line, schedule CSV)")
+    sp.add_argument("--out", help="torchtitan, pipelining: the folder for the files (0.2.2's TOML, 0.3's config "
+                                  "module, launch lines, schedule CSV)")
     sp.add_argument("--launch", choices=("torchrun", "slurm"), help="megatron: print a bash script that launches "
                     "the run on the plan's nodes (torchrun on each, or one Slurm job), data and tokenizer as "
                     "variables it requires")

@@ -12,6 +12,7 @@ from ..engines import megatron
 from ..errors import PipeplanError
 from ..plan import Plan
 from ..sim import SimResult
+from ..sim.explain import TERM_TEXT, clean
 from ..sim.stage_costs import stage_costs
 from ..units import fmt_bytes, fmt_time, fmt_time_in, time_unit
 
@@ -255,18 +256,6 @@ def print_compare(rows: list[dict], title: str, console: Console | None = None) 
 
 
 #: ``explain``'s terms in words
-TERM_TEXT = {"forward": "forward compute", "backward": "backward compute", "recompute": "recomputation",
-             "tp_comm": "tensor-parallel communication", "pipeline_sends": "pipeline sends (exposed)",
-             "dp_comm": "data-parallel reduction (exposed)", "optimizer": "optimizer step",
-             "bubble": "pipeline bubble (idle)", "other": "other"}
-
-
-def _clean(seconds: float, iteration_s: float) -> float:
-    """0 for what is only the floating-point residue of a sum (under 1e-9 of the iteration):
-    no "7.1e-14 s" of "other", no -0.0%."""
-    return 0.0 if abs(seconds) <= 1e-9 * abs(iteration_s) else seconds
-
-
 def print_explained(names: list[str], found: list[dict], diff: dict | None) -> None:
     """``explain``'s table: each plan's seconds and share per term, and the difference."""
     table = Table(title="where the iteration goes (the bottleneck group: " + ", ".join(f["device"] for f in found)
@@ -281,10 +270,10 @@ def print_explained(names: list[str], found: list[dict], diff: dict | None) -> N
     for key, text in TERM_TEXT.items():
         row = [text]
         for f in found:
-            x = _clean(f["terms"][key], f["iteration_s"])
+            x = clean(f["terms"][key], f["iteration_s"])
             row += [f"{x:.4g}", f"{x / f['iteration_s']:.1%}"]
         if diff:
-            x = _clean(diff["saved_s"][key], found[0]["iteration_s"])
+            x = clean(diff["saved_s"][key], found[0]["iteration_s"])
             row += [f"{x:+.4g}", f"{x / found[0]['iteration_s']:+.1%}"]
         table.add_row(*row)
     row = ["iteration"] + [x for f in found for x in (f"{f['iteration_s']:.4g}", "100%")]

@@ -25,6 +25,11 @@ from .durations import STAGE_STEP_EXTRA_S
 from .tensor_groups import STAGE_PARTS, lower, needs_lowering
 
 TERMS = ("forward", "backward", "recompute", "tp_comm", "pipeline_sends", "dp_comm", "optimizer", "bubble", "other")
+#: each term as the reports name it
+TERM_TEXT = {"forward": "forward compute", "backward": "backward compute", "recompute": "recomputation",
+             "tp_comm": "tensor-parallel communication", "pipeline_sends": "pipeline sends (exposed)",
+             "dp_comm": "data-parallel reduction (exposed)", "optimizer": "optimizer step",
+             "bubble": "pipeline bubble (idle)", "other": "other"}
 #: a stage's parts where no family prices them apart (graphs other than decoder LLMs): its
 #: forward and backward whole
 _WHOLE = {"fwd": 1.0, "fwd_tp": 0.0, "bwd": 1.0, "recompute": 0.0, "bwd_tp": 0.0}
@@ -63,6 +68,12 @@ def explain(plan: Plan) -> dict:
     terms["other"] = r.iteration_s - sum(v for k, v in terms.items() if k != "other")
     return {"iteration_s": r.iteration_s, "terms": terms, "device": tl.resources[d],
             "gpus": r.members.get(tl.resources[d], [tl.resources[d]])}
+
+
+def clean(seconds: float, iteration_s: float) -> float:
+    """0 for what is only the floating-point residue of a sum (under 1e-9 of the iteration):
+    no "7.1e-14 s" of "other", no -0.0%."""
+    return 0.0 if abs(seconds) <= 1e-9 * abs(iteration_s) else seconds
 
 
 def _credit(terms: dict[str, float], kind: int, part: dict[str, float], seconds: float) -> None:

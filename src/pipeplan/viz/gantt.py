@@ -14,6 +14,7 @@ render in about 2.5 s. Uses the Agg canvas directly: no pyplot, no global state.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from pathlib import Path
@@ -155,6 +156,15 @@ def draw_gantt(tl: Timeline, path: str | os.PathLike, title: str = "",
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format=path.suffix.lower().lstrip("."), dpi=_DPI)
     fig.clear()
+
+
+def gantt_png(tl: Timeline, title: str = "") -> bytes:
+    """The Gantt chart as PNG bytes (for a page that inlines it)."""
+    fig = gantt_figure(tl, title)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI)
+    fig.clear()
+    return buf.getvalue()
 
 
 def gantt_figure(tl: Timeline, title: str = "", max_labels: int = 4000) -> Figure:
