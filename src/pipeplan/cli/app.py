@@ -21,7 +21,7 @@ from .argtypes import names as _names, positive_int as _positive_int
 from ..errors import Infeasible, PipeplanError, Terminated, from_ctrl_c, interrupted, one_line
 from ..budget import time_limit
 from ..outputs import Outputs, check_folder
-from .progress import planning_progress, training_progress
+from .progress import planning_progress, training_progress, workers_progress
 
 
 #: ``profile --timeout``: a model whose profile takes longer is refused (a forward that never returns)
@@ -542,16 +542,18 @@ def cmd_export(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from ..runtime.calibrate import calibrate, cluster_to_yaml
+    from ..runtime.calibrate import calibrate, cluster_to_yaml, default_workers, worker_steps
     from ..sim import predicted_s
     from ..units import fmt_bandwidth, fmt_time
 
     outs = Outputs()
     outs.want("--out", args.out, "yaml")
-    cluster, data = calibrate(workers=args.workers, device=args.device, threads=args.threads,
-                              seconds=args.seconds, model_spec=args.model,
-                              predict=None if args.no_runtime else predicted_s,
-                              force=args.force)
+    workers = args.workers if args.workers is not None else default_workers(args.device)
+    with workers_progress("calibrating", workers, worker_steps(max(workers, 1))) as progress:
+        cluster, data = calibrate(workers=args.workers, device=args.device, threads=args.threads,
+                                  seconds=args.seconds, model_spec=args.model,
+                                  predict=None if args.no_runtime else predicted_s,
+                                  force=args.force, on_progress=progress)
     text = cluster_to_yaml(cluster)
     outs.set("--out", lambda p: Path(p).write_text(text))
     outs.write_all()
@@ -584,7 +586,9 @@ def cmd_run(args) -> int:
     cfg = RunConfig(spec=args.model, steps=args.steps, warmup=args.warmup, threads=args.threads,
                     hang_s=args.hang_timeout, timeout_s=args.timeout, schedule_csv=args.schedule_csv,
                     device=args.device, precision=args.precision)
-    result = run_plan(plan, cfg, predicted_s(plan))
+    world = len({d for s in plan.stages for d in s.devices})
+    with workers_progress("running", world, cfg.warmup + cfg.steps) as progress:
+        result = run_plan(plan, cfg, predicted_s(plan), on_progress=progress)
     _note_assumed_split([plan])
     _note_unmeasured_rates([plan])
     _write_measured(outs, args, plan, result)

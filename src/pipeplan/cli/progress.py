@@ -94,3 +94,33 @@ def training_progress(what: str, stream=None) -> Iterator[Callable | None]:
             bar.update(task, completed=fraction,
                        description=training_text(what, point.best_iteration_s, point.step, point.evaluations))
         yield update
+
+
+def workers_text(what: str, labels: dict[int, str], steps: dict[int, int], world: int, total: int) -> str:
+    """The bar's description while worker processes run: how many started, then the step of
+    the rank furthest behind and what it does."""
+    if len(steps) < world or min(steps.values()) == 0:
+        return f"{what}: starting {world} worker processes ({len(labels)} up; Ctrl-C stops)"
+    r = min(steps, key=lambda k: (steps[k], k))
+    return f"{what}: {steps[r]} of {total}, rank {r}: {labels[r]} (Ctrl-C stops)"
+
+
+@contextmanager
+def workers_progress(what: str, world: int, total: int, stream=None) -> Iterator[Callable | None]:
+    """Yields the callback ``runtime.launch`` takes (each rank's ``Progress``: its label and
+    step, 1 .. ``total``), or None off a terminal. The bar counts the steps every rank has
+    finished (the slowest rank's step - 1)."""
+    stream = _terminal(stream)
+    if stream is None:
+        yield None
+        return
+    labels: dict[int, str] = {}
+    steps: dict[int, int] = {}
+    with _bar(stream) as bar:
+        task = bar.add_task(f"{what}: preparing the workers (Ctrl-C stops)", total=total)
+
+        def update(msg) -> None:
+            labels[msg.rank], steps[msg.rank] = msg.label, msg.step
+            done = max(min(steps.values()) - 1, 0) if len(steps) == world else 0
+            bar.update(task, completed=done, description=workers_text(what, labels, steps, world, total))
+        yield update

@@ -166,9 +166,11 @@ def _worker(ctx: Worker, device: str, seconds: float, model_spec: str | None, la
 
     rank, world = ctx.rank, ctx.world
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
+    ctx.progress("computing with every worker", 1)
     shared = _bench(dev, seconds, start_barrier=dist.barrier, model_spec=model_spec)
     solo: list[float] = []
     for r in range(world):  # each worker alone: no contention from the others
+        ctx.progress(f"worker {r} computing alone", 2 + r)
         dist.barrier()
         if rank == r:
             solo = _bench(dev, seconds / 2, model_spec=model_spec).times
@@ -176,10 +178,12 @@ def _worker(ctx: Worker, device: str, seconds: float, model_spec: str | None, la
     # the collective's size: the model's gradients where it is given (its efficiency
     # depends on the size), else the large message of the links
     ar_bytes = shared.param_bytes if model_spec else large
+    ctx.progress("all-reduce", world + 2)
     allreduce = _allreduce_times(ar_bytes, dev) if world > 1 else []
     dist.barrier()  # links are measured only once every worker has stopped computing
     links = {}
-    for a, b in _pairs(world):
+    for i, (a, b) in enumerate(_pairs(world)):
+        ctx.progress(f"link {a}-{b}", world + 3 + i)
         if rank in (a, b):
             small = _ping_pong(rank, a, b, _SMALL, _SMALL_REPS, dev)
             big = _ping_pong(rank, a, b, large, _LARGE_REPS, dev)
@@ -188,6 +192,17 @@ def _worker(ctx: Worker, device: str, seconds: float, model_spec: str | None, la
         dist.barrier()
     return {"compute_s": shared.times, "solo_s": solo, "links": links, "allreduce_s": allreduce,
             "update_s_per_byte": statistics.median(shared.update_rates), "allreduce_bytes": ar_bytes}
+
+
+def default_workers(device: str) -> int:
+    """The workers calibrate starts unless told: a GPU each, else two CPU processes."""
+    return torch.cuda.device_count() if device == "cuda" else 2
+
+
+def worker_steps(workers: int) -> int:
+    """The steps each calibration worker reports (``_worker``): computing together, each one
+    alone, the all-reduce, each link."""
+    return workers + 2 + len(_pairs(workers))
 
 
 def _error_text(e: BaseException) -> str:
@@ -210,12 +225,12 @@ def _host_memory() -> float:
 
 
 def _run_workers(workers: int, device: str, threads: int, seconds: float, large: int,
-                 model_spec: str | None = None) -> dict[int, dict]:
+                 model_spec: str | None = None, on_progress: Callable | None = None) -> dict[int, dict]:
     """Spawn the workers and collect one result per rank; no process survives this call."""
     return launch(_worker, workers, (device, seconds, model_spec, large), diagnose=_diagnose,
                   backend="nccl" if device == "cuda" else "gloo", threads=threads,
                   join_timeout=timedelta(seconds=120), timeout_s=120 + 3 * seconds + 10 * len(_pairs(workers)),
-                  error_text=_error_text, name="pipeplan-calibrate")
+                  error_text=_error_text, name="pipeplan-calibrate", on_progress=on_progress)
 
 
 def _diagnose(failure: Failure) -> str:
@@ -273,20 +288,22 @@ def _check_request(workers: int, device: str, threads: int, profile_threads: int
 
 def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1, seconds: float = 2.0,
               profile_threads: int | None = None, model_spec: str | None = None,
-              predict: Callable[[Plan], float] | None = None, force: bool = False) -> tuple[Cluster, dict]:
+              predict: Callable[[Plan], float] | None = None, force: bool = False,
+              on_progress: Callable | None = None) -> tuple[Cluster, dict]:
     """Measure ``workers`` local processes; returns the Cluster and the raw measurements.
     With ``model_spec`` the compute benchmark is that model's own training step, so the
     measured contention between workers is that of the workload to be planned. ``predict``
     (a plan's predicted seconds per iteration, the simulator's: the caller's, so that the
     runtime never imports it): the executor's overhead per action is measured against it too
     (``runtime_overhead``; CPU workers only). ``force``: more than ``WORKERS_PER_CORE``
-    processes a CPU core."""
+    processes a CPU core. ``on_progress``: the workers' progress (``launch.Progress``; their
+    steps are ``worker_steps``)."""
     if device not in ("cpu", "cuda"):
         raise PipeplanError(f"--device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise PipeplanError("--device cuda: no CUDA device")
     if workers is None:
-        workers = torch.cuda.device_count() if device == "cuda" else 2
+        workers = default_workers(device)
     profile_threads = threads if profile_threads is None else profile_threads
     _check_request(workers, device, threads, profile_threads, seconds, force)
     large = (64 if device == "cuda" else 16) * 2**20
@@ -300,7 +317,7 @@ def calibrate(workers: int | None = None, device: str = "cpu", threads: int = 1,
                                model_spec=model_spec).times
     finally:
         torch.set_num_threads(old)
-    got = _run_workers(workers, device, threads, seconds, large, model_spec)
+    got = _run_workers(workers, device, threads, seconds, large, model_spec, on_progress)
 
     med = statistics.median
     t_ref = med(reference)

@@ -175,5 +175,5 @@ def train_direct(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[dict]
         if len(plan.stages[s].devices) > 1:
             allreduce_gradients(part, groups[s], timed)
 
-    steps = run_steps(step, timed, opt, cfg["warmup"] + cfg["steps"])
+    steps = run_steps(step, timed, opt, cfg["warmup"] + cfg["steps"], progress)
     return steps, ({s: state_arrays(part)} if plan.stages[s].devices[0] == device else None)

@@ -24,7 +24,7 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ from ..schedule import Kind, make_schedule
 from .data import equal_replication
 from .device import Target, resolve
 from .direct import stage_major_ranks, train_direct
-from .launch import Failure, Worker, launch, one_line_error, torchrun_world
+from .launch import Failure, Progress, Worker, launch, one_line_error, torchrun_world
 from .models import input_signature, load_model, user_code
 from .pipelined import pipelined_ranks, train_pipelined
 from .split import split_model, stage_examples
@@ -209,9 +209,11 @@ class RunResult:
         return out
 
 
-def run_plan(plan: Plan, cfg: RunConfig, predicted_s: float | None = None) -> RunResult:
+def run_plan(plan: Plan, cfg: RunConfig, predicted_s: float | None = None,
+             on_progress: Callable[[Progress], None] | None = None) -> RunResult:
     """Train ``cfg.steps`` iterations (after ``cfg.warmup``); the measured times, against
-    ``predicted_s`` (the simulator's, from the caller: the runtime never imports it) when given."""
+    ``predicted_s`` (the simulator's, from the caller: the runtime never imports it) when given.
+    ``on_progress``: each rank's progress, its iteration among them (``launch``)."""
     world = len({d for s in plan.stages for d in s.devices})  # a process per device, whatever it holds
     target = run_target(plan, cfg, world)
     model, x = load_model(cfg.spec, plan.graph.meta.get("microbatch"), cfg.seed)
@@ -219,7 +221,7 @@ def run_plan(plan: Plan, cfg: RunConfig, predicted_s: float | None = None) -> Ru
     wcfg = {**asdict(cfg), "microbatch": int(x.shape[0]), "device": target.device}
     done = launch(_worker, world, (plan.to_dict(), wcfg), diagnose=partial(_diagnose, plan), threads=cfg.threads,
                   hang_s=cfg.hang_s, timeout_s=cfg.timeout_s, error_text=_error_text, join=True,
-                  backend=target.backend)
+                  backend=target.backend, on_progress=on_progress)
     steps = {r: d["steps"] for r, d in done.items()}
     params = {s: arrays for d in done.values() for s, arrays in d["params"].items()}
     times = [s["seconds"] for s in steps[0]]

@@ -53,11 +53,13 @@ TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 @dataclass(frozen=True)
 class Progress:
-    """A rank did ``label`` at ``when`` (``time.time()``)."""
+    """A rank did ``label`` at ``when`` (``time.time()``), in its iteration ``step`` (from 1;
+    0: before any)."""
 
     rank: int
     label: str
     when: float
+    step: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,20 +121,31 @@ class Worker:
 
     def __init__(self, rank: int, world: int, results: Any = None) -> None:
         self.rank, self.world, self.results = rank, world, results
-        self.latest: tuple[float, str] | None = None
+        self.step = 0
+        self._lock = threading.Lock()
+        self.latest: tuple[float, str, int] | None = None
         self.sent: tuple[float, str] | None = None
         if results is not None:
             threading.Thread(target=self._send_loop, daemon=True).start()
 
-    def progress(self, label: str) -> None:
-        self.latest = (time.time(), label)
+    def progress(self, label: str, step: int | None = None) -> None:
+        """Note ``label``; ``step``: the rank's iteration from now on (kept when None)."""
+        if step is not None:
+            self.step = step
+        self.latest = (time.time(), label, self.step)
+
+    def flush(self) -> None:
+        """Send the latest progress unless it was sent (before the rank reports its result:
+        the launcher's bar sees its last step)."""
+        with self._lock:
+            latest = self.latest
+            if latest is not None and latest is not self.sent and self.results is not None:
+                self.results.put(Progress(self.rank, latest[1], latest[0], latest[2]))
+                self.sent = latest
 
     def _send_loop(self) -> None:
         while True:
-            latest = self.latest
-            if latest is not None and latest is not self.sent:
-                self.results.put(Progress(self.rank, latest[1], latest[0]))
-                self.sent = latest
+            self.flush()
             time.sleep(PROGRESS_EVERY_S)
 
 
@@ -225,7 +238,9 @@ def _entry(rank: int, world: int, init_method: str, spec: _Spec, results: Any) -
             torch.cuda.set_device(rank)
         join_local_group(spec.backend, init_method, rank, world, spec.join_timeout)
         ctx.progress("joined the process group")
-        results.put(Done(rank, spec.worker(ctx, *spec.args)))
+        payload = spec.worker(ctx, *spec.args)
+        ctx.flush()
+        results.put(Done(rank, payload))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as e:  # report to the launcher, which ends the run
@@ -292,11 +307,11 @@ def _stuck(last: dict[int, tuple[float, str, float]], hang_s: float, now: float)
 
 
 def watch(procs: list, results: Any, hang_s: float | None = None,
-          timeout_s: float | None = None) -> dict[int, Any]:
+          timeout_s: float | None = None, on_progress: Callable[[Progress], None] | None = None) -> dict[int, Any]:
     """Collect the workers' reports until every one reported ``Done`` and ended with exit code
     0: rank -> payload. ``LaunchFailed`` (its ``Failure``) when a worker raised or died, when
     no rank progressed for ``hang_s`` (a rank in a set-up step has ``STARTUP_GRACE_S``
-    more) or past ``timeout_s``."""
+    more) or past ``timeout_s``. ``on_progress``: given each rank's progress (a bar)."""
     start = time.time()
     done: dict[int, Any] = {}
     errors: dict[int, str] = {}
@@ -310,6 +325,8 @@ def watch(procs: list, results: Any, hang_s: float | None = None,
             msg = None
         if isinstance(msg, Progress):
             last[msg.rank] = (msg.when, msg.label, STARTUP_GRACE_S if msg.label in SETUP_STEPS else 0.0)
+            if on_progress is not None:
+                on_progress(msg)
         elif isinstance(msg, Failed):
             errors[msg.rank] = msg.text
         elif isinstance(msg, Done):
@@ -333,11 +350,12 @@ def launch(worker: Callable[..., Any], world: int, args: tuple = (), *,
            diagnose: Callable[[Failure], str], backend: str = "gloo", threads: int | None = None,
            join_timeout: timedelta | None = None, hang_s: float | None = None, timeout_s: float | None = None,
            error_text: Callable[[BaseException], str] = one_line_error, name: str = "pipeplan-worker",
-           join: bool = False) -> dict[int, Any]:
+           join: bool = False, on_progress: Callable[[Progress], None] | None = None) -> dict[int, Any]:
     """Run ``worker(ctx, *args)`` on ``world`` ranks of one process group (``worker`` and
     ``error_text``: module-level functions, ``args`` picklable): rank -> what it returned. A
     failure is a ``PipeplanError`` worded by ``diagnose``; no worker process outlives the
-    call. ``join``: under torchrun, join its group instead of spawning (``joined_from_env``)."""
+    call. ``join``: under torchrun, join its group instead of spawning (``joined_from_env``).
+    ``on_progress``: given the ranks' progress as it arrives (spawned workers only)."""
     if join and torchrun_world() is not None:
         return _run_joined(worker, world, args, backend, threads, diagnose, error_text)
     ctx = _context(worker)
@@ -355,7 +373,7 @@ def launch(worker: Callable[..., Any], world: int, args: tuple = (), *,
                 time.sleep(0.2)  # a Ctrl-C that ended it reaches this process too: it lands here, as 130
                 raise PipeplanError(f"the workers' fork server ended while starting them ({type(e).__name__}); "
                                     "run again") from None
-            return watch(procs, results, hang_s, timeout_s)
+            return watch(procs, results, hang_s, timeout_s, on_progress)
         except LaunchFailed as e:
             raise PipeplanError(diagnose(e.failure)) from None
         finally:

@@ -137,5 +137,5 @@ def train_pipelined(rank: int, plan: Plan, cfg: dict, progress) -> tuple[list[di
         if k > 1:
             allreduce_gradients(group.module, dp_groups[pos], group)
 
-    steps = run_steps(step, group, opt, cfg["warmup"] + cfg["steps"])
+    steps = run_steps(step, group, opt, cfg["warmup"] + cfg["steps"], progress)
     return steps, ({s: state_arrays(parts[s]) for s in lay.stages[pos]} if pipe == 0 else None)

@@ -48,12 +48,14 @@ class Recorder(Protocol):
 
 
 def run_steps(step: Callable[[], None], timed: Recorder, opt: torch.optim.Optimizer,
-              count: int) -> list[dict]:
+              count: int, progress: Callable[..., None] = lambda label, step=None: None) -> list[dict]:
     """``count`` iterations between barriers; per step its start on this process's clock,
     its length and the rank's actions (kind, microbatch, start, end). On a GPU the step
-    starts once the device is idle and ends once it is again (``Clock.anchor``, ``sync``)."""
+    starts once the device is idle and ends once it is again (``Clock.anchor``, ``sync``).
+    ``progress(label, step)`` as each iteration begins (``launch.Worker.progress``)."""
     out, clock = [], timed.clock
-    for _ in range(count):
+    for i in range(count):
+        progress(f"iteration {i + 1} of {count}", i + 1)
         opt.zero_grad()
         timed.new_step()
         dist.barrier()
