@@ -54,7 +54,9 @@ def check_layers(count: int, where: str) -> None:
 #: and contexts trained (hidden 25,600 and 128K-10M tokens in 2025-26) with room to spare,
 #: below what would make a plan's arithmetic meaningless or its graph take minutes to build.
 MAX_DECODER = {"layers": MAX_LAYERS, "hidden": 1 << 18, "ffn": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14,
-               "seq": 1 << 24, "vocab": 1 << 22, "microbatch": 1 << 16}
+               "seq": 1 << 24, "vocab": 1 << 22, "microbatch": 1 << 16, "head_size": 1 << 14, "experts": 1 << 14,
+               "top_k": 1 << 14, "expert_ffn": 1 << 20, "shared_ffn": 1 << 20, "dense_layers": MAX_LAYERS,
+               "q_lora": 1 << 18, "kv_lora": 1 << 18, "rope_dim": 1 << 14, "v_head": 1 << 14}
 
 
 def check_decoder(key: str, value: int, where: str) -> None:

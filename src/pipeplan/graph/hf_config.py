@@ -4,8 +4,10 @@ weights, no download): ``hf:ARCH?key=value&...`` (``AutoConfig.for_model(ARCH, k
 ``config.json`` or the folder holding one). Keys ``seq`` (sequence length, default 4096 or the
 model's maximum if smaller) and ``microbatch`` (default 1) are pipeplan's; the others set the
 config. Llama, Mistral and Qwen2 (biases on the query, key and value projections) map onto a
-Llama-style ``DecoderSpec``, GPT-2 onto a GPT-style one; mixture-of-experts models (Mixtral)
-are refused until experts are a plan dimension."""
+Llama-style ``DecoderSpec``, GPT-2 onto a GPT-style one; Qwen3 (its own head size, query and
+key norms), and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 (latent
+attention, shared experts, dense first layers) onto a ``DecoderSpec`` with those fields (their
+parameter counts are known; planning them waits for expert parallelism)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from ..llm.spec import DecoderSpec, gpt
 from .llm import build_graph
 from .model import Graph
 
-LLAMA_LIKE = ("llama", "mistral", "qwen2")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 DEFAULT_SEQ = 4096
 
 
@@ -44,9 +46,16 @@ def config_value(text: str) -> int | float | bool | str:
 
 #: The dimensions pipeplan reads, by config family: a config must give them (a file) or the
 #: query must set them (``hf:ARCH?...``), never transformers' defaults in silence
-NEEDED = {"gpt2": ("n_embd", "n_layer", "n_head", "vocab_size"),
-          **{k: ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-             for k in LLAMA_LIKE}}
+_BASE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+NEEDED = {"gpt2": ("n_embd", "n_layer", "n_head", "vocab_size"), **{k: _BASE for k in LLAMA_LIKE},
+          "qwen3": (*_BASE, "head_dim"),
+          "mixtral": (*_BASE, "num_local_experts", "num_experts_per_tok"),
+          "qwen2_moe": (*_BASE, "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                        "shared_expert_intermediate_size"),
+          "qwen3_moe": (*_BASE, "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+          "deepseek_v3": (*_BASE, "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+                          "first_k_dense_replace", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+                          "qk_nope_head_dim", "v_head_dim")}
 
 
 #: keys transformers 5 still reads, under their older names, into a field of another name
@@ -54,15 +63,16 @@ NEEDED = {"gpt2": ("n_embd", "n_layer", "n_head", "vocab_size"),
 LEGACY_KEYS = {"rope_theta", "rope_scaling"}
 
 
-def _check_keys(spec: str, cfg, given: set[str]) -> None:
-    """One line for a query key the config does not have, or a dimension pipeplan needs that
-    neither the file nor the query gives."""
+def _check_keys(spec: str, cfg, given: set[str], query: bool) -> None:
+    """One line for a query key the config does not have (a typo; a released config file may
+    carry keys this transformers does not read, e.g. DeepSeek-V3's ``ep_size``), or a dimension
+    pipeplan needs that neither the file nor the query gives."""
     import inspect
 
     known = (set(type(cfg)().to_dict()) | set(getattr(cfg, "attribute_map", {}))  # transformers keeps any key given
              | set(inspect.signature(type(cfg).__init__).parameters) | LEGACY_KEYS)
     unknown = sorted(k for k in given if k not in known)
-    if unknown:
+    if unknown and query:
         raise PipeplanError(f"model {spec!r}: {getattr(cfg, 'model_type', '?')!r} configs have no key {unknown[0]!r}")
     missing = [k for k in NEEDED.get(getattr(cfg, "model_type", ""), ()) if k not in given]
     if missing:
@@ -107,10 +117,10 @@ def _read_config(spec: str, body: str, options: dict[str, str]):
                 raise PipeplanError(f"model {spec!r}: expected a config.json or the folder holding one")
             regular_file(folder / "config.json", f"model {spec!r}: config")  # not a FIFO, not huge
             cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
-            _check_keys(spec, cfg, _given_in_file(folder))
+            _check_keys(spec, cfg, _given_in_file(folder), query=False)
             return cfg
         cfg = AutoConfig.for_model(body, **kwargs)
-        _check_keys(spec, cfg, set(kwargs))
+        _check_keys(spec, cfg, set(kwargs), query=True)
         return cfg
     except PipeplanError:
         raise
@@ -128,8 +138,6 @@ def rope_base(cfg) -> float:
 def _decoder(spec: str, cfg, seq: int | None) -> DecoderSpec:
     kind = getattr(cfg, "model_type", "?")
     name = spec[len("hf:"):].split("?")[0].rstrip("/").split("/")[-1] or kind
-    if getattr(cfg, "num_local_experts", None):
-        raise PipeplanError(f"model {spec!r}: mixture-of-experts models ({kind}) are not planned yet")
     try:
         if kind == "gpt2":
             return replace(gpt(name, int(cfg.n_embd), int(cfg.n_layer), int(cfg.n_head),
@@ -141,13 +149,42 @@ def _decoder(spec: str, cfg, seq: int | None) -> DecoderSpec:
                                seq or default_seq(int(cfg.max_position_embeddings)), int(cfg.vocab_size),
                                int(cfg.intermediate_size), int(getattr(cfg, "num_key_value_heads", None) or heads),
                                gated=True, tied=bool(cfg.tie_word_embeddings), norm="rmsnorm", bias=False,
-                               positions="rope", dropout=False, flash=True, qkv_bias=kind == "qwen2",
-                               rope_base=rope_base(cfg), norm_eps=float(cfg.rms_norm_eps))
+                               positions="rope", dropout=False, flash=True, qkv_bias=kind in ("qwen2", "qwen2_moe"),
+                               rope_base=rope_base(cfg), norm_eps=float(cfg.rms_norm_eps), **_layout(kind, cfg))
     except PipeplanError:
         raise
     except (TypeError, ValueError, AttributeError) as e:
         raise PipeplanError(f"model {spec!r}: the config's dimensions are not usable ({e})") from None
     raise PipeplanError(f"model {spec!r}: {kind!r} configs are not planned (known: gpt2, {', '.join(LLAMA_LIKE)})")
+
+
+def _layout(kind: str, cfg) -> dict:
+    """What a Llama-like config adds to the Llama layout: Qwen3's head size and query/key
+    norms; the experts of Mixtral (``num_local_experts`` of ``intermediate_size``), Qwen2/3-MoE
+    (``num_experts`` of ``moe_intermediate_size``, Qwen2-MoE's shared expert) and DeepSeek-V3
+    (``n_routed_experts``, ``n_shared_experts`` of ``moe_intermediate_size``, the first
+    ``first_k_dense_replace`` layers dense) and its latent attention."""
+    out: dict = {}
+    if kind in ("qwen3", "qwen3_moe"):
+        out.update(head_size=int(cfg.head_dim), qk_norm=True)
+    if kind == "mixtral":
+        out.update(experts=int(cfg.num_local_experts), top_k=int(cfg.num_experts_per_tok),
+                   expert_ffn=int(cfg.intermediate_size))
+    if kind in ("qwen2_moe", "qwen3_moe"):
+        if getattr(cfg, "mlp_only_layers", None) or int(getattr(cfg, "decoder_sparse_step", 1)) != 1:
+            raise PipeplanError(f"{kind}: dense layers between the sparse ones (mlp_only_layers, decoder_sparse_step) "
+                                "are not modelled")
+        out.update(experts=int(cfg.num_experts), top_k=int(cfg.num_experts_per_tok),
+                   expert_ffn=int(cfg.moe_intermediate_size),
+                   shared_ffn=int(getattr(cfg, "shared_expert_intermediate_size", 0) or 0))
+    if kind == "deepseek_v3":
+        out.update(experts=int(cfg.n_routed_experts), top_k=int(cfg.num_experts_per_tok),
+                   expert_ffn=int(cfg.moe_intermediate_size),
+                   shared_ffn=int(cfg.n_shared_experts) * int(cfg.moe_intermediate_size),
+                   dense_layers=int(cfg.first_k_dense_replace), head_size=int(cfg.qk_nope_head_dim),
+                   q_lora=int(cfg.q_lora_rank or 0), kv_lora=int(cfg.kv_lora_rank), rope_dim=int(cfg.qk_rope_head_dim),
+                   v_head=int(cfg.v_head_dim))
+    return out
 
 
 def from_hf(spec: str) -> Graph:

@@ -21,6 +21,7 @@ def build_graph(spec: DecoderSpec, microbatch: int, rates: Rates = REFERENCE) ->
     (Korthikanti's count, no recomputation). ``meta["decoder"]`` keeps the dimensions, from
     which costs at other tensor-parallel degrees and microbatch sizes are computed."""
     check_decoder("microbatch", microbatch, f"model {spec.name!r}")
+    spec.require_dense("pipeplan's cost model")
     b, hidden_bytes = microbatch, BF16 * microbatch * spec.seq * spec.hidden
     e_f, e_b = (t * H100_SPEED for t in embedding_compute_s(spec, rates, b))
     l_f, l_b, _ = (t * H100_SPEED for t in layer_compute_s(spec, rates, b))
@@ -53,6 +54,13 @@ DESCRIPTIONS = {
     "llama3-8b": "Llama 3 8B (Dubey et al. 2024): 32 layers, hidden 4096, 32 heads (8 KV), ffn 14336, SwiGLU",
     "llama3-70b": "Llama 3 70B (Dubey et al. 2024): 80 layers, hidden 8192, 64 heads (8 KV), ffn 28672, SwiGLU",
     "llama3-405b": "Llama 3 405B (Dubey et al. 2024): 126 layers, hidden 16384, 128 heads (8 KV), ffn 53248, SwiGLU",
+    "mixtral-8x7b": "Mixtral 8x7B (Jiang et al. 2024): 32 layers, hidden 4096, 8 experts of 14336, 2 a token "
+                    "(parameter counts only: planning waits for expert parallelism)",
+    "mixtral-8x22b": "Mixtral 8x22B: 56 layers, hidden 6144, 8 experts of 16384, 2 a token (counts only)",
+    "qwen3-30b-a3b": "Qwen3-30B-A3B: 48 layers, hidden 2048, 128 experts of 768, 8 a token (counts only)",
+    "qwen3-235b-a22b": "Qwen3-235B-A22B: 94 layers, hidden 4096, 128 experts of 1536, 8 a token (counts only)",
+    "deepseek-v3": "DeepSeek-V3 (DeepSeek-AI 2024): 61 layers (3 dense), hidden 7168, latent attention, 256 "
+                   "experts of 2048 + 1 shared, 8 a token (counts only)",
 }
 
 
@@ -62,8 +70,11 @@ def describe() -> list[dict]:
     for name, text in DESCRIPTIONS.items():
         defaults = {"microbatch": 1} if name == "gpt" else {"seq": PRESETS[name].seq, "microbatch": 1}
         params = None if name == "gpt" else PRESETS[name].total_params()
-        out.append({"name": name, "description": text, "defaults": defaults, "granularities": ["layer"],
-                    "published_params": params, "family": "llm"})
+        entry = {"name": name, "description": text, "defaults": defaults, "granularities": ["layer"],
+                 "published_params": params, "family": "llm"}
+        if name != "gpt" and PRESETS[name].moe:
+            entry["active_params"] = PRESETS[name].active_params()
+        out.append(entry)
     return out
 
 

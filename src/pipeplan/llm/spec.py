@@ -25,7 +25,7 @@ presets.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from ..errors import PipeplanError
 from ..limits import check_decoder
@@ -62,6 +62,24 @@ class DecoderSpec:
     qkv_bias: bool = False  # biases on the query, key and value projections only (Qwen2)
     rope_base: float = 10000.0  # rotary positions' base (theta); Llama 3: 500,000 (costs nothing, engines need it)
     norm_eps: float = 1e-5  # the norms' epsilon (as rope_base: for the engines)
+    head_size: int = 0  # a head's width where it is not hidden / heads (Qwen3: 128 for hidden 2,048 and 32 heads)
+    qk_norm: bool = False  # an RMSNorm over each head's queries and keys (Qwen3)
+    # mixture of experts (``experts`` 0: a dense MLP in every layer): routed experts of width
+    # ``expert_ffn``, ``top_k`` of them a token, shared experts of width ``shared_ffn`` in all,
+    # a router (hidden x experts); the first ``dense_layers`` keep a dense MLP of ``ffn``
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_ffn: int = 0
+    dense_layers: int = 0
+    # Multi-head Latent Attention (DeepSeek-V2/V3; ``kv_lora`` 0: none): queries through a
+    # rank-``q_lora`` bottleneck, keys and values through a rank-``kv_lora`` latent, each
+    # query/key head ``head_size`` wide plus ``rope_dim`` of decoupled rotary part, each value
+    # head ``v_head`` wide
+    q_lora: int = 0
+    kv_lora: int = 0
+    rope_dim: int = 0
+    v_head: int = 0
 
     def __post_init__(self) -> None:
         where = f"model {self.name!r}"
@@ -70,7 +88,20 @@ class DecoderSpec:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PipeplanError(f"{where}: {key} must be a positive integer, got {value!r}")
             check_decoder(key, value, where)
-        if self.hidden % self.heads:
+        for key in ("head_size", "experts", "top_k", "expert_ffn", "shared_ffn", "dense_layers", "q_lora", "kv_lora",
+                    "rope_dim", "v_head"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise PipeplanError(f"{where}: {key} must be an integer >= 0, got {value!r}")
+            check_decoder(key, value, where)
+        if self.experts and not (0 < self.top_k <= self.experts and self.expert_ffn > 0):
+            raise PipeplanError(f"{where}: {self.experts} experts need top_k from 1 to {self.experts} and an "
+                                f"expert_ffn, got top_k {self.top_k}, expert_ffn {self.expert_ffn}")
+        if self.dense_layers > self.layers:
+            raise PipeplanError(f"{where}: dense_layers {self.dense_layers} is above layers {self.layers}")
+        if self.kv_lora and not (self.head_size and self.v_head):
+            raise PipeplanError(f"{where}: latent attention (kv_lora) needs head_size and v_head")
+        if not self.head_size and self.hidden % self.heads:
             raise PipeplanError(f"{where}: hidden {self.hidden} is not a multiple of heads {self.heads}")
         if self.heads % self.kv_heads:
             raise PipeplanError(f"{where}: heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
@@ -85,7 +116,21 @@ class DecoderSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def moe(self) -> bool:
+        """A mixture of experts (``experts`` > 0)."""
+        return self.experts > 0
+
+    def require_dense(self, what: str) -> None:
+        """One line where ``what`` prices dense decoders only and this one is not (experts or
+        latent attention), with the counts pipeplan does have for it."""
+        if self.moe or self.kv_lora or self.head_size and self.head_size * self.heads != self.hidden:
+            kind = "a mixture of experts" if self.moe else "a decoder of another attention layout"
+            raise PipeplanError(f"model {self.name!r} is {kind} ({self.total_params() / 1e9:.1f}B parameters, "
+                                f"{self.active_params() / 1e9:.1f}B active a token): {what} prices dense decoders "
+                                "only so far (expert parallelism is not a plan dimension yet)")
 
     @property
     def kv_dim(self) -> int:
@@ -117,10 +162,8 @@ class DecoderSpec:
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
     def layer_params(self) -> int:
-        h, kv, f = self.hidden, self.kv_dim, self.ffn
-        weights = h * (h + 2 * kv) + h * h + self.mlp_matrices * h * f
-        biases = (h + 2 * kv) + h + (self.mlp_matrices - 1) * f + h if self.bias else (h + 2 * kv) * self.qkv_bias
-        return weights + biases + 2 * self._norm_params()
+        """A dense layer's: attention, MLP, two norms (a mixture's: ``mlp_params``)."""
+        return self.attention_params() + self.mlp_params(False) + 2 * self._norm_params()
 
     def embedding_params(self) -> int:
         """Token table (+ learned positions)."""
@@ -131,7 +174,55 @@ class DecoderSpec:
         return self._norm_params() + (0 if self.tied else self.vocab * self.hidden)
 
     def total_params(self) -> int:
-        return self.layers * self.layer_params() + self.embedding_params() + self.head_params()
+        return self._layer_params_sum(active=False) + self.embedding_params() + self.head_params()
+
+    # -- mixtures of experts, latent attention, other head sizes (counts) -----------------------
+    def attention_params(self) -> int:
+        """A layer's attention: the projections (with MLA its low-rank factors and their norms),
+        the biases of the query, key and value projections where the model has them, the
+        per-head query and key norms (``qk_norm``)."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_dim
+        if self.kv_lora:  # DeepSeek-V3's MLA (its modeling code's projections)
+            qk = self.heads * (self.head_dim + self.rope_dim)
+            queries = h * self.q_lora + self.q_lora + self.q_lora * qk if self.q_lora else h * qk
+            latent = h * (self.kv_lora + self.rope_dim) + self.kv_lora
+            return queries + latent + self.kv_lora * self.heads * (self.head_dim + self.v_head) + \
+                self.heads * self.v_head * h
+        biases = (q + 2 * kv) * (self.bias or self.qkv_bias) + (h if self.bias else 0)
+        return h * (q + 2 * kv) + q * h + biases + (2 * self.head_dim if self.qk_norm else 0)
+
+    def mlp_params(self, moe: bool, active: bool = False) -> int:
+        """A layer's MLP: dense (``ffn``), or with ``moe`` its router, shared experts and routed
+        experts (all of them, or with ``active`` the ``top_k`` a token goes through)."""
+        m, h = self.mlp_matrices, self.hidden
+        if not moe:
+            return m * h * self.ffn + ((m - 1) * self.ffn + h if self.bias else 0)
+        routed = (self.top_k if active else self.experts) * m * h * self.expert_ffn
+        return routed + m * h * self.shared_ffn + h * self.experts
+
+    def _layer_params_sum(self, active: bool) -> int:
+        """Every layer's parameters (``active``: those a token goes through)."""
+        dense = self.layer_params()
+        sparse = dense - self.mlp_params(False) + self.mlp_params(True, active) if self.moe else dense
+        n_dense = self.dense_layers if self.moe else self.layers
+        return n_dense * dense + (self.layers - n_dense) * sparse
+
+    def active_params(self, embedding: bool = True) -> int:
+        """The parameters one token goes through (a dense model's all); ``embedding``: with the
+        token table (a lookup, no multiply)."""
+        return self._layer_params_sum(active=True) + (self.embedding_params() if embedding else 0) + \
+            self.head_params()
+
+    def flops_per_token(self) -> float:
+        """Forward + backward FLOPs of one token's matrix multiplies through the active weights
+        (2 a multiply-add, backward 2 x forward: 6 x the active parameters but the token table),
+        plus the attention scores and their product with the values over the sequence
+        (causal mask not exploited, as Megatron counts)."""
+        qk = self.head_dim + (self.rope_dim if self.kv_lora else 0)
+        v = self.v_head if self.kv_lora else self.head_dim
+        attention = 2.0 * self.seq * self.heads * (qk + v) * self.layers
+        weights = self._layer_params_sum(active=True) + self.vocab * self.hidden  # the LM head's (tied or not)
+        return 3.0 * (2.0 * weights + attention)
 
     # -- FLOPs of one microbatch of ``samples`` sequences ---------------------------------------
     def attention_core_flops(self, samples: int) -> float:
@@ -252,11 +343,30 @@ def llama(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn: i
                        norm_eps=norm_eps)
 
 
+def moe(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, experts: int,
+        top_k: int, expert_ffn: int, rope_base: float, norm_eps: float, seq: int = 4096, **layout) -> DecoderSpec:
+    """A Llama-style mixture of experts (Mixtral, Qwen3-MoE, DeepSeek-V3): routed experts in
+    place of the dense MLP, ``layout`` the rest (shared experts, dense first layers, head
+    size, latent attention)."""
+    return replace(llama(name, hidden, layers, heads, kv_heads, ffn, vocab, seq, rope_base, norm_eps),
+                   experts=experts, top_k=top_k, expert_ffn=expert_ffn, **layout)
+
+
 #: Published dimensions. GPT-3 175B: Brown et al. 2020, Table 2.1 (Narayanan et al. 2021 use
 #: vocab 51,200); Llama 3: Dubey et al. 2024, Table 3, vocabulary 128,256 as released.
+#: Mixtures of experts, as their released configs give them (config.json on the Hugging Face
+#: hub): Mixtral 8x7B and 8x22B (Jiang et al. 2024), Qwen3-30B-A3B and 235B-A22B (Qwen3
+#: technical report, 2025), DeepSeek-V3 (DeepSeek-AI 2024, §2 and its config), with a
+#: training sequence of 4,096 tokens (the configs give the longest context).
 PRESETS: dict[str, DecoderSpec] = {s.name: s for s in (
     gpt("gpt3-175b", 12288, 96, 96),
     llama("llama3-8b", 4096, 32, 32, 8, 14336),
     llama("llama3-70b", 8192, 80, 64, 8, 28672),
     llama("llama3-405b", 16384, 126, 128, 8, 53248),
+    moe("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 8, 2, 14336, 1e6, 1e-5),
+    moe("mixtral-8x22b", 6144, 56, 48, 8, 16384, 32768, 8, 2, 16384, 1e6, 1e-5),
+    moe("qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 151936, 128, 8, 768, 1e6, 1e-6, head_size=128, qk_norm=True),
+    moe("qwen3-235b-a22b", 4096, 94, 64, 4, 12288, 151936, 128, 8, 1536, 1e6, 1e-6, head_size=128, qk_norm=True),
+    moe("deepseek-v3", 7168, 61, 128, 128, 18432, 129280, 256, 8, 2048, 1e4, 1e-6, shared_ffn=2048,
+        dense_layers=3, head_size=128, q_lora=1536, kv_lora=512, rope_dim=64, v_head=128),
 )}
