@@ -1,9 +1,18 @@
 """Collectives as NCCL runs them on GPU clusters, in nccl-tests' bus-bandwidth convention
 (doc/PERFORMANCE.md): a collective of S bytes over n ranks moves ``bus_factor x S`` through
 the slowest link of each rank, all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n
-(S the whole array), plus a latency term: log2(n) steps of the group's largest link latency
-(NCCL's trees; twice for an all-reduce, which reduces then broadcasts), never zero where the
-links have latency.
+(S the whole array), all-to-all (n-1)/n (S one rank's array, of which it keeps 1/n), plus a
+latency term: log2(n) steps of the group's largest link latency (NCCL's trees; twice for an
+all-reduce, which reduces then broadcasts), never zero where the links have latency. An
+all-to-all has no tree: NCCL posts its n - 1 peer exchanges as one group of sends and receives
+and runs them in rounds, so its latency is n - 1 steps (the bound where the rounds do not
+overlap; the expert all-to-alls of mixtures of experts pay it, docs/llm.md).
+
+Context parallelism's key/value exchange (``ring_exchange_s``): Megatron-core's ring (its
+``cp_comm_type`` p2p, Transformer Engine's attention) passes each rank's key/value block to the
+next rank cp - 1 times, each send overlapped with the attention on the block in hand, so only
+what a send takes beyond that block's compute is exposed; Llama 3's all-gather of keys and
+values before the attention is ``collective_s("all_gather", ...)``.
 
 A group's bus bandwidth on a cluster of servers: inside one server, the slowest link between
 its members (NVLink through NVSwitch: any pair at full speed); across servers, each member
@@ -21,7 +30,7 @@ import numpy as np
 
 from .model import Cluster
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
 def bus_factor(kind: str, n):
@@ -29,14 +38,16 @@ def bus_factor(kind: str, n):
     array of counts)."""
     if kind == "all_reduce":
         return 2.0 * (n - 1) / n
-    if kind in ("all_gather", "reduce_scatter"):
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     raise ValueError(f"unknown collective {kind!r} (known: {', '.join(KINDS)})")
 
 
 def latency_steps(kind: str, n):
     """The latency steps of a collective over ``n`` ranks: ceil(log2 n), twice for an
-    all-reduce (module docstring); 0 below 2 ranks."""
+    all-reduce, n - 1 for an all-to-all (module docstring); 0 below 2 ranks."""
+    if kind == "all_to_all":
+        return np.maximum(np.asarray(n, dtype=float) - 1, 0.0) if np.ndim(n) else max(n - 1, 0)
     rounds = 2 if kind == "all_reduce" else 1
     if np.ndim(n):
         n = np.asarray(n, dtype=float)
@@ -78,3 +89,15 @@ def group_links(cluster: Cluster, group: Sequence[int]) -> tuple[float, float]:
         adapter = float(sub[~same].min())
         bw = min(inside, float(members.min()) * adapter)
     return bw * float(cluster.meta.get("allreduce_efficiency", 1.0)), lat
+
+
+def ring_exchange_s(block_bytes: float, cp: int, bytes_per_s: float, latency_s: float,
+                    block_compute_s: float) -> float:
+    """Exposed seconds of a context-parallel ring pass over ``cp`` ranks (module docstring):
+    cp - 1 sends of one ``block_bytes`` key/value block to the next rank, each hidden behind
+    the attention on the block in hand (``block_compute_s``) as far as it lasts. Backward
+    passes key/value blocks and their gradients: call it with twice the bytes."""
+    if cp <= 1 or block_bytes <= 0:
+        return 0.0
+    send = block_bytes / bytes_per_s + latency_s
+    return (cp - 1) * max(0.0, send - block_compute_s)

@@ -95,6 +95,9 @@ KINDS: dict[str, Kind] = {k.name.lower(): k for k in (
          (), 312e12, 2039e9, *A100_GEMM, A100_RATES),
     Kind("H100-SXM", 80 * _GiB, 67.0 / 15.7, "NVIDIA H100 SXM 80 GB: 989 TFLOP/s bf16, 3,350 GB/s HBM3",
          (), 989e12, 3350e9, *H100_GEMM, "GEMMs timed alone on a lent H100, no whole layer"),
+    Kind("H800", 80 * _GiB, 67.0 / 15.7, "NVIDIA H800 SXM 80 GB: the H100's silicon (989 TFLOP/s bf16, 3,350 GB/s "
+         "HBM3), NVLink 400 GB/s", (), 989e12, 3350e9, *H100_GEMM,
+         "the H100's GEMMs (the same silicon) timed alone on a lent H100, no whole layer"),
     Kind("GPU", 32 * _GiB, 1.0, "a generic device equal to the reference"),
     Kind("CPU", 8 * _GiB, 1.0, "a CPU worker process (speed relative to the profile's process; "
          "measure it with pipeplan calibrate)"),

@@ -20,6 +20,7 @@ RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "gpu"
 PATTERN = "layer_timing_*.json"
 #: (CUDA device name, case-insensitive regex) -> kind; SXM boards only, as the kinds are
 GPU_KINDS = ((r"\bH100\b.*\b(HBM3|SXM\d?)\b", "H100-SXM"),
+             (r"\bH800\b", "H800"),
              (r"\bA100-SXM\d?-80GB\b", "A100-80GB"),
              (r"\bA100-SXM\d?-40GB\b", "A100-40GB"))
 

@@ -100,17 +100,22 @@ PRESETS: dict[str, tuple[str, Callable[[], Cluster]]] = {
 #: HDR (A100) or 400 Gb/s NDR (H100) each way. Latencies (per message) are assumptions:
 #: 3 us over NVLink, 6 us over InfiniBand (docs/llm.md). NCCL's collectives reach 80% of the
 #: links' rate (``allreduce_efficiency``), an assumption to calibrate on published runs.
+#: HGX H800 servers (DeepSeek-V3's cluster, DeepSeek-AI 2024 §3.1): the H100's silicon with
+#: NVLink cut to 400 GB/s per GPU counting both directions (200 GB/s each way), NVSwitch inside,
+#: one 400 Gb/s InfiniBand adapter (CX7) per GPU between servers.
 DGX_NCCL_EFFICIENCY = 0.8
-DGX = {"a100": ("A100-80GB", 300e9, 200 * Gbps), "h100": ("H100-SXM", 450e9, 400 * Gbps)}
+DGX = {"dgx-a100": ("A100-80GB", 300e9, 200 * Gbps, "NVIDIA DGX A100"),
+       "dgx-h100": ("H100-SXM", 450e9, 400 * Gbps, "NVIDIA DGX H100"),
+       "hgx-h800": ("H800", 200e9, 400 * Gbps, "NVIDIA HGX H800")}
 DGX_LATENCY = (3e-6, 6e-6)
-DGX_PATTERN = re.compile(r"dgx-(a100|h100)x(\d+)")
+DGX_PATTERN = re.compile(r"(dgx-a100|dgx-h100|hgx-h800)x(\d+)")
 
 
-def dgx(gpu: str, servers: int) -> Cluster:
-    """``dgx-a100xN`` / ``dgx-h100xN``: N DGX servers of 8 GPUs (``DGX``)."""
-    kind, nvlink, ib = DGX[gpu]
-    return hierarchical(f"dgx-{gpu}x{servers}", servers, 8, nvlink, ib, kind=kind, latency=DGX_LATENCY,
-                        meta={"source": f"NVIDIA DGX {gpu.upper()}: NVSwitch inside, one InfiniBand adapter per GPU",
+def dgx(server: str, servers: int) -> Cluster:
+    """``dgx-a100xN``, ``dgx-h100xN``, ``hgx-h800xN``: N servers of 8 GPUs (``DGX``)."""
+    kind, nvlink, ib, what = DGX[server]
+    return hierarchical(f"{server}x{servers}", servers, 8, nvlink, ib, kind=kind, latency=DGX_LATENCY,
+                        meta={"source": f"{what}: NVSwitch inside, one InfiniBand adapter per GPU",
                               "allreduce_efficiency": DGX_NCCL_EFFICIENCY})
 
 
@@ -121,6 +126,8 @@ SIZED_PRESETS: dict[str, tuple[str, str]] = {
                    "adapter per GPU between servers"),
     "dgx-h100xN": ("8N", "N DGX H100 servers: 8 H100-SXM on NVLink (450 GB/s each way), one 400 Gb/s InfiniBand "
                    "adapter per GPU between servers"),
+    "hgx-h800xN": ("8N", "N HGX H800 servers: 8 H800 on NVLink (200 GB/s each way), one 400 Gb/s InfiniBand "
+                   "adapter per GPU between servers (DeepSeek-V3's cluster)"),
 }
 
 
