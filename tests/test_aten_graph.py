@@ -80,6 +80,12 @@ def mlp() -> Graph:
     return export_graph("example:mlp")
 
 
+@pytest.fixture(scope="module")
+def tied_graph() -> Graph:
+    """``tied``'s graph, exported once for the tests that read it (none changes it)."""
+    return export_graph(f"{__name__}:tied")
+
+
 # -- the MLP ------------------------------------------------------------------------------------
 def test_mlp_nodes_params_and_meta(mlp):
     model, x = load_model("example:mlp")
@@ -120,8 +126,8 @@ def test_microbatch_scales_activations(mlp):
 
 
 # -- models defined here --------------------------------------------------------------------------
-def test_module_paths_views_tied_weights():
-    g = export_graph(f"{__name__}:tied")
+def test_module_paths_views_tied_weights(tied_graph):
+    g = tied_graph
     paths = [nid.rsplit("/", 1)[0] for nid in g.ids]
     assert paths == ["inp", "model", "block.norm", "block.fc", "block", "out", "model"]
     assert not any(d.split()[0] in ("aten.view", "aten.permute", "aten.t") for d in g.desc)
@@ -150,8 +156,8 @@ def test_frozen_layers_have_no_weight_gradient():
     assert g.total_params == _param_bytes(model)  # frozen weights still take memory
 
 
-def test_meta_device_and_real_fallback():
-    assert export_graph(f"{__name__}:tied").meta["materialized"] is False
+def test_meta_device_and_real_fallback(tied_graph):
+    assert tied_graph.meta["materialized"] is False
     g = export_graph(f"{__name__}:needs_real")
     assert g.meta["materialized"] is True and len(g) == 1
 
@@ -190,8 +196,8 @@ def test_measured_scaling_on_mlp(tmp_path, mlp):
     assert (g.act == mlp.act).all() and (g.params == mlp.params).all()
 
 
-def test_measured_shares_in_proportion_and_keeps_the_rest():
-    g = export_graph(f"{__name__}:tied")
+def test_measured_shares_in_proportion_and_keeps_the_rest(tied_graph):
+    g = tied_graph
     block = [i for i, nid in enumerate(g.ids) if nid.startswith("block")]
     prof = _profile(f"{__name__}:tied", ["block", "nothing.here"], fwd=[1.0, 3.0], bwd=[2.0, 0.5])
     s = apply_measured(g, prof)

@@ -28,6 +28,18 @@ from pipeplan.sim import simulate
 from conftest import profile_path
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tiny networks: one intra-op thread (extra threads only contend on a shared machine). That
+    planning loads no torch is checked in a process of its own."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_coarsen_worked_example() -> None:
     # 4 instructions, 3 points: positions round(i * 4 / 2) = 0, 2, 4
     c, a, w, pos, top = coarsen(np.array([1.0, 2.0, 3.0, 4.0]), np.array([0.0, 5.0, 12.0, 6.0, 0.0]),
@@ -209,9 +221,9 @@ def test_cli_trains_automap_infer_briefly(tmp_path, capsys) -> None:
     from pipeplan.cli import main
 
     out = tmp_path / "ai.pt"
-    assert main(["train", "automap-infer", "--evaluations", "120", "--seed", "1", "--out", str(out), "--json"]) == 0
+    assert main(["train", "automap-infer", "--evaluations", "60", "--seed", "1", "--out", str(out), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["episodes"] == 120 and summary["greedy_reward"] > 0 and out.is_file() and (tmp_path / "ai.csv").is_file()
+    assert summary["episodes"] == 60 and summary["greedy_reward"] > 0 and out.is_file() and (tmp_path / "ai.csv").is_file()
     assert main(["plan", "--model", "zoo:t5-base", "--cluster", "automap-a", "--planner", "automap-infer",
                  "-O", f"checkpoint={out}", "--json"]) == 0
 

@@ -23,6 +23,17 @@ B_IN, B_OUT = 100e9, 10e9
 M = 4
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tiny networks: one intra-op thread (extra threads only contend on a shared machine)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def six() -> Graph:
     """Work (fwd+bwd) 2, 4, 6, 6, 4, 2: stages get devices exactly in proportion at most cuts."""
     w = np.array([2, 4, 6, 6, 4, 2], dtype=float) * 1e-3
@@ -168,7 +179,10 @@ def test_online_dqn_reaches_the_optimum_of_the_pruned_problem() -> None:
     p = CutProblem(g, c, 3, 8, radius=3)
     opt = optimum(p)
     assert opt.plans >= 40
-    run = train_online(p, Budget(seconds=60), Config(hidden=(128, 128), seed=0, eps_decay_steps=1500))
+    # a budget of episodes, not seconds (the same run on a loaded machine); it stops when the
+    # greedy policy has converged: ~425 episodes with epsilon at its floor after 500 steps (seeds
+    # 0-4 all converge on the optimum; with the reward negated, none of their greedy plans is it)
+    run = train_online(p, Budget(evaluations=3000), Config(hidden=(128, 128), seed=0, eps_decay_steps=500))
     assert run.iteration_s == pytest.approx(opt.iteration_s, rel=1e-9)
     assert run.converged_s is not None
     assert p.value(run.greedy)[0] == pytest.approx(opt.iteration_s, rel=1e-9)
@@ -190,7 +204,7 @@ def test_cli_plan_prints_cut_positions_and_layers(capsys) -> None:
     from pipeplan.cli import main
 
     assert main(["plan", "--model", "zoo:bert-48", "--cluster", "automap-c", "--planner", "automap",
-                 "-O", "budget=4", "--microbatches", "16"]) == 0
+                 "-O", "episodes=100", "--microbatches", "16"]) == 0  # episodes: a plan on a loaded machine too
     out = capsys.readouterr().out
     assert "automap cuts: after #" in out and "(layer" in out and "-> device " in out
 

@@ -15,10 +15,13 @@ from randomplans import SCHEDULE_NAMES, random_candidates, random_cluster, rando
 
 
 @pytest.mark.slow
-def test_efficiency_never_above_one_on_3000_plans():
+def test_efficiency_never_above_one_on_1000_plans():
+    """The first 1,000 plans of seed 7's stream (it ran 3,000, 10 s of simulation): every
+    schedule and replica mode appears within the first 300, and many plans attain the bound
+    (efficiency 1 to within rounding), so the assertion is sharp."""
     rng = np.random.default_rng(7)
     checked, worst, seen = 0, 0.0, set()
-    while checked < 3000:
+    while checked < 1000:
         layers, v = int(rng.integers(2, 9)), int(rng.integers(1, 7))
         graph, cluster = random_graph(rng, layers), random_cluster(rng, v)
         stages = int(rng.integers(1, min(layers, v) + 1))

@@ -14,26 +14,45 @@ from pipeplan.cluster.model import Cluster, Device
 from pipeplan.errors import PipeplanError
 from pipeplan.runtime.calibrate import calibrate, cluster_to_yaml
 
+from test_launch import fork_server_for_runs
+
 pytestmark = pytest.mark.slow  # worker processes: seconds each
 
 
 def _workers() -> set[int]:
-    """Live (non-zombie) spawned worker processes of this process, from /proc."""
-    me, out = os.getpid(), set()
+    """Live (non-zombie) spawned worker processes of this process, from /proc: its descendants
+    but multiprocessing's own helpers among its children, the resource tracker and the fork
+    server (which lives as long as this process; the workers are its children)."""
+    me, parent, live, helpers = os.getpid(), {}, set(), set()
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
             cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == me and fields[0] != "Z" and b"resource_tracker" not in cmdline:
-            out.add(int(proc.name))
-    return out
+        pid, ppid = int(proc.name), int(fields[1])
+        parent[pid] = ppid
+        if fields[0] != "Z":
+            live.add(pid)
+        if ppid == me and (b"resource_tracker" in cmdline or b"multiprocessing.forkserver" in cmdline):
+            helpers.add(pid)
+    tree, new = set(), {me}
+    while new:
+        new = {p for p, pp in parent.items() if pp in new} - tree
+        tree |= new
+    return (tree - helpers) & live
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fork_server() -> None:
+    """This process's fork server, started as the executor's runs need it before a
+    calibration starts it for its own workers (``test_launch.fork_server_for_runs``)."""
+    fork_server_for_runs()
 
 
 @pytest.fixture(scope="module")
 def calibrated() -> tuple[Cluster, dict]:
-    return calibrate(workers=2, seconds=0.3)
+    return calibrate(workers=2, seconds=0.1)
 
 
 def test_two_cpu_workers(calibrated):

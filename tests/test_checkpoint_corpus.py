@@ -26,7 +26,7 @@ Mutation = tuple[str, Callable[[dict], None]]
 def dynpartition() -> tuple[dict, Callable[[str], Any], tuple[str, ...]]:
     from pipeplan.dynamic.agent import Agent, Config
 
-    agent = Agent(2, Config())
+    agent = Agent(2, Config(hidden=(2, 2)))  # tiny: the loader builds the network the checkpoint's config says
     return agent.checkpoint({"net": "mathfunc"}), Agent.load, ("config", "devices")
 
 
@@ -34,7 +34,7 @@ def drlpp() -> tuple[dict, Callable[[str], Any], tuple[str, ...]]:
     from pipeplan.planners.drlpp.ppo import Config, new_agent
     from pipeplan.planners.drlpp.run import AGENT, load_agent
 
-    agent = new_agent(Config(), DEVICES)
+    agent = new_agent(Config(gcn_widths=(2, 2, 2), hidden=2, accelerator_embedding=2), DEVICES)  # tiny, as above
     data = checkpoint(AGENT, agent.cfg, agent.state_dict(), {"devices": DEVICES})
     return data, lambda path: load_agent(path, DEVICES, 0), ("config", "devices")
 
@@ -104,7 +104,7 @@ def mutated(data: dict, mutate: Callable[[dict], None]) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("agent", AGENTS)
-def test_every_mutated_checkpoint_is_one_line(agent, tmp_path):
+def test_every_mutated_checkpoint_is_one_line(agent, tmp_path, one_torch_thread):
     data, load, reads = AGENTS[agent]()
     path = tmp_path / "ck.pt"
     torch.save(data, path)
@@ -133,7 +133,7 @@ def _planner(agent: str, path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("agent", AGENTS)
-def test_cli_refuses_a_checkpoint_without_weights(agent, tmp_path, capsys):
+def test_cli_refuses_a_checkpoint_without_weights(agent, tmp_path, capsys, one_torch_thread):
     data, _, _ = AGENTS[agent]()
     path = tmp_path / "ck.pt"
     torch.save(mutated(data, lambda d: d["state"].pop(next(iter(d["state"])))), path)

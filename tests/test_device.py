@@ -84,13 +84,14 @@ def test_bf16_runs_match_bf16_training_in_one_process_and_not_fp32(split):
     from pipeplan.plan import Stage
 
     plan = plan_for("1f1b", "round-robin", 4, 4, spec="example:transformer")
+    plan.graph.meta["microbatch"] = 2  # bf16 is slow on a CPU: 2 samples a microbatch (1 a split replica)
     if split:
         c = plan.cluster
         plan.stages = [Stage(plan.stages[0].nodes, c.names[:2]), Stage(plan.stages[1].nodes, c.names[2:3])]
-    cfg = RunConfig("example:transformer", steps=2, warmup=0, precision="bf16", device="cpu", timeout_s=600)
+    cfg = RunConfig("example:transformer", steps=1, warmup=0, precision="bf16", device="cpu", timeout_s=600)
     out = run_plan(plan, cfg)
     assert (out.device, out.precision) == ("cpu", "bf16")
-    kw = dict(steps=2, lr=cfg.lr, seed=cfg.seed, threads=1, microbatch=out.microbatch)
+    kw = dict(steps=1, lr=cfg.lr, seed=cfg.seed, threads=1, microbatch=out.microbatch)
     same = check_run(plan, cfg.spec, out.params, precision="bf16", **kw)
     fp32 = check_run(plan, cfg.spec, out.params, precision="fp32", **kw)
     assert same.verdict == "pass", same

@@ -23,6 +23,16 @@ from pipeplan.sim import simulate
 TWO = "hier:servers=1,gpus=2,intra=10Gbps,inter=10Gbps"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tiny networks: one intra-op thread (extra threads only contend on a shared machine), and
+    the same PPO trajectories whatever thread count an earlier test in this process left."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_gconv_matches_a_hand_computation():
     """Path a - b - c; X = [[1,0],[0,1],[1,1]], Theta = [1,-3]^T, Theta' = [2,1]^T.
     X Theta = [1,-3,-2] -> ReLU [1,0,0]; X Theta' = [2,1,3], averaged over each node and its
@@ -126,7 +136,8 @@ def _all_plans(graph: Graph, devices: int):
 def test_a_short_ppo_run_reaches_the_brute_forced_optimum():
     """Six layers with heavy weights and light activations on two devices: data parallelism
     all-reduces ~100 MB, so the optimum is a two-stage pipeline cut in the middle, found by
-    enumerating every plan and simulating it. After training, most sampled plans are it."""
+    enumerating every plan and simulating it. After training, most sampled plans are it.
+    (1,500 plans: seeds 0-5 all sample the optimum at >= 87 % then; a flipped advantage, 0 %.)"""
     graph = Graph.chain("six", [4e-3, 2e-3, 2e-3, 2e-3, 2e-3, 4e-3], [8e-3, 4e-3, 4e-3, 4e-3, 4e-3, 8e-3],
                         params=[2e7] * 6, act=[1e4] * 6)
     cluster = load_cluster(TWO)
@@ -135,7 +146,7 @@ def test_a_short_ppo_run_reaches_the_brute_forced_optimum():
     optimum = min(r.iteration_s for r in times if not r.over_memory)
     agent = new_agent(Config(seed=0, schemes_per_update=8), 2)
     inst = Instance(graph, cluster, scorer)
-    best, curve = train(agent, inst, Budget(evaluations=3000))
+    best, curve = train(agent, inst, Budget(evaluations=1500))
     assert best.iteration_s == pytest.approx(optimum, rel=1e-9)
     schemes = sample_schemes(agent, inst, 16, torch.Generator().manual_seed(1))
     found = [t for s in schemes for t, ok in zip(s.times, s.valid) if ok]

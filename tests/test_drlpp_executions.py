@@ -21,6 +21,16 @@ from pipeplan.planners.drlpp.run import executions
 from pipeplan.sim import simulate
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tiny networks: one intra-op thread (extra threads only contend on a shared machine, many
+    times the CPU), and the same training whatever thread count an earlier test left."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _case() -> tuple[Graph, object]:
     graph = Graph.chain("six", fwd=[1.0, 3.0, 2.0, 1.0, 4.0, 1.0], bwd=[2.0, 6.0, 4.0, 2.0, 8.0, 2.0],
                         params=[1e6] * 6, act=[3e6, 1e6, 2e6, 5e6, 1e6, 1e6])
@@ -57,7 +67,7 @@ def test_the_searches_choose_the_execution_too(search):
     assert res.iteration_s == pytest.approx(best_any, rel=1e-9)  # 300 plans: its plan's best execution
 
 
-@pytest.mark.slow  # 400 plans scored: about 9 s
+@pytest.mark.slow  # 400 plans scored: a few seconds
 def test_the_agent_learns_the_execution_that_pays():
     """A runner makes every plan 5x slower unless it runs zb-h1 with split replicas: training
     raises the policy's share of that execution well above its untrained share."""

@@ -30,16 +30,23 @@ def test_unknown_setting_is_named():
         load_model("hf:gpt2?n_lyr=2")
 
 
-@pytest.mark.slow
-def test_gpt2_pipeline_runs_and_checks():
-    """Profile -> a 2-stage 1F1B plan cut between the transformer blocks -> run on 2
-    processes -> parameters equal one-process training."""
+@pytest.fixture(scope="module")
+def profiled():
+    """SPEC's profile (one for the two runs below: a profile builds and times the model)."""
     pytest.importorskip("transformers")
-    from pipeplan.runtime.check import check_run
-    from pipeplan.runtime.executor import RunConfig, run_plan
     from pipeplan.runtime.profiler import profile_model
 
-    g = profile_model(SPEC, warmup=0, reps=1)
+    return profile_model(SPEC, warmup=0, reps=1)
+
+
+@pytest.mark.slow
+def test_gpt2_pipeline_runs_and_checks(profiled):
+    """Profile -> a 2-stage 1F1B plan cut between the transformer blocks -> run on 2
+    processes -> parameters equal one-process training."""
+    from pipeplan.runtime.check import check_run
+    from pipeplan.runtime.executor import RunConfig, run_plan
+
+    g = profiled
     assert len(g) == 5  # embeddings, 2 blocks, final norm, head
     c = hierarchical("local", 1, 2, 1e9, 1e9)
     plan = Plan(g, c, [Stage(g.ids[:2], ["s0g0"]), Stage(g.ids[2:], ["s0g1"])], 4, schedule="1f1b")
@@ -52,14 +59,12 @@ def test_gpt2_pipeline_runs_and_checks():
 
 
 @pytest.mark.slow
-def test_run_on_another_input_than_the_profile_says_so(tmp_path, capsys):
+def test_run_on_another_input_than_the_profile_says_so(tmp_path, capsys, profiled):
     """The plan was profiled at seq=16; run on seq=32 it still runs, with one warning line
     saying its prediction is for the profile's input."""
-    pytest.importorskip("transformers")
     from pipeplan.cli import main
-    from pipeplan.runtime.profiler import profile_model
 
-    g = profile_model(SPEC, warmup=0, reps=1)
+    g = profiled
     c = hierarchical("local", 1, 2, 1e9, 1e9)
     Plan(g, c, [Stage(g.ids[:2], ["s0g0"]), Stage(g.ids[2:], ["s0g1"])], 2, schedule="1f1b").save(tmp_path / "p.json")
     assert main(["run", str(tmp_path / "p.json"), "--model", SPEC.replace("seq=16", "seq=32"), "--steps", "1",

@@ -4,7 +4,6 @@ by hand, the cost model against a closed form, the MILP against brute force."""
 
 from __future__ import annotations
 
-import itertools
 import warnings
 
 import pytest
@@ -308,18 +307,31 @@ class Deep(nn.Module):
 
 
 def _brute_force(prop, start, model, tensors):
-    """Every assignment of a placement to every tensor of ``tensors``: (best cost, best paper score)."""
+    """Every assignment of a placement to every tensor of ``tensors``: (best cost, best paper score).
+
+    Depth first, one tensor at a time: narrowing is arc consistency, whose closure does not
+    depend on the order the decisions come in, so each assignment gets the domains narrowing
+    all of it at once gives, and a conflict among the first tensors is one of every assignment
+    that extends them (the assignments' tree shares its prefixes' propagation; half the time)."""
     pos = positions(tensors)
     open_ = vector(start, pos) < 0
     best_cost, best_score = float("inf"), -1.0
-    for combo in itertools.product(*[codes(start[t.id]) for t in tensors]):
-        dom, conflict = prop.narrow(start, {t.id: bit(c) for t, c in zip(tensors, combo)})
-        if conflict is not None:
-            continue
-        c = model.evaluate(dom)
-        if c.fits:
-            best_cost = min(best_cost, c.step_s)
-        best_score = max(best_score, score(vector(dom, pos)[open_]))
+
+    def visit(dom, k: int) -> None:
+        nonlocal best_cost, best_score
+        if k == len(tensors):
+            c = model.evaluate(dom)
+            if c.fits:
+                best_cost = min(best_cost, c.step_s)
+            best_score = max(best_score, score(vector(dom, pos)[open_]))
+            return
+        t = tensors[k]
+        for code in codes(start[t.id]):
+            narrowed, conflict = prop.narrow(dom, {t.id: bit(code)})
+            if conflict is None:
+                visit(narrowed, k + 1)
+
+    visit(start, 0)
     return best_cost, best_score
 
 

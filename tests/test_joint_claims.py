@@ -84,6 +84,7 @@ def _held_out_instance():
     return g, Cluster("held-out", devs, bw, lat)
 
 
+@pytest.mark.slow  # the enumeration of 4 layers on 4 devices: seconds
 def test_complete_means_no_zero_bubble_plan_is_faster():
     """joint's exhaustive phase bounds every schedule it searches by what holds for it: with a
     split backward (zero bubble) a device's last task may be a weight gradient nothing before

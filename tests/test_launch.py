@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from pipeplan.errors import PipeplanError
+from pipeplan.runtime import launch as launch_mod
 from pipeplan.runtime.launch import (Done, Failed, Failure, LaunchFailed, Progress, Worker, joined_from_env, launch,
                                      torchrun_world, watch)
 
@@ -45,6 +46,25 @@ def rank1_hangs(ctx: Worker) -> None:
     time.sleep(0.5)
     ctx.progress("waiting for rank 1")
     dist.barrier()
+
+
+def fork_server_for_runs() -> None:
+    """Start this process's fork server (every launch forks its workers there) unless it
+    runs, as the executor's launch would. It preloads only the worker module of the launch
+    that starts it: one started for another module (this file's, calibration's, DTensor's)
+    leaves every later plan run's workers to import torch's pipelining and dynamo themselves,
+    seconds each. (The tests of launching files whose first launch is not the executor's call
+    this first.)"""
+    from pipeplan.runtime import executor
+
+    launch_mod._context(executor._worker)
+
+
+@pytest.fixture(autouse=True)
+def fork_server(request) -> None:
+    """The fork server started as the executor's runs need it, before this file's launches."""
+    if request.node.get_closest_marker("slow"):  # the tests that spawn workers
+        fork_server_for_runs()
 
 
 @pytest.fixture

@@ -48,12 +48,14 @@ def rank_flops(r: dict) -> float:
 
 @pytest.mark.slow
 def test_tiny_layers_on_cpu(tmp_path):
-    done = run_script("--device", "cpu", "--tiny", "--out", str(tmp_path), OMP_NUM_THREADS="1")
+    # --quick: with --tiny the same four shapes, 5 repeats of each measurement instead of 10
+    done = run_script("--device", "cpu", "--tiny", "--quick", "--out", str(tmp_path), OMP_NUM_THREADS="1")
     assert done.returncode == 0, done.stderr
     data = json.loads((tmp_path / "layer_timing_cpu.json").read_text())
     assert data["provenance"]["command"].startswith(".venv/bin/python benchmarks/gpu/layer_timing.py")
     assert data["gpu"] == "cpu" and data["dtype"] == "float32"
     rows = data["rows"]
+    assert data["repeat"] == 5
     assert {(r["model"], r["tp"]) for r in rows} == {(m, t) for m in ("gpt-tiny", "llama-tiny") for t in (1, 2)}
     for r in rows:
         # timings only exist and are positive (the suite checks no wall-clock ratio: a loaded

@@ -21,6 +21,16 @@ from pipeplan.planners.drlpp.ppo import (SYNCHRONOUS, Config, Instance, _clipped
 from pipeplan.sim import simulate
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tiny networks: one intra-op thread (extra threads only contend on a shared machine, several
+    times the CPU)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_the_clipped_objective_is_ppos():
     """L = -mean(min(r A, clip(r, 1-e, 1+e) A)), r = exp(new - old) (Schulman et al. 2017,
     Eq. 7), worked by hand for e = 0.2: r = 1.5 with A = 2 is clipped to 1.2 (2.4, not 3);

@@ -116,7 +116,7 @@ def _check_runs(runs, n_layers, n):
 
 
 @pytest.mark.slow
-@settings(max_examples=100, deadline=None)
+@SETTINGS  # 60 examples like the others (it drew 100: the brute force's LPs are most of this file's time)
 @given(chains(), st.sampled_from([None, 0.5, 0.3]))
 def test_exact_partition_equals_brute_force(chain, fixed):
     lf, lg, comm, n = chain

@@ -38,7 +38,10 @@ def test_chooses_a_depth_on_mobile_4(capsys):
                  "resalloc", "--microbatches", "8", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["schedule"] == "fb-parallel" and d["resalloc"]["depth"] >= 1 and d["iteration_s"] > 0
-    assert main(["compare", "--model", "zoo:googlenet?microbatch=8", "--cluster", "mobile-4", "--json"]) == 0
+    # joint's search budgeted small (its default 30,000 evaluations took ~90% of this test):
+    # the planners compared by default stay the default ones
+    assert main(["compare", "--model", "zoo:googlenet?microbatch=8", "--cluster", "mobile-4", "--json",
+                 "-O", "joint.evaluations=500"]) == 0
     names = {r["planner"] for r in json.loads(capsys.readouterr().out)["results"]}
     assert "resalloc" in names  # compared by default where devices have several resources
 

@@ -53,9 +53,13 @@ def test_translation_keys_positions_and_torch_lowers_it(name, p, chunks, m):
     assert lowered.count("SEND_F") == lowered.count("RECV_F") == cross * m
 
 
-def chunked_plan(name: str, k: int = 1, replicas: str = "split", spec: str = "example:mlp") -> tuple[Plan, int]:
-    """Two device groups of k devices; 4 stages (2 for zb-h1) of about equal layers."""
+def chunked_plan(name: str, k: int = 1, replicas: str = "split", spec: str = "example:mlp",
+                 microbatch: int | None = None) -> tuple[Plan, int]:
+    """Two device groups of k devices; 4 stages (2 for zb-h1) of about equal layers; the
+    model's example input cut to ``microbatch`` samples when given."""
     g, names, z = model_graph(spec)
+    if microbatch is not None:
+        g.meta["microbatch"] = z = microbatch
     c = hierarchical("local", 1, 2 * k, 1e9, 1e9)
     s_count = 2 if name == "zb-h1" else 4
     cuts = [round(j * len(names) / s_count) for j in range(s_count + 1)]
@@ -93,7 +97,7 @@ def _ordered(out: RunResult, plan: Plan) -> None:
                                                   ("interleaved-1f1b", 2, "round-robin", "example:mlp"),
                                                   ("zb-v", 1, "split", "example:transformer")])
 def test_runs_train_exactly_as_one_process(name, k, replicas, spec):
-    plan, z = chunked_plan(name, k, replicas, spec)
+    plan, z = chunked_plan(name, k, replicas, spec, microbatch=4)  # small: the schedule is what is tested
     cfg = RunConfig(spec, steps=2, timeout_s=600)
     out = run_plan(plan, cfg)
     staged = out.params

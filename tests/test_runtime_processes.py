@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -100,13 +102,14 @@ def _start(argv: list[str], tmp_path: Path) -> subprocess.Popen:
 
 
 def _wait_until(proc: subprocess.Popen, tmp_path: Path, what: str, condition, limit_s: float = 300):
-    """Poll ``condition()`` until it returns something true (returned), while ``proc`` runs."""
+    """Poll ``condition()`` until it returns something true (returned), while ``proc`` runs
+    (every 0.2 s: a condition reads all of /proc, which costs the machine CPU time)."""
     deadline = time.time() + limit_s
     while time.time() < deadline and proc.poll() is None:
         got = condition()
         if got:
             return got
-        time.sleep(0.1)
+        time.sleep(0.2)
     raise AssertionError(f"{what} never happened (exit code {proc.poll()}): "
                          f"{(tmp_path / 'stderr').read_text()[-2000:]}")
 
@@ -151,13 +154,6 @@ def _hanging_plan(path: Path) -> None:
          schedule="1f1b").save(path)
 
 
-def test_run_listens_on_loopback_only(tmp_path):
-    _hanging_plan(tmp_path / "plan.json")
-    got = listeners_once_joined(["run", "plan.json", "--model", "failing_models:hangs", "--timeout", "600",
-                                 "--hang-timeout", "600"], WORKERS, tmp_path)
-    assert all(_is_loopback(a) for a in got), got
-
-
 def test_shard_run_listens_on_loopback_only(tmp_path):
     got = listeners_once_joined(["shard", "--model", "failing_models:hangs", "--devices", str(WORKERS),
                                  "--cluster", "automap-c", "--method", "milp", "--run", "--steps", "50"],
@@ -166,7 +162,7 @@ def test_shard_run_listens_on_loopback_only(tmp_path):
 
 
 def test_calibrate_listens_on_loopback_only(tmp_path):
-    got = listeners_once_joined(["calibrate", "--workers", str(WORKERS), "--seconds", "0.2", "--no-runtime",
+    got = listeners_once_joined(["calibrate", "--workers", str(WORKERS), "--seconds", "0.05", "--no-runtime",
                                  "--model", "failing_models:hangs"], WORKERS, tmp_path)
     assert all(_is_loopback(a) for a in got), got
 
@@ -209,14 +205,49 @@ def _signalled(proc: subprocess.Popen, sig: int) -> None:
     proc.wait(120)
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGKILL, -9)])
-def test_a_signal_while_the_workers_train_ends_every_worker(sig, code, tmp_path):
-    """Ctrl-C exits 130 and SIGTERM 143, each with one line; a parent killed with SIGKILL
-    takes its workers with it (PR_SET_PDEATHSIG)."""
+@dataclass
+class JoinedRun:
+    """A ``run`` of the hanging plan (``_run``) once every worker joined its group: the
+    listening addresses of its process tree and its workers then."""
+
+    proc: subprocess.Popen
+    tmp_path: Path
+    listening: list[str]
+    workers: set[int]
+
+
+def _joined_run(tmp_path: Path) -> JoinedRun:
     proc = _run(tmp_path, "hangs")
     try:
-        _wait_until(proc, tmp_path, "all workers joined", lambda: _joined(proc.pid, WORKERS))
-        workers = _workers(proc.pid)
+        listening = _wait_until(proc, tmp_path, "all workers joined", lambda: _joined(proc.pid, WORKERS))
+        return JoinedRun(proc, tmp_path, listening, _workers(proc.pid))
+    except BaseException:
+        _end(proc)
+        raise
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory) -> Iterator[JoinedRun]:
+    """One run for two tests (a command's run costs seconds of CPU): the loopback test reads
+    its listeners, the Ctrl-C case of the signal test ends it."""
+    run = _joined_run(tmp_path_factory.mktemp("shared-run"))
+    try:
+        yield run
+    finally:
+        _end(run.proc)
+
+
+def test_run_listens_on_loopback_only(shared_run):
+    assert all(_is_loopback(a) for a in shared_run.listening), shared_run.listening
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGKILL, -9)])
+def test_a_signal_while_the_workers_train_ends_every_worker(sig, code, tmp_path, request):
+    """Ctrl-C exits 130 and SIGTERM 143, each with one line; a parent killed with SIGKILL
+    takes its workers with it (PR_SET_PDEATHSIG). (Ctrl-C ends the run the loopback test read.)"""
+    run = request.getfixturevalue("shared_run") if sig == signal.SIGINT else _joined_run(tmp_path)
+    proc, tmp_path, workers = run.proc, run.tmp_path, run.workers
+    try:
         _signalled(proc, sig)
     finally:
         _end(proc)

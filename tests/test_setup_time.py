@@ -23,7 +23,11 @@ from pipeplan.sim.batch import BatchEvaluator
 
 from randomplans import random_candidates
 
-KERNELS = (engine._run, engine._run_rows, engine._workspace)
+
+def kernels() -> tuple:
+    """The simulator's kernels as this process runs them: after ``warm_up`` numba's compiled
+    dispatchers (it replaces the module's Python functions with them)."""
+    return (engine._run, engine._run_rows, engine._workspace)
 
 
 def test_setup_runs_before_the_search_timer_and_is_recorded(monkeypatch, capsys):
@@ -41,14 +45,14 @@ def test_a_warm_process_compiles_and_loads_nothing_during_a_search(capsys):
     compiles nor loads code (the set-up it would otherwise be charged for)."""
     engine.warm_up()
     assert engine.warm_up() == 0.0
-    before = [list(k.signatures) for k in KERNELS]
+    before = [list(k.signatures) for k in kernels()]
     g, c = load_graph("zoo:alexnet"), load_cluster("v100x4")
     for name in ("dp", "gpipe", "spp", "pipedream"):
         plan, _ = base.run_planner(name, g, c, PlanOptions(microbatches=4))
         assert plan.setup_s == 0.0
     son, dst = random_candidates(np.random.default_rng(0), g, c, 2, 8)
     assert BatchEvaluator(g, c, 2, 4, "1f1b").evaluate(son, dst).feasible.any()  # the batched kernel
-    assert [list(k.signatures) for k in KERNELS] == before
+    assert [list(k.signatures) for k in kernels()] == before
     assert main(["compare", "--model", "zoo:alexnet", "--cluster", "v100x4", "--planners", "dp,gpipe",
                  "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["results"]

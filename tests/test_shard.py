@@ -70,8 +70,11 @@ def test_the_papers_reward_prefers_more_partitions_than_table3(t5_milp):
 
 @pytest.mark.slow
 def test_dqn_finds_table3_on_t5(t5_milp):
-    # seed 1 meets Table 3 after ~300 episodes and its two-stage search ends by itself (~10 s idle)
-    out = shard(ShardRequest("t5-tiny", 2, method="dqn", budget_s=30, seed=1, **T5_EXAMPLES))
+    # a budget of episodes, not seconds: the same search on a loaded machine. Within 100 (the
+    # fine-tune from episode ~60 on) seeds 0-4 all meet Table 3, as they do within 50; with the
+    # paper's reward or a negated cost reward it ends on plans predicted ~40 % slower. Seed 0: the
+    # export of t5_milp (cached per spec, sizes and seed) is this one's too.
+    out = shard(ShardRequest("t5-tiny", 2, method="dqn", episodes=100, seed=0, **T5_EXAMPLES))
     assert_table3(out["parameters"])
     assert out["predicted"]["step_s"] == pytest.approx(t5_milp["predicted"]["step_s"])
 
@@ -192,14 +195,18 @@ def test_vgg19_on_three_servers_is_table4_but_three_variables():
     ("vgg19-tiny", ("features", "labels"))])
 @pytest.mark.slow
 def test_adp_finds_the_batch_dimensions(model, split):
-    out = shard(ShardRequest(model, 2, adp=True, reward="paper", budget_s=20))
+    # 50 episodes, not seconds (a few candidate dimensions: seeds 0-3 find them within 10); T5 at
+    # the sizes of t5_milp, whose export it reuses
+    sizes = T5_EXAMPLES if model == "t5-tiny" else {}
+    out = shard(ShardRequest(model, 2, adp=True, reward="paper", episodes=50, **sizes))
     assert {p["name"]: p["partition_dim"] for p in out["inputs"]} == {n: 0 for n in split}
     assert all(p["partition_dim"] is None for p in out["parameters"])
 
 
 @pytest.mark.slow  # a whole command run of seconds: in make test, not in the quick set
 def test_cli_json_interface(capsys):
-    assert main(["shard", "--model", "t5-tiny", "--devices", "2", "--method", "milp", "--json"]) == 0
+    assert main(["shard", "--model", "t5-tiny", "--devices", "2", "--method", "milp", "--batch", "64", "--seq", "128",
+                 "--json"]) == 0  # the sizes of t5_milp: its export is reused
     out = json.loads(capsys.readouterr().out)
     assert {"parameters", "inputs", "search_s", "predicted"} <= set(out)
     p = out["parameters"][0]

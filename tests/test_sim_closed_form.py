@@ -133,7 +133,7 @@ def test_no_replication_pattern_deadlocks(schedule, replicas):
     import itertools
 
     g = uniform_chain(4, 1.0, 2.0, act=1e3)
-    c = one_server(10)
+    c = one_server(12)  # 4 stages of up to 3 replicas
     for s_count in range(1, 5):
         for reps in itertools.product(range(1, 4), repeat=s_count):
             cuts = list(range(s_count)) + [4]

@@ -9,6 +9,7 @@ from pipeplan.sharding.models import build
 from pipeplan.sharding import tensor_parallel
 from pipeplan.sharding.tensor_parallel import (ShardConfig, check_against_reference, max_rel_diff, reference_run,
                                               run_sharded, validate_placements)
+from test_launch import fork_server_for_runs
 from test_shard import VGG19_HYBRID_PLAN
 
 #: Megatron's MLP: the first linear split by rows (its output features), the second by
@@ -24,6 +25,13 @@ PAPER_TABLE4 = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1, "fc2.bias": 0,
 #: Megatron's MLP in GPT-2's Conv1D layout ([in, out] weights): c_fc by its outputs, c_proj by its inputs
 GPT2_MLP = {f"transformer.h.{i}.mlp.{name}": dim for i in range(2)
             for name, dim in (("c_fc.weight", 1), ("c_fc.bias", 0), ("c_proj.weight", 0))}
+
+
+@pytest.fixture(autouse=True)
+def fork_server(request) -> None:
+    """The fork server started as the executor's runs need it (``test_launch.fork_server_for_runs``)."""
+    if request.node.get_closest_marker("slow"):  # the tests that spawn workers
+        fork_server_for_runs()
 
 
 def assert_ok(result: dict, workers: int = 2) -> None:
@@ -134,7 +142,8 @@ def test_the_collectives_check_ignores_kinds_counted_zero():
 
 @pytest.mark.slow
 def test_without_check():
-    result = run_sharded("tp_models:mlp", MEGATRON_MLP, None, workers=2, steps=2, check=False)
+    """(One worker: what is tested is that nothing is compared.)"""
+    result = run_sharded("tp_models:mlp", MEGATRON_MLP, None, workers=1, steps=2, check=False)
     assert result["check"]["verdict"] == "not checked" and result["max_rel_diff"] is None
 
 

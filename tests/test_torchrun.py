@@ -5,6 +5,7 @@ part and the result equals one-process training."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -27,24 +28,26 @@ def _free_port() -> int:
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not beside this Python")
 def test_two_nodes_of_two_processes_train_the_plan_as_one_process_does(tmp_path):
     plan = tmp_path / "plan.json"
-    plan_for("1f1b", "round-robin", 2, 4).save(plan)
+    plan_for("1f1b", "round-robin", 2, 4, spec="example:tiny").save(plan)  # 4 layers: the processes are the cost
     port = str(_free_port())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     nodes = [subprocess.Popen([str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(r),
                                "--master-addr", "127.0.0.1", "--master-port", port, "-m", "pipeplan.runtime.launch",
-                               str(plan), "--model", "example:mlp", "--steps", "2", "--check"],
+                               str(plan), "--model", "example:tiny", "--steps", "2", "--check"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
              for r in (0, 1)]
     outs = [n.communicate(timeout=300)[0] for n in nodes]
     for r, (node, out) in enumerate(zip(nodes, outs)):
         assert node.returncode == 0, out[-2000:]
-        ranks = sorted(int(line.split(":")[0].split()[1]) for line in out.splitlines() if line.startswith("rank "))
-        assert ranks == [2 * r, 2 * r + 1]
+        # each rank's line, wherever its newline went: torchrun runs python -u, whose print writes
+        # the text and its newline apart, so the node's two ranks may interleave them
+        said = re.findall(r"rank (\d+): [^\n]*?measured timeline of ([^,\n]*),", out)
+        ranks = sorted(int(rank) for rank, _ in said)
+        assert ranks == [2 * r, 2 * r + 1], out[-2000:]
         assert out.count("4 processes") == 2 and out.count("check pass") == 2
         # every rank holds the measured median step of all four processes: on each, the forward
         # and backward of its pipeline's 2 microbatches, the all-reduce and the optimizer step
-        timelines = {line.split("measured timeline of ")[1].split(",")[0] for line in out.splitlines()
-                     if "measured timeline of" in line}
+        timelines = {timeline for _, timeline in said}
         assert len(timelines) == 1
         count, rest = timelines.pop().split(" actions ")
         assert rest == "on 4 devices" and int(count) >= 4 * 6

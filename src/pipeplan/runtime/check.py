@@ -83,10 +83,20 @@ def _twice_updated_buffers(plan: Plan, model: nn.Module) -> list[str]:
 
 def reference_state(plan: Plan, spec: str, steps: int, lr: float, seed: int, threads: int,
                     microbatch: int, per_pipeline: bool = False, target: Target = Target()) -> dict[str, torch.Tensor]:
-    """Pipeline 0's state after ``steps`` iterations trained in one process (module docstring).
-    ``per_pipeline``: the same training with each pipeline's gradients summed apart, then
-    across pipelines (as the run's all-reduce does); only the rounding differs."""
+    """Pipeline 0's state after ``steps`` iterations trained in one process (module docstring),
+    on ``threads`` threads (this process's own count restored after). ``per_pipeline``: the
+    same training with each pipeline's gradients summed apart, then across pipelines (as the
+    run's all-reduce does); only the rounding differs."""
+    old = torch.get_num_threads()
     torch.set_num_threads(threads)
+    try:
+        return _reference_state(plan, spec, steps, lr, seed, microbatch, per_pipeline, target)
+    finally:
+        torch.set_num_threads(old)
+
+
+def _reference_state(plan: Plan, spec: str, steps: int, lr: float, seed: int, microbatch: int, per_pipeline: bool,
+                     target: Target) -> dict[str, torch.Tensor]:
     model, x = load_model(spec, microbatch, seed)
     xs, ys = global_batch(model, x, plan.microbatches, seed)
     dev = target.torch_device()

@@ -390,8 +390,10 @@ def _context(worker: Callable[..., Any]):
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("forkserver")
+    # the server is the process's one: whichever launch starts it decides what it preloads, so
+    # it preloads the plan executor's modules (torch's pipelining, dynamo) whatever starts it
     ctx.set_forkserver_preload(["pipeplan.runtime.quiet_interrupt", "torch", "torch.distributed", __name__,
-                                worker.__module__])
+                                "pipeplan.runtime.executor", worker.__module__])
     _start_server()
     return ctx
 
@@ -401,8 +403,11 @@ def _start_server() -> None:
     mask survives exec, so a Ctrl-C before the server imports ``quiet_interrupt`` (which
     unblocks it once its quiet handler is in place) waits there instead of printing a
     traceback; in this process the Ctrl-C held during the spawn arrives when it ends."""
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
+    # the fork server starts the resource tracker first, and that start (Python 3.11) unblocks
+    # SIGINT when it returns instead of restoring the mask: start it before blocking
+    resource_tracker.ensure_running()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         forkserver.ensure_running()
