@@ -31,8 +31,10 @@ demo: $(STAMP)
 	$(BIN)/pipeplan compare --model zoo:bert-large --cluster spp-sim --microbatches 32 --out $(OUT)/demo-plan.json
 	$(BIN)/pipeplan simulate $(OUT)/demo-plan.json --trace $(OUT)/demo-trace.json --gantt $(OUT)/demo-plan-gantt.png
 
+# one BLAS and OpenMP thread a test worker: two workers share two cores without their idle
+# threads spinning against each other (torch's own thread count is set where a test needs one)
 test: $(STAMP) $(BROWSER)
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal
+	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_throughput.py --json
