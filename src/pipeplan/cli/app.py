@@ -334,7 +334,7 @@ def cmd_explain(args) -> int:
 
 
 def cmd_report(args) -> int:
-    """``report PLAN [--compare PLAN ...] --html FILE``: the page of viz.html."""
+    """``report PLAN [--compare PLAN ...] --html FILE``: the page of ``html_report``."""
     from rich.console import Console
 
     from ..plan import load_plan

@@ -343,7 +343,7 @@ def llama(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn: i
                        norm_eps=norm_eps)
 
 
-def moe(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, experts: int,
+def mixture(name: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, experts: int,
         top_k: int, expert_ffn: int, rope_base: float, norm_eps: float, seq: int = 4096, **layout) -> DecoderSpec:
     """A Llama-style mixture of experts (Mixtral, Qwen3-MoE, DeepSeek-V3): routed experts in
     place of the dense MLP, ``layout`` the rest (shared experts, dense first layers, head
@@ -363,10 +363,10 @@ PRESETS: dict[str, DecoderSpec] = {s.name: s for s in (
     llama("llama3-8b", 4096, 32, 32, 8, 14336),
     llama("llama3-70b", 8192, 80, 64, 8, 28672),
     llama("llama3-405b", 16384, 126, 128, 8, 53248),
-    moe("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 8, 2, 14336, 1e6, 1e-5),
-    moe("mixtral-8x22b", 6144, 56, 48, 8, 16384, 32768, 8, 2, 16384, 1e6, 1e-5),
-    moe("qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 151936, 128, 8, 768, 1e6, 1e-6, head_size=128, qk_norm=True),
-    moe("qwen3-235b-a22b", 4096, 94, 64, 4, 12288, 151936, 128, 8, 1536, 1e6, 1e-6, head_size=128, qk_norm=True),
-    moe("deepseek-v3", 7168, 61, 128, 128, 18432, 129280, 256, 8, 2048, 1e4, 1e-6, shared_ffn=2048,
+    mixture("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 8, 2, 14336, 1e6, 1e-5),
+    mixture("mixtral-8x22b", 6144, 56, 48, 8, 16384, 32768, 8, 2, 16384, 1e6, 1e-5),
+    mixture("qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 151936, 128, 8, 768, 1e6, 1e-6, head_size=128, qk_norm=True),
+    mixture("qwen3-235b-a22b", 4096, 94, 64, 4, 12288, 151936, 128, 8, 1536, 1e6, 1e-6, head_size=128, qk_norm=True),
+    mixture("deepseek-v3", 7168, 61, 128, 128, 18432, 129280, 256, 8, 2048, 1e4, 1e-6, shared_ffn=2048,
         dense_layers=3, head_size=128, q_lora=1536, kv_lora=512, rope_dim=64, v_head=128),
 )}
