@@ -77,6 +77,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/published/calibrate.py
 	$(BIN)/python benchmarks/published/megatron_sc21.py
 	$(BIN)/python benchmarks/published/validation.py
+	$(BIN)/python benchmarks/published/validation_5d.py
 	$(BIN)/python benchmarks/llm/scale.py
 	$(BIN)/python benchmarks/llm_mutations.py
 

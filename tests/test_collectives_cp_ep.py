@@ -44,3 +44,25 @@ def test_llama3s_all_gather_of_keys_and_values_is_the_all_gather():
     block, cp, bw, lat = 2e6, 16, 50e9, 8e-6
     whole = cp * block
     assert collective_s("all_gather", whole, cp, bw, lat) == pytest.approx((cp - 1) * block / bw + 4 * lat)
+
+
+@pytest.mark.parametrize("servers, per", [(1, 8), (2, 8), (8, 8), (4, 2)])
+def test_an_all_to_all_across_servers_sends_each_ranks_share_over_its_own_adapter(servers, per):
+    """On hgx-h800 servers (NVLink 200 GB/s a direction, one 50 GB/s adapter a GPU): an
+    n-way all-to-all of k ranks a server moves a rank's S (k - 1) / n through NVLink and
+    S (n - k) / n through its adapter at once; the slower sets the time, at the cluster's
+    collective efficiency (its meta's, 0.8 on these servers)."""
+    from pipeplan.cluster import load_cluster
+    from pipeplan.cluster.collectives import exchange_links
+
+    cl = load_cluster(f"hgx-h800x{servers}")
+    group = [s * 8 + g for s in range(servers) for g in range(per)]
+    n, k, size = len(group), per, 64e6
+    nvlink = float(cl.bandwidth[0, 1])
+    adapter = float(cl.bandwidth[0, 8]) if servers > 1 else np.inf
+    assert nvlink == pytest.approx(200e9) and (servers == 1 or adapter == pytest.approx(50e9))
+    want = max(size * (k - 1) / n / nvlink, size * (n - k) / n / adapter) / 0.8
+    assert cl.meta["allreduce_efficiency"] == 0.8
+    bus, lat = exchange_links(cl, group)
+    got = collective_s("all_to_all", size, n, bus, lat) - (n - 1) * lat
+    assert got == pytest.approx(want)

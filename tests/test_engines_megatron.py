@@ -6,6 +6,7 @@ what it cannot express refused with the nearest plan's cost."""
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,10 +31,11 @@ GPT = "zoo:gpt?hidden=1024&layers=12&heads=16&seq=512&vocab=8192"
 
 
 def flags(args: list[str]) -> dict[str, str | None]:
+    """Each option's value as bash hands it to Megatron (quotes removed)."""
     out = {}
     for a in args:
         name, _, value = a.partition(" ")
-        out[name] = value or None
+        out[name] = " ".join(shlex.split(value)) if value else None
     return out
 
 
@@ -169,9 +171,9 @@ def export_plan(name: str) -> Plan:
 
 
 def export_argv(name: str) -> tuple[int, list[str]]:
-    """(world size, the arguments as one token a list entry) of an export."""
+    """(world size, the arguments as bash hands them to Megatron, one token a list entry) of an export."""
     plan = export_plan(name)
-    argv = [tok for a in megatron.arguments(plan) for tok in a.split(" ", 1)]
+    argv = shlex.split(" ".join(megatron.arguments(plan)))
     return plan.parallelism.world, argv
 
 

@@ -141,6 +141,22 @@ def test_a_3d_plan_is_torchtitans_configuration():
     assert config.activation_checkpoint[0] == "selective"
 
 
+def test_a_context_parallel_plan_says_its_degree_to_both_versions():
+    """TP 2 x CP 2 x PP 2 x DP 2 on 16 GPUs: both versions' ``context_parallel_degree`` (a field
+    of each release's parallelism config, the fixture), data parallelism over the 2 replicas, and
+    the schedule's replicas the TP x CP groups (one CSV row a position, not a CP rank)."""
+    g, c = load_graph("zoo:llama3-8b"), load_cluster("dgx-h100x2")
+    par = Parallelism(2, 2, 2, (16, 16), cp=2, microbatch=1, sp=True, zero=1, overlap_grad_reduce=True,
+                      schedule="zb-h1")
+    files = torchtitan.export(llm3d.plan_of(g, c, par, 16))
+    p = _check_keys(files)["parallelism"]
+    assert (p["context_parallel_degree"], p["tensor_parallel_degree"], p["data_parallel_shard_degree"],
+            p["pipeline_parallel_degree"]) == (2, 2, 2, 2)
+    assert len(files["pp_schedule.csv"].strip().splitlines()) == 2
+    config, _ = run_03_config(files["pipeplan_torchtitan.py"])
+    assert (config.parallelism.context_parallel_degree, config.parallelism.data_parallel_shard_degree) == (2, 2)
+
+
 @pytest.mark.parametrize("schedule", ["zb-h1", "spp-pe"])
 def test_a_schedule_torch_cannot_name_goes_as_a_csv_that_torchs_runtime_accepts(schedule):
     plan = _plan(schedule)

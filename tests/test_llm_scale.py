@@ -120,5 +120,5 @@ def test_a_405b_model_plans_on_16384_h100s(capsys):
                  "--planner", "joint", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     p = out["parallelism"]
-    assert p["tp"] * p["pp"] * p["dp"] == 16384 and not out["prediction"]["over_memory"]
+    assert p["tp"] * p["cp"] * p["pp"] * p["dp"] == 16384 and not out["prediction"]["over_memory"]
     assert 0 < out["prediction"]["mfu"] < 1

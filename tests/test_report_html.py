@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from pipeplan.cli import main
+from pipeplan.sim.explain import TERMS
 
 MODEL = "zoo:llama3-8b?seq=512"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -77,7 +78,7 @@ def test_the_page_holds_every_section_and_fetches_nothing(pages, capsys):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     pa, pb = _prediction(a, capsys), _prediction(b, capsys)
     assert tags.rows["memory-table"] == 1 + len(pa["devices"])  # a header, a row a device (TP group)
-    assert tags.rows["comparison-table"] == 3 and tags.rows["breakdown-table"] == 1 + 9 + 1
+    assert tags.rows["comparison-table"] == 3 and tags.rows["breakdown-table"] == 1 + len(TERMS) + 1
     speed = pa["iteration_s"] / pb["iteration_s"]
     assert f"<td>{speed:.3g}x</td>" in text and "<td>1x</td>" in text
     assert f"{pa['mfu']:.1%}" in text and f"{pb['mfu']:.1%}" in text

@@ -73,7 +73,7 @@ def test_dqn_finds_table3_on_t5(t5_milp):
     # a budget of episodes, not seconds: the same search on a loaded machine. Within 100 (the
     # fine-tune from episode ~60 on) seeds 0-4 all meet Table 3, as they do within 50; with the
     # paper's reward or a negated cost reward it ends on plans predicted ~40 % slower. Seed 0: the
-    # export of t5_milp (cached per spec, sizes and seed) is this one's too.
+    # export of t5_milp (cached per spec and sizes) is this one's too.
     out = shard(ShardRequest("t5-tiny", 2, method="dqn", episodes=100, seed=0, **T5_EXAMPLES))
     assert_table3(out["parameters"])
     assert out["predicted"]["step_s"] == pytest.approx(t5_milp["predicted"]["step_s"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import signal
@@ -844,7 +845,10 @@ def _version() -> str:
         return __version__
 
 
+@functools.lru_cache(maxsize=1)
 def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser, built once a process (argparse keeps no state between
+    ``parse_args`` calls; building it is a third of a short command's time)."""
     p = _Parser(prog="pipeplan", description="Plan pipeline-parallel DNN training.")
     p.add_argument("--version", action="version", version=f"pipeplan {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)

@@ -21,7 +21,7 @@ from ..viz.gantt import gantt_png
 
 #: a term's colour in the breakdown bar (the Gantt chart's where the term is a kind of task)
 TERM_COLOUR = {"forward": "#a6cee3", "backward": "#1f78b4", "recompute": "#fb9a99", "tp_comm": "#ff7f00",
-               "pipeline_sends": "#b2df8a", "dp_comm": "#33a02c", "optimizer": "#6a3d9a", "bubble": "#d9d9d9",
+               "cp_comm": "#fdbf6f", "ep_comm": "#e31a1c", "pipeline_sends": "#b2df8a", "dp_comm": "#33a02c", "optimizer": "#6a3d9a", "bubble": "#d9d9d9",
                "other": "#8c8c8c"}
 MEMORY_COLOUR, OVER_COLOUR, HEADER_COLOUR = "#4c9f70", "#d62728", "#dbe8f5"
 _STYLE = f"""

@@ -87,13 +87,13 @@ def print_parallelism(plan: Plan, result: SimResult, console: Console) -> None:
         x = result.extra
         console.print(f"per GPU: peak memory {fmt_bytes(float(result.memory_bytes.max()))} of "
                       f"{fmt_bytes(float(result.memory_limit.min()))} usable; model {x['model_tflops_per_gpu']:.0f} "
-                      f"TFLOP/s (MFU {x['mfu']:.1%}), hardware {x['hw_tflops_per_gpu']:.0f} TFLOP/s"
+                      f"TFLOP/s (MFU {x['mfu']:.1%}{' of the FP8 peak' if x.get('mfu_peak') == 'fp8 dense' else ''}), hardware {x['hw_tflops_per_gpu']:.0f} TFLOP/s"
                       + (" with recomputation" if _recomputes(plan) else ""))
     if par is None:
         return
     replica = par.microbatches(plan.global_batch)
     stages = par.stage_layers()
-    console.print(f"3D: TP {par.tp} x PP {par.pp} x DP {par.dp}"
+    console.print(f"{_dims(par)}"
                   + (f", {par.vpp} virtual stages" if par.vpp > 1 else "")
                   + (f", layers {','.join(map(str, stages))}" if len(set(stages)) > 1 else "")
                   + f"; microbatch {par.microbatch} ({replica} a replica), global batch {plan.global_batch}; "
@@ -102,7 +102,7 @@ def print_parallelism(plan: Plan, result: SimResult, console: Console) -> None:
                   + ("; gradient reduction overlapped" if par.overlap_grad_reduce else "")
                   + f"; gradients reduced in {par.grad_reduce}"
                   + ("; pipeline sends overlapped" if par.overlap_p2p else "")
-                  + f"; schedule {par.schedule}")
+                  + f"; schedule {par.schedule}" + ("; GEMMs in FP8" if par.precision == "fp8" else ""))
     try:
         console.print(f"Megatron-LM: {escape(' '.join(megatron.parallel_arguments(plan)))}")
     except PipeplanError as e:
@@ -180,7 +180,18 @@ def _gap_cell(row: dict) -> str:
 
 
 #: ``explain``'s terms in a compare cell
-SHORT_TERMS = {"recompute": "recompute", "tp_comm": "TP comm", "pipeline_sends": "sends", "dp_comm": "DP",
+def _dims(par) -> str:
+    """``3D: TP 8 x PP 4 x DP 2``, with CP and EP (and ETP) where the plan uses them."""
+    dims = [("TP", par.tp), ("CP", par.cp), ("PP", par.pp), ("DP", par.dp)]
+    dims = [(k, v) for k, v in dims if k in ("TP", "PP", "DP") or v > 1]
+    text = f"{len(dims)}D: " + " x ".join(f"{k} {v}" for k, v in dims)
+    if par.ep > 1 or par.etp > 1:
+        text += f", experts over EP {par.ep} x ETP {par.etp} (expert DP {par.expert_dp})"
+    return text + (f", CP exchange {par.cp_comm}" if par.cp > 1 else "")
+
+
+SHORT_TERMS = {"recompute": "recompute", "tp_comm": "TP comm", "cp_comm": "CP comm", "ep_comm": "EP comm",
+               "pipeline_sends": "sends", "dp_comm": "DP",
                "optimizer": "optimizer", "bubble": "bubble", "other": "other"}
 
 

@@ -14,6 +14,9 @@ next rank cp - 1 times, each send overlapped with the attention on the block in 
 what a send takes beyond that block's compute is exposed; Llama 3's all-gather of keys and
 values before the attention is ``collective_s("all_gather", ...)``.
 
+An all-to-all's links (``exchange_links``): every rank's bytes for other servers cross its own
+adapter, those for its server's members its links inside the server, at once.
+
 A group's bus bandwidth on a cluster of servers: inside one server, the slowest link between
 its members (NVLink through NVSwitch: any pair at full speed); across servers, each member
 sends over its own adapter (one InfiniBand adapter per GPU, as on DGX servers) and NCCL
@@ -60,7 +63,8 @@ def collective_s(kind: str, nbytes, n, bus_bytes_per_s, latency_s):
     ``bus_bytes_per_s`` and ``latency_s``: the one price of every collective in pipeplan.
     Scalars give a float; numpy arrays (broadcast together) an array, 0 where ``n`` < 2 or
     ``nbytes`` <= 0."""
-    if not (np.ndim(n) or np.ndim(nbytes) or np.ndim(bus_bytes_per_s) or np.ndim(latency_s)):
+    scalar = all(isinstance(x, (int, float)) for x in (n, nbytes, bus_bytes_per_s, latency_s))
+    if scalar or not (np.ndim(n) or np.ndim(nbytes) or np.ndim(bus_bytes_per_s) or np.ndim(latency_s)):
         if n <= 1 or nbytes <= 0:
             return 0.0
         return bus_factor(kind, n) * nbytes / bus_bytes_per_s + latency_steps(kind, n) * latency_s
@@ -89,6 +93,29 @@ def group_links(cluster: Cluster, group: Sequence[int]) -> tuple[float, float]:
         adapter = float(sub[~same].min())
         bw = min(inside, float(members.min()) * adapter)
     return bw * float(cluster.meta.get("allreduce_efficiency", 1.0)), lat
+
+
+def exchange_links(cluster: Cluster, group: Sequence[int]) -> tuple[float, float]:
+    """(bus bandwidth, latency) of an all-to-all over ``group``, for ``collective_s``: with k
+    members in a server (the fewest) of n, a rank's array leaves it (k - 1) / n through the
+    links inside its server and (n - k) / n through its own adapter, at once; the slower part
+    sets the time, (n - 1) / n x S / bus with bus = (n - 1) / max((k - 1) / inside, (n - k) /
+    adapter). Unlike a ring (``group_links``), no server's adapters carry a share of another's
+    traffic: every rank's off-server bytes cross its own adapter."""
+    idx = np.asarray(group, dtype=np.int64)
+    if idx.size < 2:
+        return 0.0, 0.0
+    servers = np.array([cluster.devices[i].server or cluster.devices[i].name for i in idx])
+    _, members = np.unique(servers, return_counts=True)
+    n, k = idx.size, int(members.min())
+    sub = cluster.bandwidth[np.ix_(idx, idx)]
+    same = servers[:, None] == servers[None, :]
+    off = same & ~np.eye(n, dtype=bool)
+    inside = float(sub[off].min()) if off.any() else math.inf
+    adapter = float(sub[~same].min()) if (~same).any() else math.inf
+    per_byte = max((k - 1) / inside, (n - k) / adapter)
+    lat = float(cluster.latency[np.ix_(idx, idx)].max())
+    return (n - 1) / per_byte * float(cluster.meta.get("allreduce_efficiency", 1.0)), lat
 
 
 def ring_exchange_s(block_bytes: float, cp: int, bytes_per_s: float, latency_s: float,

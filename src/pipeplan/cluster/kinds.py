@@ -32,6 +32,8 @@ class Kind:
     gemm_overhead_s: float = 0.0
     #: what the bf16 rates rest on until a whole layer is timed on one (``cluster.measured``)
     rates_from: str = ""
+    #: dense FP8 tensor-core peak, FLOP/s (0: no FP8 tensor cores)
+    fp8_flops: float = 0.0
 
     @property
     def memory_reserve(self) -> float:
@@ -88,16 +90,17 @@ KINDS: dict[str, Kind] = {k.name.lower(): k for k in (
     Kind("T4", 16 * _GiB, 8.1 / 15.7, "NVIDIA T4 16 GB, 8.1 TFLOP/s FP32"),
     Kind("A100", 80 * _GiB, 19.5 / 15.7, "NVIDIA A100 80 GB, 19.5 TFLOP/s FP32", (), 312e12, 2039e9,
          *A100_GEMM),
-    Kind("H100", 80 * _GiB, 67.0 / 15.7, "NVIDIA H100 SXM 80 GB, 67 TFLOP/s FP32", (), 989e12, 3350e9),
+    Kind("H100", 80 * _GiB, 67.0 / 15.7, "NVIDIA H100 SXM 80 GB, 67 TFLOP/s FP32", (), 989e12, 3350e9,
+         fp8_flops=1979e12),
     Kind("A100-40GB", 40 * _GiB, 19.5 / 15.7, "NVIDIA A100 SXM 40 GB: 312 TFLOP/s bf16, 1,555 GB/s HBM2",
          (), 312e12, 1555e9, *A100_GEMM, A100_RATES),
     Kind("A100-80GB", 80 * _GiB, 19.5 / 15.7, "NVIDIA A100 SXM 80 GB: 312 TFLOP/s bf16, 2,039 GB/s HBM2e",
          (), 312e12, 2039e9, *A100_GEMM, A100_RATES),
     Kind("H100-SXM", 80 * _GiB, 67.0 / 15.7, "NVIDIA H100 SXM 80 GB: 989 TFLOP/s bf16, 3,350 GB/s HBM3",
-         (), 989e12, 3350e9, *H100_GEMM, "GEMMs timed alone on a lent H100, no whole layer"),
+         (), 989e12, 3350e9, *H100_GEMM, "GEMMs timed alone on a lent H100, no whole layer", 1979e12),
     Kind("H800", 80 * _GiB, 67.0 / 15.7, "NVIDIA H800 SXM 80 GB: the H100's silicon (989 TFLOP/s bf16, 3,350 GB/s "
          "HBM3), NVLink 400 GB/s", (), 989e12, 3350e9, *H100_GEMM,
-         "the H100's GEMMs (the same silicon) timed alone on a lent H100, no whole layer"),
+         "the H100's GEMMs (the same silicon) timed alone on a lent H100, no whole layer", 1979e12),
     Kind("GPU", 32 * _GiB, 1.0, "a generic device equal to the reference"),
     Kind("CPU", 8 * _GiB, 1.0, "a CPU worker process (speed relative to the profile's process; "
          "measure it with pipeplan calibrate)"),

@@ -14,6 +14,8 @@ prediction.
 
 from __future__ import annotations
 
+import shlex
+
 from ..llm.spec import DecoderSpec, decoder_of
 from ..plan import Plan
 from ..llm.parallelism import Parallelism
@@ -73,7 +75,7 @@ def layer_arguments(par: Parallelism) -> list[str]:
         middle = stages[1] if par.pp > 2 else None
         return ([f"--decoder-first-pipeline-num-layers {stages[0]}"] if stages[0] != middle else []) + \
             ([f"--decoder-last-pipeline-num-layers {stages[-1]}"] if stages[-1] != middle else [])
-    return [f"--pipeline-model-parallel-layout {layout_string(counts)}"]
+    return [f"--pipeline-model-parallel-layout {shlex.quote(layout_string(counts))}"]  # '|', '(' and '*' for bash
 
 
 def model_arguments(spec: DecoderSpec) -> list[str]:
@@ -84,6 +86,7 @@ def model_arguments(spec: DecoderSpec) -> list[str]:
             f"--max-position-embeddings {spec.seq}"]
     if spec.kv_heads != spec.heads:
         args += ["--group-query-attention", f"--num-query-groups {spec.kv_heads}"]
+    args += attention_arguments(spec) + expert_arguments(spec)
     if spec.gated:
         args.append("--swiglu")
     if spec.norm == "rmsnorm":
@@ -116,6 +119,34 @@ def note(plan: Plan) -> str:
             "(--tokenizer-type, --tokenizer-model), and your data")
 
 
+def attention_arguments(spec: DecoderSpec) -> list[str]:
+    """Heads of another width (``--kv-channels``), query/key norms, latent attention."""
+    args = []
+    if spec.kv_lora:
+        args += ["--multi-latent-attention", f"--kv-lora-rank {spec.kv_lora}", f"--qk-head-dim {spec.head_size}",
+                 f"--qk-pos-emb-head-dim {spec.rope_dim}", f"--v-head-dim {spec.v_head}"]
+        args += [f"--q-lora-rank {spec.q_lora}"] if spec.q_lora else []
+    elif spec.head_size and spec.head_size * spec.heads != spec.hidden:
+        args.append(f"--kv-channels {spec.head_size}")
+    return args + (["--qk-layernorm"] if spec.qk_norm else [])
+
+
+def expert_arguments(spec: DecoderSpec) -> list[str]:
+    """A mixture's experts: count, top-k, width, shared experts, its dense first layers
+    (``--moe-layer-freq``, a Python list expression), the grouped GEMM and the all-to-all
+    dispatcher pipeplan prices (``llm.experts``)."""
+    if not spec.moe:
+        return []
+    args = [f"--num-experts {spec.experts}", f"--moe-router-topk {spec.top_k}",
+            f"--moe-ffn-hidden-size {spec.expert_ffn}", "--moe-grouped-gemm", "--moe-token-dispatcher-type alltoall"]
+    if spec.shared_ffn:
+        args.append(f"--moe-shared-expert-intermediate-size {spec.shared_ffn}")
+    if spec.dense_layers:
+        freq = f"([0]*{spec.dense_layers}+[1]*{spec.layers - spec.dense_layers})"
+        args.append(f"--moe-layer-freq {shlex.quote(freq)}")
+    return args
+
+
 def arguments(plan: Plan) -> list[str]:
     """``pretrain_gpt.py``'s arguments for ``plan``, one option (with its value) an entry: the
     parallelism, then the model."""
@@ -126,6 +157,10 @@ def parallel_arguments(plan: Plan) -> list[str]:
     """The parallelism, batch, recomputation and optimizer arguments of ``plan``."""
     v = view(plan)
     args = [f"--tensor-model-parallel-size {v.tp}", f"--pipeline-model-parallel-size {v.pp}"]
+    if v.cp > 1:
+        args += [f"--context-parallel-size {v.cp}", f"--cp-comm-type {v.cp_comm}"]
+    if decoder_of(plan.graph.meta, f"model {plan.graph.name!r}").moe:  # Megatron's ETP default is TP: always said
+        args += [f"--expert-model-parallel-size {v.ep}", f"--expert-tensor-parallel-size {v.etp}"]
     args += layer_arguments(v)
     args += [f"--micro-batch-size {v.microbatch}", f"--global-batch-size {plan.global_batch}"]
     if v.recompute == "selective":
@@ -138,6 +173,8 @@ def parallel_arguments(plan: Plan) -> list[str]:
     args += [flag for flag, on in flags if on]
     if plan.optimizer != "adam":
         args.append(f"--optimizer {plan.optimizer}")
+    if v.precision == "fp8":  # Transformer Engine's FP8: E4M3 forward, E5M2 gradients (as pipeplan prices it)
+        args += ["--fp8-format hybrid", "--transformer-impl transformer_engine"]
     return args
 
 

@@ -91,13 +91,17 @@ def common_why_not(plan: Plan, placements: tuple[str, ...]) -> str | None:
 def nearest(plan: Plan) -> Plan:
     """The plan the engines can run that is nearest ``plan``: its shape in Megatron's layout
     (``llm.layout``), even layers, 1F1B or interleaved 1F1B, full recomputation on every stage if
-    on any."""
+    on any (a declared parallelism: the same but for the layers and the schedule)."""
     spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
     tp, pp, dp, vpp = shape(plan)
     world = sorted({d for devs in plan.stage_devices() for d in devs})
     names = [plan.cluster.devices[d].name for d in world]
-    par = Parallelism(tp, pp, dp, even(spec.layers, pp, vpp), vpp,
-                      schedule="1f1b" if vpp == 1 else "interleaved-1f1b")
+    schedule = "1f1b" if vpp == 1 else "interleaved-1f1b"
+    if plan.parallelism is not None:  # its CP, EP and switches kept
+        par = replace(plan.parallelism, layout=even(spec.layers, pp, vpp), schedule=schedule)
+        return replace(plan, stages=[Stage(*chunk) for chunk in layout_stages(names, par)], schedule=schedule,
+                       prediction={}, extra={}, parallelism=par)
+    par = Parallelism(tp, pp, dp, even(spec.layers, pp, vpp), vpp, schedule=schedule)
     stages = [Stage(*chunk) for chunk in layout_stages(names, par)]
     full = any(plan.recomputes(s) for s in range(plan.num_stages))
     return replace(plan, stages=stages, schedule="1f1b" if vpp == 1 else "interleaved-1f1b",

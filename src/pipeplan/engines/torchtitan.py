@@ -77,9 +77,13 @@ def _flavor(plan: Plan) -> str:
     return flavor
 
 
+def _cp(plan: Plan) -> int:
+    return plan.parallelism.cp if plan.parallelism is not None else 1
+
+
 def _group_leads(plan: Plan) -> list[list[int]]:
-    """Each stage's tensor-parallel groups by their first GPU: the replicas the schedule runs."""
-    return [devs[::st.tp] for st, devs in zip(plan.stages, plan.stage_devices())]
+    """Each stage's replicas (TP x CP GPUs) by their first GPU: the replicas the schedule runs."""
+    return [devs[::st.tp * _cp(plan)] for st, devs in zip(plan.stages, plan.stage_devices())]
 
 
 def _why_not(plan: Plan) -> str | None:
@@ -137,6 +141,8 @@ def _parallelism(plan: Plan, head: str, csv: str | None) -> dict:
            "data_parallel_shard_degree": dp if plan.zero else 1,
            "pipeline_parallel_schedule": CSV_CLASS[placement_of(plan)] if csv else NAMED[plan.schedule],
            "module_fqns_per_model_part": module_fqns(plan, head)}
+    if _cp(plan) > 1:
+        out["context_parallel_degree"] = _cp(plan)
     if csv:
         out["pipeline_parallel_schedule_csv"] = csv
     return out

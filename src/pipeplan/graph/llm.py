@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..errors import PipeplanError
 from ..limits import check_decoder, check_layers
 from ..llm.costs import H100_SPEED, REFERENCE, REFERENCE_DEVICE, Rates, embedding_compute_s, head_compute_s, layer_compute_s
+from ..llm.experts import ExpertCut, copies, experts_activation_bytes, experts_compute_s
 from ..llm.spec import BF16, PRESETS, DecoderSpec, gpt
 from .model import Graph, NodeSpec
 
@@ -15,22 +16,19 @@ from .model import Graph, NodeSpec
 def build_graph(spec: DecoderSpec, microbatch: int, rates: Rates = REFERENCE) -> Graph:
     """A chain: ``embed``, ``layer0`` ... ``layer{L-1}``, ``head``, for one microbatch of
     ``microbatch`` sequences on an H100 (``rates``; in V100-reference seconds, ``H100_SPEED``)
-    without tensor parallelism:
+    without tensor or expert parallelism (a mixture's layers with all their experts):
     times, FLOPs, parameters (16-bit bytes: the optimizer's state is the memory model's), the
     hidden state handed on (s x b x h, 16-bit) and what each layer keeps for its backward
     (Korthikanti's count, no recomputation). ``meta["decoder"]`` keeps the dimensions, from
-    which costs at other tensor-parallel degrees and microbatch sizes are computed."""
+    which costs at other parallel degrees and microbatch sizes are computed
+    (``sim.tensor_groups``)."""
     check_decoder("microbatch", microbatch, f"model {spec.name!r}")
-    spec.require_dense("pipeplan's cost model")
     b, hidden_bytes = microbatch, BF16 * microbatch * spec.seq * spec.hidden
     e_f, e_b = (t * H100_SPEED for t in embedding_compute_s(spec, rates, b))
-    l_f, l_b, _ = (t * H100_SPEED for t in layer_compute_s(spec, rates, b))
     h_f, h_b = (t * H100_SPEED for t in head_compute_s(spec, rates, b))
     nodes = [NodeSpec("embed", e_f, e_b, BF16 * spec.embedding_params(), hidden_bytes,
                       f"Embedding({spec.vocab}x{spec.hidden})", 0.0)]
-    nodes += [NodeSpec(f"layer{i}", l_f, l_b, BF16 * spec.layer_params(), hidden_bytes,
-                       f"DecoderLayer(h={spec.hidden}, heads={spec.heads}/{spec.kv_heads}, ffn={spec.ffn})",
-                       spec.layer_flops(b), saved=spec.layer_activation_bytes(b)) for i in range(spec.layers)]
+    nodes += [_layer_node(spec, i, rates, b) for i in range(spec.layers)]
     nodes.append(NodeSpec("head", h_f, h_b, BF16 * spec.head_params(), 4.0 * b * spec.seq,
                           f"Norm + LMHead({spec.hidden}x{spec.vocab}) + loss", spec.head_flops(b)))
     edges = [(a.id, c.id) for a, c in zip(nodes, nodes[1:])]
@@ -41,6 +39,24 @@ def build_graph(spec: DecoderSpec, microbatch: int, rates: Rates = REFERENCE) ->
     if spec.tied:
         graph.tied["embedding"] = ["embed", "head"]
     return graph
+
+
+def _layer_node(spec: DecoderSpec, i: int, rates: Rates, b: int) -> NodeSpec:
+    """Layer ``i`` on one GPU: a dense layer, or a mixture's with every expert on it."""
+    hidden_bytes = BF16 * b * spec.seq * spec.hidden
+    if not spec.is_moe_layer(i):
+        l_f, l_b, _ = (t * H100_SPEED for t in layer_compute_s(spec, rates, b))
+        return NodeSpec(f"layer{i}", l_f, l_b, BF16 * spec.layer_params(), hidden_bytes,
+                        f"DecoderLayer(h={spec.hidden}, heads={spec.heads}/{spec.kv_heads}, ffn={spec.ffn})",
+                        spec.layer_flops(b), saved=spec.layer_activation_bytes(b))
+    whole = ExpertCut()
+    n = copies(spec, b, 1, 1, whole)
+    f, bw, _ = layer_compute_s(spec, rates, b, moe=True)
+    e_f, e_b = experts_compute_s(spec, rates, n, whole)
+    saved = spec.layer_activation_bytes(b, moe=True) + experts_activation_bytes(spec, b, 1, 1, whole, "none")
+    return NodeSpec(f"layer{i}", (f + e_f) * H100_SPEED, (bw + e_b) * H100_SPEED, BF16 * spec.moe_layer_params(),
+                    hidden_bytes, f"MoELayer(h={spec.hidden}, experts={spec.experts} x {spec.expert_ffn}, "
+                    f"top {spec.top_k}, shared {spec.shared_ffn})", spec.layer_flops(b, True), saved=saved)
 
 
 # -- zoo:NAME?key=value ---------------------------------------------------------------------------
@@ -54,13 +70,12 @@ DESCRIPTIONS = {
     "llama3-8b": "Llama 3 8B (Dubey et al. 2024): 32 layers, hidden 4096, 32 heads (8 KV), ffn 14336, SwiGLU",
     "llama3-70b": "Llama 3 70B (Dubey et al. 2024): 80 layers, hidden 8192, 64 heads (8 KV), ffn 28672, SwiGLU",
     "llama3-405b": "Llama 3 405B (Dubey et al. 2024): 126 layers, hidden 16384, 128 heads (8 KV), ffn 53248, SwiGLU",
-    "mixtral-8x7b": "Mixtral 8x7B (Jiang et al. 2024): 32 layers, hidden 4096, 8 experts of 14336, 2 a token "
-                    "(parameter counts only: planning waits for expert parallelism)",
-    "mixtral-8x22b": "Mixtral 8x22B: 56 layers, hidden 6144, 8 experts of 16384, 2 a token (counts only)",
-    "qwen3-30b-a3b": "Qwen3-30B-A3B: 48 layers, hidden 2048, 128 experts of 768, 8 a token (counts only)",
-    "qwen3-235b-a22b": "Qwen3-235B-A22B: 94 layers, hidden 4096, 128 experts of 1536, 8 a token (counts only)",
+    "mixtral-8x7b": "Mixtral 8x7B (Jiang et al. 2024): 32 layers, hidden 4096, 8 experts of 14336, 2 a token",
+    "mixtral-8x22b": "Mixtral 8x22B: 56 layers, hidden 6144, 8 experts of 16384, 2 a token",
+    "qwen3-30b-a3b": "Qwen3-30B-A3B: 48 layers, hidden 2048, 128 experts of 768, 8 a token",
+    "qwen3-235b-a22b": "Qwen3-235B-A22B: 94 layers, hidden 4096, 128 experts of 1536, 8 a token",
     "deepseek-v3": "DeepSeek-V3 (DeepSeek-AI 2024): 61 layers (3 dense), hidden 7168, latent attention, 256 "
-                   "experts of 2048 + 1 shared, 8 a token (counts only)",
+                   "experts of 2048 + 1 shared, 8 a token",
 }
 
 

@@ -33,15 +33,18 @@ from .spec import BF16, DecoderSpec
 @dataclass(frozen=True)
 class Rates:
     """A GPU's bf16 rates: a GEMM of F FLOPs takes F / (peak x gemm_efficiency) +
-    gemm_overhead_s; memory-bound ops move bytes at ``hbm`` bytes/s."""
+    gemm_overhead_s; memory-bound ops move bytes at ``hbm`` bytes/s. ``fp8_peak`` > 0: the
+    layers' GEMMs run in FP8 (Transformer Engine) at that peak and the same efficiency, the
+    attention core and everything else in bf16."""
 
     peak: float
     gemm_efficiency: float
     gemm_overhead_s: float
     hbm: float
+    fp8_peak: float = 0.0
 
     def gemm_s(self, flops: float) -> float:
-        return flops / (self.peak * self.gemm_efficiency) + self.gemm_overhead_s
+        return flops / ((self.fp8_peak or self.peak) * self.gemm_efficiency) + self.gemm_overhead_s
 
 
 #: The device LLM graphs are costed on: an H100 SXM, with the rates cluster/kinds.py gives the
@@ -55,18 +58,27 @@ REFERENCE = Rates(989e12, 0.708, 17e-6, 3350e9)
 H100_SPEED = 67.0 / 15.7
 
 
-def gemm_flops(spec: DecoderSpec, tokens: int, tp: int) -> list[float]:
+def gemm_flops(spec: DecoderSpec, tokens: int, tp: int, moe: bool = False) -> list[float]:
     """FLOPs of each forward GEMM of one of ``tp`` ranks: QKV and the MLP's first matrices
     (gate and up fused for SwiGLU) split by columns (keys and values: ``kv_rank``, replicated
     where the ranks outnumber the key/value heads), the output projection and the MLP's last
-    matrix by rows (Megatron-LM, Shoeybi et al. 2019 §3)."""
-    h, f = spec.hidden, spec.ffn
+    matrix by rows (Megatron-LM, Shoeybi et al. 2019 §3). Other head widths and latent
+    attention: the attention's input projections (``attention_weights``) split by columns.
+    A mixture's layer (``moe``): its shared experts' matrices in place of the MLP's (none
+    without shared experts) and the router's, its routed experts apart (``llm.experts``)."""
+    h = spec.hidden
+    if spec.standard_heads:
+        attention = [2.0 * tokens * h * (h / tp + 2 * spec.kv_rank(tp)), 2.0 * tokens * h * h / tp]
+    else:
+        inputs, output = spec.attention_weights()
+        attention = [2.0 * tokens * inputs / tp, 2.0 * tokens * output / tp]
+    f = spec.shared_ffn if moe else spec.ffn
     first = (2 if spec.gated else 1) * f
-    return [2.0 * tokens * h * (h / tp + 2 * spec.kv_rank(tp)), 2.0 * tokens * h * h / tp,
-            2.0 * tokens * h * first / tp, 2.0 * tokens * f * h / tp]
+    mlp = [2.0 * tokens * h * first / tp, 2.0 * tokens * f * h / tp] if f else [0.0, 0.0]
+    return attention + mlp + ([2.0 * tokens * h * spec.experts / tp] if moe else [])
 
 
-def elementwise_bytes(spec: DecoderSpec, tokens: int, backward: bool = False) -> tuple[float, float]:
+def elementwise_bytes(spec: DecoderSpec, tokens: int, backward: bool = False, moe: bool = False) -> tuple[float, float]:
     """Bytes a layer's memory-bound ops read and write (16-bit values, 1-byte masks), as
     (replicated over a tensor-parallel group unless sequence-parallel, split over it).
     Replicated, forward: two norms (read x, write y), two residual adds (read 2, write 1),
@@ -74,32 +86,55 @@ def elementwise_bytes(spec: DecoderSpec, tokens: int, backward: bool = False) ->
     write dx, the residual branches' gradients are added (read 2, write 1), the dropouts read
     dy and the mask and write dx. Split: the MLP's activation, forward GELU read and write ffn
     wide (SwiGLU: read gate and up, write their product); backward GELU reads x and dy and
-    writes dx (SwiGLU: reads gate, up and dy, writes both gradients)."""
-    h, f = spec.hidden, spec.ffn
+    writes dx (SwiGLU: reads gate, up and dy, writes both gradients); a mixture's layer
+    (``moe``): its shared experts' (``llm.experts`` prices the routed ones)."""
+    h, f = spec.hidden, (spec.shared_ffn if moe else spec.ffn)
     norm, add, drop = ((3, 3, 2 * BF16 + 1) if backward else (2, 3, 2 * BF16 + 1))
     replicated = 2 * norm * BF16 * h + 2 * add * BF16 * h + (2 * drop * h if spec.dropout else 0)
     split = ((5 if spec.gated else 3) if backward else (3 if spec.gated else 2)) * BF16 * f
     return tokens * float(replicated), tokens * float(split)
 
 
-def layer_compute_s(spec: DecoderSpec, rates: Rates, samples: int, tp: int = 1,
-                    sp: bool = False) -> tuple[float, float, float]:
+def layer_compute_s(spec: DecoderSpec, rates: Rates, samples: int, tp: int = 1, sp: bool = False,
+                    keys: int = 0, moe: bool = False) -> tuple[float, float, float]:
     """(forward, backward, attention core's forward) seconds of one layer on one of ``tp``
     ranks: its GEMMs (backward: the input and weight gradients, a GEMM of the same size each),
     the attention core (its FLOPs at the GEMM efficiency, backward 2 x, and, unfused, its
     scores' memory traffic each way, ``attention_core_traffic``) and the memory-bound ops
     (``elementwise_bytes`` each way; those outside the MLP divided over the ranks only with
-    sequence parallelism)."""
+    sequence parallelism); ``keys``: the key positions a query sees (``attention_core_flops``),
+    ``moe``: a mixture's layer without its routed experts (``gemm_flops``)."""
     tokens = samples * spec.seq
-    gemm = sum(rates.gemm_s(f) for f in gemm_flops(spec, tokens, tp))
-    core_flops = spec.attention_core_flops(samples) / (rates.peak * rates.gemm_efficiency) / tp
-    core = core_flops + spec.attention_core_traffic(samples) / rates.hbm / tp
-    core_bwd = 2 * core_flops + spec.attention_core_traffic(samples, backward=True) / rates.hbm / tp
+    gemm = sum(rates.gemm_s(f) for f in gemm_flops(spec, tokens, tp, moe) if f)
+    core_flops = spec.attention_core_flops(samples, keys) / (rates.peak * rates.gemm_efficiency) / tp
+    core = core_flops + spec.attention_core_traffic(samples, keys=keys) / rates.hbm / tp
+    core_bwd = 2 * core_flops + spec.attention_core_traffic(samples, backward=True, keys=keys) / rates.hbm / tp
     passes = []
+    casts = fp8_cast_bytes(spec, tokens, tp, moe) if rates.fp8_peak else (0.0, 0.0)
     for backward in (False, True):
-        replicated, split = elementwise_bytes(spec, tokens, backward)
-        passes.append((replicated / (tp if sp else 1) + split / tp) / rates.hbm)
+        replicated, split = elementwise_bytes(spec, tokens, backward, moe)
+        passes.append((replicated / (tp if sp else 1) + split / tp + casts[backward]) / rates.hbm)
     return gemm + core + passes[0], 2 * gemm + core_bwd + passes[1], core
+
+
+#: bytes Transformer Engine's FP8 cast moves an element: reads it in 16 bits, writes 8 (its
+#: amax reduction fused in)
+CAST_BYTES = BF16 + 1
+
+
+def fp8_cast_bytes(spec: DecoderSpec, tokens: int, tp: int, moe: bool = False) -> tuple[float, float]:
+    """(forward, backward) bytes of a layer's FP8 casts on one of ``tp`` ranks: forward, each
+    linear's input (tokens x its input width, whole under sequence parallelism's gather) and
+    its weights (cast again every microbatch); backward, each linear's output gradient. The
+    router stays in bf16; the routed experts' casts are ``llm.experts``'."""
+    h, f = spec.hidden, (spec.shared_ffn if moe else spec.ffn)
+    inputs, output = (spec.attention_weights() if not spec.standard_heads else
+                      (h * (h + 2 * spec.kv_dim), h * h))
+    first = (2 if spec.gated else 1) * f
+    widths_in = [h, output / h / tp] + ([h, f / tp] if f else [])
+    widths_out = [inputs / h / tp, h] + ([first / tp, h] if f else [])
+    weights = (inputs + output + spec.mlp_matrices * h * f) / tp
+    return CAST_BYTES * (tokens * sum(widths_in) + weights), CAST_BYTES * tokens * sum(widths_out)
 
 
 def head_compute_s(spec: DecoderSpec, rates: Rates, samples: int, tp: int = 1) -> tuple[float, float]:
@@ -143,6 +178,7 @@ class LayerCost:
     bwd_comm_s: float
     activation_bytes: float
     params: float
+    core_s: float = 0.0  # the attention core's forward (in fwd_s)
 
 
 #: The share of the kernel-level compute rate (the GEMM, attention and memory-bound op times
@@ -156,12 +192,16 @@ class LayerCost:
 END_TO_END = 0.972
 
 
-def rates_of(kind: Kind) -> Rates:
-    """A kind's bf16 rates (``Rates``); refused for a kind without measured GEMMs."""
+def rates_of(kind: Kind, fp8: bool = False) -> Rates:
+    """A kind's bf16 rates (``Rates``), its GEMMs in FP8 with ``fp8``; refused for a kind
+    without measured GEMMs, or FP8 on one without FP8 tensor cores."""
     if kind.gemm_efficiency <= 0:
         raise PipeplanError(f"device kind {kind.name!r} has no measured bf16 GEMM efficiency "
                             "(LLM costs need A100/H100 kinds)")
-    return Rates(kind.bf16_flops, kind.gemm_efficiency, kind.gemm_overhead_s, kind.hbm_bytes_per_s)
+    if fp8 and kind.fp8_flops <= 0:
+        raise PipeplanError(f"device kind {kind.name!r} has no FP8 tensor cores: precision fp8 needs H100 or H800")
+    return Rates(kind.bf16_flops, kind.gemm_efficiency, kind.gemm_overhead_s, kind.hbm_bytes_per_s,
+                 kind.fp8_flops if fp8 else 0.0)
 
 
 def gemm_s(kind: Kind, flops: float) -> float:
@@ -190,7 +230,7 @@ def comm_s(collectives: tuple[Collective, ...], tp: int, bus: float, latency: fl
 
 
 def exposed_backward_comm(spec: DecoderSpec, kind: Kind, samples: int, tp: int, sp: bool, bus: float,
-                          latency: float) -> float:
+                          latency: float, moe: bool = False, fp8: bool = False) -> float:
     """What of a layer's backward tensor-parallel collectives stays on the critical path
     (Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication.backward``): the QKV and
     first MLP linears' input-gradient all-reduces overlap their weight-gradient GEMMs; with
@@ -200,9 +240,9 @@ def exposed_backward_comm(spec: DecoderSpec, kind: Kind, samples: int, tp: int, 
     if tp <= 1:
         return 0.0
     nbytes = BF16 * samples * spec.seq * spec.hidden
-    qkv, _, fc1, _ = gemm_flops(spec, samples * spec.seq, tp)
-    rates = rates_of(kind)
-    gemm = rates.gemm_s(qkv) + rates.gemm_s(fc1)
+    qkv, _, fc1, _ = gemm_flops(spec, samples * spec.seq, tp, moe)[:4]
+    rates = rates_of(kind, fp8)
+    gemm = rates.gemm_s(qkv) + (rates.gemm_s(fc1) if fc1 else 0.0)
     if not sp:
         return max(0.0, 2 * collective_s("all_reduce", nbytes, tp, bus, latency) - gemm)
     waiting = 2 * collective_s("all_gather", nbytes, tp, bus, latency)
@@ -212,72 +252,23 @@ def exposed_backward_comm(spec: DecoderSpec, kind: Kind, samples: int, tp: int, 
 
 
 def layer_cost(spec: DecoderSpec, kind: Kind, samples: int, tp: int = 1, sp: bool = False,
-               recompute: str = "none", tp_bus: float = 0.0, tp_latency: float = 0.0) -> LayerCost:
+               recompute: str = "none", tp_bus: float = 0.0, tp_latency: float = 0.0, keys: int = 0,
+               moe: bool = False, fp8: bool = False) -> LayerCost:
     """One layer on one of ``tp`` ranks (module docstring); ``tp_bus``, ``tp_latency``: the
-    group's links (``collectives.group_links``)."""
+    group's links (``collectives.group_links``); ``keys``, ``moe``: as ``layer_compute_s``
+    (a mixture's routed experts, context parallelism's exchange: ``llm.rank_costs``); ``fp8``:
+    its GEMMs in FP8 (``Rates``)."""
     if spec.heads % tp:
         raise PipeplanError(f"model {spec.name!r}: {spec.heads} heads cannot be split over {tp} tensor-parallel ranks")
     spec.kv_rank(tp)  # key/value heads split or replicated, else one line
-    fwd, bwd, core = layer_compute_s(spec, rates_of(kind), samples, tp, sp)
+    fwd, bwd, core = layer_compute_s(spec, rates_of(kind, fp8), samples, tp, sp, keys, moe)
     again = {"none": 0.0, "selective": core, "full": fwd}[recompute]
     fwd_c, bwd_c = tp_collectives(spec, samples, tp, sp)
     if tp > 1 and tp_bus <= 0:
         raise PipeplanError(f"tensor parallelism over {tp} ranks needs the group's bandwidth")
     fwd_comm = comm_s(fwd_c, tp, tp_bus, tp_latency)
-    bwd_comm = exposed_backward_comm(spec, kind, samples, tp, sp, tp_bus, tp_latency)
+    bwd_comm = exposed_backward_comm(spec, kind, samples, tp, sp, tp_bus, tp_latency, moe, fp8)
     bwd_comm += fwd_comm if recompute == "full" else 0.0  # the recomputed forward's, not overlapped
     return LayerCost(fwd, bwd, again, fwd_c, bwd_c, fwd_comm, bwd_comm,
-                     spec.layer_activation_bytes(samples, tp, sp, recompute),
-                     (spec.layer_params() + spec.kv_replicated_params(tp)) / tp)
-
-
-# -- a node (embedding, layer, head) on one rank ----------------------------------------------
-@dataclass(frozen=True)
-class NodeParts:
-    """One node on one rank for one microbatch, in seconds by what spends them (``explain``):
-    the forward's and backward's compute, what recomputation runs again, the tensor-parallel
-    collectives of each pass; and the bytes kept for the backward."""
-
-    fwd: float
-    fwd_tp: float
-    bwd: float
-    recompute: float
-    bwd_tp: float
-    kept: float
-
-    @property
-    def fwd_s(self) -> float:
-        return self.fwd + self.fwd_tp
-
-    @property
-    def bwd_s(self) -> float:
-        return self.bwd + self.recompute + self.bwd_tp
-
-
-def node_parts(spec: DecoderSpec, role: str, kind, samples: int, t: int, sp: bool, mode: str,
-               links: tuple[float, float]) -> NodeParts:
-    """One rank's parts of a node (``embed``, ``layer``, ``head``): compute as a training run
-    spends it (over ``END_TO_END``) and the collectives; the embedding's output and
-    the head's input cross the group as Megatron's f and g operators do (an all-reduce, or a
-    reduce-scatter / all-gather with sequence parallelism)."""
-    rates, run = rates_of(kind), 1.0 / END_TO_END
-    hidden = BF16 * samples * spec.seq * spec.hidden
-    if role == "layer":
-        lc = layer_cost(spec, kind, samples, t, sp, mode, *links)
-        return NodeParts(lc.fwd_s * run, lc.fwd_comm_s, lc.bwd_s * run, lc.recompute_s * run, lc.bwd_comm_s,
-                         lc.activation_bytes)
-    reduce = comm_s((Collective("reduce_scatter" if sp else "all_reduce", 1, hidden),), t, *links)
-    gather = comm_s((Collective("all_gather", 1, hidden),), t, *links) if sp else 0.0
-    if role == "embed":
-        f, b = embedding_compute_s(spec, rates, samples)
-        return NodeParts(f * run, reduce, b * run, 0.0, gather, 0.0)
-    f, b = head_compute_s(spec, rates, samples, t)
-    kept = 4.0 * samples * spec.seq * spec.vocab / t + hidden / (t if sp else 1)  # fp32 logits, the input
-    return NodeParts(f * run, gather, b * run, 0.0, reduce, kept)
-
-
-def node_costs(spec: DecoderSpec, role: str, kind, samples: int, t: int, sp: bool, mode: str,
-               links: tuple[float, float]) -> tuple[float, float, float]:
-    """(forward s, backward s, bytes kept) of one rank for one node (``node_parts``)."""
-    p = node_parts(spec, role, kind, samples, t, sp, mode, links)
-    return p.fwd_s, p.bwd_s, p.kept
+                     spec.layer_activation_bytes(samples, tp, sp, recompute, moe, keys),
+                     (spec.layer_params() + spec.kv_replicated_params(tp)) / tp, core)

@@ -91,12 +91,14 @@ def runs_of(counts: tuple[int, ...] | list[int]) -> list[range]:
 
 def stages(names: list[str], par: Parallelism) -> list[tuple[list[str], list[str], int]]:
     """Each chunk's (nodes, GPUs, TP) for ``par`` over the GPUs ``names`` in Megatron's rank
-    order (``parallelism.RANK_ORDER``: position s holds GPUs s·d·t ... (s+1)·d·t - 1, tensor-
-    parallel groups of t consecutive GPUs); a plan's stages (``plan.Stage``) take them as they are."""
+    order (``parallelism.RANK_ORDER``: position s holds GPUs s·w ... (s+1)·w - 1, w = TP x CP x
+    DP, tensor-parallel groups of t consecutive GPUs, a replica's CP groups of them next); a
+    plan's stages (``plan.Stage``) take them as they are."""
     if par.world != len(names):
-        raise PipeplanError(f"parallel configuration TP {par.tp} x PP {par.pp} x DP {par.dp} needs {par.world} GPUs; "
-                            f"the cluster has {len(names)}")
-    count, width, out = len(par.layout), par.dp * par.tp, []
+        cp = f" x CP {par.cp}" if par.cp > 1 else ""
+        raise PipeplanError(f"parallel configuration TP {par.tp}{cp} x PP {par.pp} x DP {par.dp} needs {par.world} "
+                            f"GPUs; the cluster has {len(names)}")
+    count, width, out = len(par.layout), par.dp * par.tp * par.cp, []
     for j, run in enumerate(runs_of(par.layout)):
         nodes = (["embed"] if j == 0 else []) + [f"layer{i}" for i in run] + (["head"] if j == count - 1 else [])
         s = j % par.pp

@@ -9,6 +9,12 @@ heads divisible by TP and key/value heads a divisor or a multiple of it (Megatro
 summing to the model's, interleaving (v > 1) only with a pipeline and its schedule, sequence
 parallelism only with TP > 1, the data-parallel overlap only with DP > 1, the global batch
 whole samples per replica (and, interleaved, a multiple of PP microbatches a replica).
+Context parallelism: the sequence a multiple of 2 x CP (Megatron's load-balanced chunks).
+Expert parallelism (a mixture's routed experts over EP x ETP ranks of a position's
+TP x CP x DP, Megatron-core's expert grid ``etp-ep-dp-pp``; the rest, expert data
+parallelism): EP x ETP divides TP x CP x DP, EP the experts, ETP the expert width; a dense
+model takes EP = ETP = 1; a mixture under TP needs sequence parallelism (Megatron-core raises
+otherwise).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from ..errors import PipeplanError
+from .rank_costs import CP_COMM, Cut, ExpertCut
 from .spec import RECOMPUTE, DecoderSpec
 
 #: Megatron-core's default rank order (``--order``/``parallel_state``): fastest first
@@ -23,6 +30,12 @@ RANK_ORDER = ("tp", "cp", "ep", "dp", "pp")
 #: schedules of a decoder plan: one chunk a GPU, or interleaved chunks
 SINGLE_SCHEDULES = ("1f1b", "zb-h1")
 INTERLEAVED = "interleaved-1f1b"
+#: fields ``as_dict`` leaves out at their defaults (plans of dense models stay as they were)
+QUIET_DEFAULTS = {"etp": 1, "cp_comm": "p2p", "expert_skew": 1.0, "precision": "bf16"}
+#: the layers' GEMM precision: bf16, or FP8 through Transformer Engine (``llm.costs.Rates``)
+PRECISIONS = ("bf16", "fp8")
+#: the busiest expert rank's routed tokens over the mean, at most
+MAX_SKEW = 64.0
 #: gradient (and ZeRO-1 reduce-scatter) dtype: Megatron reduces fp32 main gradients for bf16
 #: (``accumulate_allreduce_grads_in_fp32``) unless told ``--grad-reduce-in-bf16``
 GRAD_REDUCE = ("fp32", "bf16")
@@ -31,12 +44,14 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 
 @dataclass(frozen=True)
 class Parallelism:
-    """TP x CP x PP x DP (EP inside DP) with v model chunks a GPU, the microbatch size, the
+    """TP x CP x PP x DP (EP x ETP inside TP x CP x DP) with v model chunks a GPU, the microbatch size, the
     layers of each of the PP x v chunks in chunk order (chunk j on pipeline position j mod PP),
     recomputation, sequence parallelism, ZeRO stage, the overlaps and the gradient-reduce
     dtype. ``overlap_p2p``: pipeline sends overlap compute (Megatron's default with interleaving,
     ``--no-overlap-p2p-communication`` turns it off; without interleaving Megatron's sends block),
-    else they are on the critical path."""
+    else they are on the critical path. ``cp_comm``: how CP ranks exchange keys and values
+    (``llm.rank_costs``); ``expert_skew``: the busiest expert rank's tokens over the mean
+    (``llm.experts``; 1: balanced routing); ``precision``: the layers' GEMMs in bf16 or FP8."""
 
     tp: int
     pp: int
@@ -53,16 +68,28 @@ class Parallelism:
     grad_reduce: str = "fp32"
     overlap_p2p: bool | None = None  # None: Megatron's default, overlapped with interleaving only
     schedule: str = "1f1b"
+    etp: int = 1
+    cp_comm: str = "p2p"
+    expert_skew: float = 1.0
+    precision: str = "bf16"
 
     def __post_init__(self) -> None:
         if self.overlap_p2p is None:
             object.__setattr__(self, "overlap_p2p", self.vpp > 1)
-        for key in ("tp", "pp", "dp", "vpp", "cp", "ep", "microbatch"):
+        for key in ("tp", "pp", "dp", "vpp", "cp", "ep", "etp", "microbatch"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PipeplanError(f"parallelism: {key} must be an integer >= 1, got {value!r}")
-        if self.cp != 1 or self.ep != 1:
-            raise PipeplanError("parallelism: context and expert parallelism (cp, ep) are not planned yet; give 1")
+        if self.precision not in PRECISIONS:
+            raise PipeplanError(f"parallelism: precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.cp_comm not in CP_COMM:
+            raise PipeplanError(f"parallelism: cp_comm must be one of {', '.join(CP_COMM)}, got {self.cp_comm!r}")
+        skew = self.expert_skew
+        if isinstance(skew, bool) or not isinstance(skew, (int, float)) or not 1.0 <= skew <= MAX_SKEW:
+            raise PipeplanError(f"parallelism: expert_skew must be a number from 1 to {MAX_SKEW:g}, got {skew!r}")
+        if (self.tp * self.cp * self.dp) % (self.ep * self.etp):
+            raise PipeplanError(f"parallelism: EP {self.ep} x ETP {self.etp} must divide TP x CP x DP = "
+                                f"{self.tp * self.cp * self.dp} (Megatron-core's expert grid)")
         if self.recompute not in RECOMPUTE:
             raise PipeplanError(f"parallelism: recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if self.zero not in (0, 1):
@@ -87,8 +114,9 @@ class Parallelism:
         if self.sp and self.tp == 1:
             raise PipeplanError("parallelism: sequence parallelism splits the tensor-parallel group's sequence; "
                                 "it needs TP > 1")
-        if self.overlap_grad_reduce and self.dp == 1:
-            raise PipeplanError("parallelism: overlapping the gradient all-reduce needs data parallelism (DP > 1)")
+        if self.overlap_grad_reduce and self.dp * self.cp == 1:
+            raise PipeplanError("parallelism: overlapping the gradient all-reduce needs data (or context) "
+                                "parallelism (DP x CP > 1)")
         if self.overlap_p2p and self.vpp == 1:
             raise PipeplanError("parallelism: Megatron overlaps pipeline sends only with interleaving (vpp > 1)")
         if self.vpp > 1 and not self.overlap_p2p and self.pp <= 2:
@@ -97,6 +125,16 @@ class Parallelism:
     @property
     def world(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallelism: the ranks holding the same experts, TP x CP x DP / (EP x ETP)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
+
+    def cut(self) -> Cut:
+        """How one GPU's share of a node is cut (``llm.rank_costs``)."""
+        return Cut(self.tp, self.sp, self.cp, self.cp_comm, ExpertCut(self.ep, self.etp, float(self.expert_skew)),
+                   self.precision == "fp8")
 
     def stage_layers(self) -> list[int]:
         """Layers of each pipeline position (its v chunks together)."""
@@ -113,6 +151,25 @@ class Parallelism:
         if sum(self.layout) != spec.layers:
             raise PipeplanError(f"{spec.name}: the layout {list(self.layout)} holds {sum(self.layout)} layers, "
                                 f"the model {spec.layers}")
+        if self.cp > 1 and spec.seq % (2 * self.cp):
+            raise PipeplanError(f"{spec.name} with CP {self.cp}: the sequence {spec.seq} is not a multiple of 2 x CP "
+                                "(Megatron's load-balanced chunks)")
+        self._check_experts(spec)
+
+    def _check_experts(self, spec: DecoderSpec) -> None:
+        if not spec.moe:
+            if self.ep != 1 or self.etp != 1:
+                raise PipeplanError(f"{spec.name} has no experts: EP and ETP must be 1, got EP {self.ep}, "
+                                    f"ETP {self.etp}")
+            return
+        where = f"{spec.name} with EP {self.ep}, ETP {self.etp}"
+        if spec.experts % self.ep:
+            raise PipeplanError(f"{where}: {spec.experts} experts do not split over {self.ep} ranks")
+        if spec.expert_ffn % self.etp:
+            raise PipeplanError(f"{where}: the experts' width {spec.expert_ffn} does not split over {self.etp} ranks")
+        if self.tp > 1 and not self.sp:
+            raise PipeplanError(f"{spec.name} with TP {self.tp}: a mixture of experts under tensor parallelism "
+                                "needs sequence parallelism (Megatron-core raises otherwise)")
 
     def microbatches(self, global_batch: int) -> int:
         """Microbatches a replica runs for ``global_batch`` samples; one line unless whole."""
@@ -129,7 +186,7 @@ class Parallelism:
     def as_dict(self) -> dict:
         d = asdict(self)
         d["layout"] = list(self.layout)
-        return d
+        return {k: v for k, v in d.items() if k not in QUIET_DEFAULTS or v != QUIET_DEFAULTS[k]}
 
 
 def parallelism_from_dict(d: object, where: str = "plan") -> Parallelism:
@@ -146,7 +203,8 @@ def parallelism_from_dict(d: object, where: str = "plan") -> Parallelism:
     if not isinstance(d["layout"], list):
         raise PipeplanError(f"{where}: 'parallelism' layout must be a list of layer counts, got {d['layout']!r}")
     for key, kind in (("sp", bool), ("overlap_grad_reduce", bool), ("overlap_p2p", bool),
-                      ("recompute", str), ("grad_reduce", str), ("schedule", str)):
+                      ("recompute", str), ("grad_reduce", str), ("schedule", str), ("cp_comm", str),
+                      ("precision", str)):
         if key in d and not isinstance(d[key], kind):
             raise PipeplanError(f"{where}: 'parallelism' {key} must be {'true or false' if kind is bool else 'a string'}"
                                 f", got {d[key]!r}")

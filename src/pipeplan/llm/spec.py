@@ -123,15 +123,6 @@ class DecoderSpec:
         """A mixture of experts (``experts`` > 0)."""
         return self.experts > 0
 
-    def require_dense(self, what: str) -> None:
-        """One line where ``what`` prices dense decoders only and this one is not (experts or
-        latent attention), with the counts pipeplan does have for it."""
-        if self.moe or self.kv_lora or self.head_size and self.head_size * self.heads != self.hidden:
-            kind = "a mixture of experts" if self.moe else "a decoder of another attention layout"
-            raise PipeplanError(f"model {self.name!r} is {kind} ({self.total_params() / 1e9:.1f}B parameters, "
-                                f"{self.active_params() / 1e9:.1f}B active a token): {what} prices dense decoders "
-                                "only so far (expert parallelism is not a plan dimension yet)")
-
     @property
     def kv_dim(self) -> int:
         """Width of the keys (and of the values): kv_heads x head_dim."""
@@ -162,8 +153,12 @@ class DecoderSpec:
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
     def layer_params(self) -> int:
-        """A dense layer's: attention, MLP, two norms (a mixture's: ``mlp_params``)."""
+        """A dense layer's: attention, MLP, two norms (a mixture's: ``moe_layer_params``)."""
         return self.attention_params() + self.mlp_params(False) + 2 * self._norm_params()
+
+    def moe_layer_params(self) -> int:
+        """A mixture's layer: attention, router, shared and routed experts, two norms."""
+        return self.attention_params() + self.mlp_params(True) + 2 * self._norm_params()
 
     def embedding_params(self) -> int:
         """Token table (+ learned positions)."""
@@ -225,37 +220,93 @@ class DecoderSpec:
         return 3.0 * (2.0 * weights + attention)
 
     # -- FLOPs of one microbatch of ``samples`` sequences ---------------------------------------
-    def attention_core_flops(self, samples: int) -> float:
-        """QK^T and the product with V, forward: 2 x 2bs^2h."""
-        return 4.0 * samples * self.seq * self.seq * self.hidden
+    def attention_core_flops(self, samples: int, keys: int = 0) -> float:
+        """QK^T and the product with V, forward: 2 x 2bs^2h, each of the s queries over ``keys``
+        positions (default s; a context-parallel rank's s / cp queries see all s); with other
+        head widths (``head_size``, latent attention) 2bs x keys x heads x (qk + v)."""
+        keys = keys or self.seq
+        if self.standard_heads:
+            return 4.0 * samples * self.seq * keys * self.hidden
+        qk, v = self.head_widths
+        return 2.0 * samples * self.seq * keys * self.heads * (qk + v)
 
-    def layer_flops(self, samples: int) -> float:
-        """One layer's forward."""
-        h, kv, tokens = self.hidden, self.kv_dim, samples * self.seq
-        proj = 2.0 * tokens * h * (h + 2 * kv) + 2.0 * tokens * h * h
-        mlp = 2.0 * tokens * h * self.ffn * self.mlp_matrices
-        return proj + mlp + self.attention_core_flops(samples)
+    @property
+    def standard_heads(self) -> bool:
+        """Heads of hidden / heads wide, keys and values as wide (no latent attention)."""
+        return not self.kv_lora and (not self.head_size or self.head_size * self.heads == self.hidden)
+
+    @property
+    def head_widths(self) -> tuple[int, int]:
+        """(query/key, value) width of a head: latent attention's queries and keys carry the
+        decoupled rotary part, its values ``v_head``."""
+        if self.kv_lora:
+            return self.head_dim + self.rope_dim, self.v_head
+        return self.head_dim, self.head_dim
+
+    def attention_weights(self) -> tuple[int, int]:
+        """(input projections, output projection) weights of a layer's attention, biases and
+        norms apart: Q, K, V (with latent attention its down and up projections), and O."""
+        if self.standard_heads:
+            return self.hidden * (self.hidden + 2 * self.kv_dim), self.hidden * self.hidden
+        qk, v = self.head_widths
+        out = self.heads * v * self.hidden
+        if not self.kv_lora:
+            q = self.heads * self.head_dim
+            return self.hidden * (q + 2 * self.kv_dim), out
+        queries = self.hidden * self.q_lora + self.q_lora * self.heads * qk if self.q_lora else \
+            self.hidden * self.heads * qk
+        latent = self.hidden * (self.kv_lora + self.rope_dim) + self.kv_lora * self.heads * (self.head_dim + v)
+        return queries + latent, out
+
+    def mlp_weights(self, moe: bool) -> int:
+        """Weights a token goes through in a layer's MLP: the dense one's, or a mixture's router,
+        shared experts and its ``top_k`` routed experts."""
+        m, h = self.mlp_matrices, self.hidden
+        if not moe:
+            return m * h * self.ffn
+        return h * self.experts + m * h * (self.shared_ffn + self.top_k * self.expert_ffn)
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Layer ``i`` routes to experts (a mixture's layers after its ``dense_layers``)."""
+        return self.moe and i >= self.dense_layers
+
+    def layer_flops(self, samples: int, moe: bool = False, keys: int = 0) -> float:
+        """One layer's forward (``moe``: a mixture's layer, through the active experts)."""
+        tokens = samples * self.seq
+        if self.standard_heads and not moe:
+            h, kv = self.hidden, self.kv_dim
+            proj = 2.0 * tokens * h * (h + 2 * kv) + 2.0 * tokens * h * h
+            mlp = 2.0 * tokens * h * self.ffn * self.mlp_matrices
+            return proj + mlp + self.attention_core_flops(samples, keys)
+        return 2.0 * tokens * (sum(self.attention_weights()) + self.mlp_weights(moe)) + \
+            self.attention_core_flops(samples, keys)
 
     def head_flops(self, samples: int) -> float:
         """The LM head's forward: 2bshV."""
         return 2.0 * samples * self.seq * self.hidden * self.vocab
 
-    def layer_training_flops(self, samples: int, recompute: str = "none") -> float:
+    def layer_training_flops(self, samples: int, recompute: str = "none", moe: bool = False) -> float:
         """Forward + backward (2 x forward) + what ``recompute`` runs again."""
         again = {"none": 0.0, "selective": self.attention_core_flops(samples),
-                 "full": self.layer_flops(samples)}[_recompute(recompute)]
-        return 3.0 * self.layer_flops(samples) + again
+                 "full": self.layer_flops(samples, moe)}[_recompute(recompute)]
+        return 3.0 * self.layer_flops(samples, moe) + again
 
     def model_flops_per_sample(self) -> float:
-        """Forward + backward of one sample, no recomputation: the FLOPs MFU counts."""
-        return 3.0 * (self.layers * self.layer_flops(1) + self.head_flops(1))
+        """Forward + backward of one sample, no recomputation: the FLOPs MFU counts (a
+        mixture's: through the active experts)."""
+        sparse = self.layers - self.dense_layers if self.moe else 0
+        layers = (self.layers - sparse) * self.layer_flops(1) + (sparse * self.layer_flops(1, True) if sparse else 0.0)
+        return 3.0 * (layers + self.head_flops(1))
 
     # -- activation memory (bytes one layer keeps for its backward) ----------------------------
     def layer_activation_bytes(self, samples: int, tp: int = 1, sp: bool = False,
-                               recompute: str = "none") -> float:
-        """Korthikanti et al. 2022 §4 for this layer's layout (module docstring)."""
+                               recompute: str = "none", moe: bool = False, keys: int = 0) -> float:
+        """Korthikanti et al. 2022 §4 for this layer's layout (module docstring); ``keys`` as in
+        ``attention_core_flops``. A mixture's layer (``moe``) counts its shared experts' MLP
+        here, its routed experts apart (``llm.experts``)."""
         rc = _recompute(recompute)
-        s, b, h, f = self.seq, samples, self.hidden, self.ffn
+        s, b, h = self.seq, samples, self.hidden
+        f = (self.shared_ffn if moe else self.ffn)
         sbh = s * b * h
         if rc == "full":
             return BF16 * sbh / (tp if sp else 1)
@@ -265,23 +316,27 @@ class DecoderSpec:
         replicated = 2 * BF16 * sbh + 2 * BF16 * sbh + 2 * mask * sbh
         # divided over the group: Q and K for the scores, V, the output projection's input,
         # the MLP's intermediate tensors, the attention core
-        split = BF16 * sbh + BF16 * sbh  # Q, the output projection's input
+        qk, v = self.head_widths
+        split = BF16 * sbh + BF16 * sbh if self.standard_heads else BF16 * s * b * self.heads * (qk + v)
         split += (3 if self.gated else 2) * BF16 * s * b * f
         if rc == "none":
-            split += self.attention_core_bytes(samples)
-        keys_values = 2 * BF16 * s * b * self.kv_rank(tp)  # K and V: a rank's share, or a replicated head
+            split += self.attention_core_bytes(samples, keys)
+        if self.standard_heads:
+            keys_values = 2 * BF16 * s * b * self.kv_rank(tp)  # K and V: a rank's share, or a replicated head
+        else:
+            keys_values = BF16 * s * b * self.heads * (qk + v) / tp
         return replicated / (tp if sp else 1) + split / tp + keys_values
 
-    def attention_core_bytes(self, samples: int) -> float:
+    def attention_core_bytes(self, samples: int, keys: int = 0) -> float:
         """What the attention core keeps besides Q, K, V and its output: the softmax output
-        (and its dropout mask and dropped-out copy) per head, s x s each; a fused (flash)
-        kernel keeps each row's log-sum-exp (fp32) instead."""
+        (and its dropout mask and dropped-out copy) per head, s x ``keys`` each; a fused
+        (flash) kernel keeps each row's log-sum-exp (fp32) instead."""
         s, b, a = self.seq, samples, self.heads
         if self.flash:
             return 4 * b * a * s
-        return (BF16 + (1 + BF16 if self.dropout else 0)) * a * s * s * b
+        return (BF16 + (1 + BF16 if self.dropout else 0)) * a * s * (keys or s) * b
 
-    def attention_core_traffic(self, samples: int, backward: bool = False) -> float:
+    def attention_core_traffic(self, samples: int, backward: bool = False, keys: int = 0) -> float:
         """Bytes an unfused attention core moves through memory, per s x s score of each head.
         Forward: the scores written (2), a fused scale-mask-softmax reading and writing them
         (4), with dropout its read, write and mask (5), and the product with V reading the
@@ -293,7 +348,7 @@ class DecoderSpec:
             return 0.0
         drop = 5 if self.dropout else 0
         per_score = (2 + 2 + drop + 6 + 4) if backward else (2 + 4 + drop + 2)
-        return float(per_score * samples * self.heads * self.seq * self.seq)
+        return float(per_score * samples * self.heads * self.seq * (keys or self.seq))
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -44,11 +44,12 @@ def dp_collectives_s(dp: int, zero: int, grad_reduce: str, params_per_rank: floa
 
 
 def pipeline_send_s(spec: DecoderSpec, cluster: Cluster, par) -> float:
-    """One microbatch's hidden state from position 0 to 1, each of the TP ranks sending its
-    1 / TP over its own link (Megatron's scatter/gather, Narayanan et al. 2021 §4.1)."""
-    width = par.dp * par.tp
+    """One microbatch's hidden state from position 0 to 1, each of the TP x CP ranks sending
+    its 1 / (TP x CP) over its own link (Megatron's scatter/gather, Narayanan et al. 2021 §4.1;
+    a CP rank holds its share of the sequence)."""
+    width = par.dp * par.tp * par.cp
     a, b = 0, width if len(cluster) > width else 0
-    nbytes = BF16 * par.microbatch * spec.seq * spec.hidden / par.tp
+    nbytes = BF16 * par.microbatch * spec.seq * spec.hidden / (par.tp * par.cp)
     return nbytes / float(cluster.bandwidth[a, b]) + float(cluster.latency[a, b]) if a != b else 0.0
 
 

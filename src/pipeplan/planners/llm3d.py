@@ -27,14 +27,14 @@ from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
 from ..cluster import Cluster
-from ..cluster.collectives import group_links
+from ..cluster.collectives import exchange_links
 from ..cluster.kinds import KINDS
 from ..errors import PipeplanError
 from ..graph import Graph
 from ..graph.scale import with_microbatch
-from ..llm.costs import node_costs
-from ..llm.layout import candidates, chunked, stages
-from ..llm.parallelism import GRAD_REDUCE, INTERLEAVED, Parallelism
+from ..llm.layout import candidates, chunked, runs_of, stages
+from ..llm.parallelism import GRAD_REDUCE, INTERLEAVED, PRECISIONS, Parallelism
+from ..llm.rank_costs import CP_COMM, Cut, Links, fp8_weight_bytes, node_costs, rank_params
 from ..llm.spec import BF16, RECOMPUTE, DecoderSpec, decoder_of
 from ..llm.step_costs import dp_collectives_s, dp_ring, pipeline_send_s, tied_reduction_s
 from ..plan import Plan, Stage
@@ -44,6 +44,8 @@ from ..sim.formulas import state_bytes
 MAX_CHUNKS = 8
 #: Samples per microbatch tried at most
 MAX_MICROBATCH = 16
+#: The fewest tokens of a sequence a context-parallel rank keeps in the search (``cp_degrees``)
+MIN_CP_TOKENS = 4096
 
 
 def _pin(help_text: str, **meta):
@@ -72,6 +74,15 @@ class LLMOptions:
                                           "without interleaving sends are on the critical path)")
     layout: str | None = _pin("layers of each pipeline stage, comma-separated, N*K for K stages of N: "
                                    "7,8*14,7 (each stage's layers split over its chunks evenly)")
+    cp: int | None = _pin("context-parallel degree (the sequence over CP ranks; a multiple of 2 x CP)", min=1)
+    ep: int | None = _pin("expert-parallel degree (a mixture's routed experts over EP ranks)", min=1)
+    etp: int | None = _pin("expert tensor-parallel degree (each routed expert over ETP ranks)", min=1)
+    cp_comm: str | None = _pin("how CP ranks exchange keys and values: p2p (Megatron-core's ring) or "
+                               "allgather (Llama 3's)", choices=CP_COMM)
+    expert_skew: float | None = _pin("the busiest expert rank's routed tokens over the mean (1: balanced; a "
+                                     "measured ratio)", min=1, max=64)
+    precision: str | None = _pin("the layers' GEMMs: bf16 (the default) or fp8 (Transformer Engine, H100/H800)",
+                                 choices=PRECISIONS)
 
 
 @dataclass(frozen=True)
@@ -89,7 +100,8 @@ class Pins:
         o, layers = self.options, sum(par.layout)
         have = {"tp": par.tp, "pp": par.pp, "vpp": par.vpp, "microbatch": par.microbatch, "recompute": par.recompute,
                 "zero": par.zero, "sp": par.sp, "overlap": par.overlap_grad_reduce, "grad_reduce": par.grad_reduce,
-                "overlap_p2p": par.overlap_p2p}
+                "overlap_p2p": par.overlap_p2p, "cp": par.cp, "ep": par.ep, "etp": par.etp, "cp_comm": par.cp_comm,
+                "expert_skew": par.expert_skew, "precision": par.precision}
         if any(getattr(o, k) is not None and getattr(o, k) != v for k, v in have.items()):
             return False
         stages = tuple(sum(par.layout[j::par.pp]) for j in range(par.pp))
@@ -151,8 +163,8 @@ def _layouts(spec: DecoderSpec, pp: int, vpp: int, stage_counts: tuple[int, ...]
     return [lay] if lay is not None else []
 
 
-def _switches(t: int, p: int, d: int, v: int, pins: Pins) -> list[dict]:
-    """The sp, zero, overlap, grad_reduce and overlap_p2p settings of a (TP, PP, DP, chunks):
+def _switches(t: int, p: int, d: int, v: int, pins: Pins, moe: bool = False) -> list[dict]:
+    """The sp, zero, overlap, grad_reduce and overlap_p2p settings of a (TP, PP, DP x CP, chunks):
     the pinned ones, else sequence parallelism with TP, ZeRO-1 and the overlap with DP, fp32
     gradients, sends overlapped where Megatron overlaps them by default (interleaved) and
     blocking elsewhere (dominated settings dropped, docs/llm.md); none where a pin cannot hold
@@ -161,33 +173,66 @@ def _switches(t: int, p: int, d: int, v: int, pins: Pins) -> list[dict]:
     sp = (t > 1) if o.sp is None else o.sp
     ov = (d > 1) if o.overlap is None else o.overlap
     p2p = (v > 1) if o.overlap_p2p is None else o.overlap_p2p
-    if (sp and t == 1) or (ov and d == 1) or (p2p and v == 1) or (v > 1 and not p2p and p <= 2):
+    if (sp and t == 1) or (ov and d == 1) or (p2p and v == 1) or (v > 1 and not p2p and p <= 2) or \
+            (moe and t > 1 and not sp):
         return []
     return [{"sp": sp, "zero": (1 if d > 1 else 0) if o.zero is None else o.zero, "overlap_grad_reduce": ov,
              "grad_reduce": o.grad_reduce or "fp32", "overlap_p2p": p2p}]
 
 
+def _pick(pinned, choices: list) -> list:
+    return [pinned] if pinned is not None else choices
+
+
+def cp_degrees(spec: DecoderSpec, rest: int) -> list[int]:
+    """CP degrees the search considers on ``rest`` GPUs a TP group leaves: 1, and those that
+    split the sequence into chunks of 2 x CP and leave each rank at least ``MIN_CP_TOKENS``
+    (shorter shares are pinned, ``-O cp=``)."""
+    return [c for c in _divisors(rest) if c == 1 or (spec.seq % (2 * c) == 0 and spec.seq // c >= MIN_CP_TOKENS)]
+
+
+def expert_grids(spec: DecoderSpec, t: int, width: int, pins: Pins) -> list[tuple[int, int]]:
+    """(EP, ETP) pairs of a position of ``width`` GPUs at TP ``t``: (1, 1) for a dense model;
+    for a mixture EP dividing the experts and ETP 1 or TP dividing the experts' width, EP x
+    ETP dividing ``width`` (Megatron-core's expert grid), the pinned ones only."""
+    o = pins.options
+    if not spec.moe:
+        return [(e, f) for e, f in [(o.ep or 1, o.etp or 1)] if e == f == 1]
+    etps = _pick(o.etp, sorted({1, t}))
+    return [(e, f) for f in etps for e in _pick(o.ep, _divisors(spec.experts))
+            if spec.experts % e == 0 and spec.expert_ffn % f == 0 and width % (e * f) == 0]
+
+
 def configs(spec: DecoderSpec, cluster: Cluster, global_batch: int, pins: Pins = Pins()) -> list[Parallelism]:
     """Every realizable configuration that agrees with ``pins`` (module docstring)."""
     out, o = [], pins.options
-    pick = lambda pinned, choices: [pinned] if pinned is not None else choices  # noqa: E731
+    for t in _pick(o.tp, tp_degrees(spec, cluster)):
+        for c in _pick(o.cp, cp_degrees(spec, len(cluster) // t)):
+            if len(cluster) % (t * c):
+                continue
+            for p in _pick(o.pp, [p for p in _divisors(len(cluster) // (t * c)) if p <= spec.layers]):
+                if len(cluster) % (t * c * p) == 0 and global_batch % (len(cluster) // (t * c * p)) == 0:
+                    out += _configs_at(spec, t, c, p, len(cluster) // (t * c * p), global_batch, pins)
+    return out
+
+
+def _configs_at(spec: DecoderSpec, t: int, c: int, p: int, d: int, global_batch: int, pins: Pins) -> list[Parallelism]:
+    """``configs`` at TP ``t``, CP ``c``, PP ``p``, DP ``d``."""
+    out, o = [], pins.options
     counts = None if o.layout is None else parse_layout(o.layout, spec.layers)
-    for t in pick(o.tp, tp_degrees(spec, cluster)):
-        for p in pick(o.pp, [p for p in _divisors(len(cluster) // t) if p <= spec.layers]):
-            if len(cluster) % (t * p):
-                continue
-            d = len(cluster) // (t * p)
-            if global_batch % d:
-                continue
-            for b in pick(o.microbatch, [b for b in _divisors(global_batch // d) if b <= MAX_MICROBATCH]):
-                if (global_batch // d) % b:
-                    continue
-                m = global_batch // (d * b)
-                for v, sched in _schedules(p, m, pins):
-                    for lay in _layouts(spec, p, v, counts):
-                        for sw in _switches(t, p, d, v, pins):
-                            out += [Parallelism(t, p, d, lay, v, microbatch=b, recompute=rc, schedule=sched, **sw)
-                                    for rc in pick(o.recompute, list(RECOMPUTE))]
+    extra = {"cp_comm": o.cp_comm or "p2p", "expert_skew": float(o.expert_skew or 1.0),
+             "precision": o.precision or "bf16"}
+    for b in _pick(o.microbatch, [b for b in _divisors(global_batch // d) if b <= MAX_MICROBATCH]):
+        if (global_batch // d) % b:
+            continue
+        m = global_batch // (d * b)
+        for v, sched in _schedules(p, m, pins):
+            for lay in _layouts(spec, p, v, counts):
+                for sw in _switches(t, p, d * c, v, pins, spec.moe):  # gradients reduced over DP x CP
+                    for e, f in expert_grids(spec, t, t * c * d, pins):
+                        out += [Parallelism(t, p, d, lay, v, cp=c, ep=e, etp=f, microbatch=b, recompute=rc,
+                                            schedule=sched, **sw, **extra)
+                                for rc in _pick(o.recompute, list(RECOMPUTE))]
     return out
 
 
@@ -224,41 +269,92 @@ class Estimate:
     fits: bool
 
 
+@dataclass(frozen=True)
+class MicrobatchCosts:
+    """One rank's costs of one microbatch: forward + backward seconds and bytes kept of a dense
+    and of a mixture's layer, the embedding's and head's seconds, the head's bytes kept, and
+    each layer's backward."""
+
+    dense: float
+    dense_kept: float
+    moe: float
+    moe_kept: float
+    embed: float
+    head: float
+    head_kept: float
+    dense_bwd: float
+    moe_bwd: float
+
+
 @lru_cache(maxsize=4096)
-def _per_microbatch(spec: DecoderSpec, kind_name: str, b: int, t: int, sp: bool, rc: str,
-                    links: tuple[float, float]) -> tuple[float, float, float, float, float, float]:
-    """(layer f+b seconds, layer bytes kept, embed f+b, head f+b, head bytes kept, layer b) of
-    one rank."""
+def _per_microbatch(spec: DecoderSpec, kind_name: str, b: int, cut: Cut, rc: str, links: Links) -> MicrobatchCosts:
     kind = KINDS[kind_name]
-    lf, lb, lkept = node_costs(spec, "layer", kind, b, t, sp, rc, links)
-    ef, eb, _ = node_costs(spec, "embed", kind, b, t, sp, rc, links)
-    hf, hb, hkept = node_costs(spec, "head", kind, b, t, sp, rc, links)
-    return lf + lb, lkept, ef + eb, hf + hb, hkept, lb
+    lf, lb, lkept = node_costs(spec, "layer", kind, b, cut, rc, links)
+    mf, mb, mkept = node_costs(spec, "layer", kind, b, cut, rc, links, True) if spec.moe else (lf, lb, lkept)
+    ef, eb, _ = node_costs(spec, "embed", kind, b, cut, rc, links)
+    hf, hb, hkept = node_costs(spec, "head", kind, b, cut, rc, links)
+    return MicrobatchCosts(lf + lb, lkept, mf + mb, mkept, ef + eb, hf + hb, hkept, lb, mb)
 
 
-_RINGS: dict[tuple[int, int, int], tuple[Cluster, tuple[float, float]]] = {}
+_LINKS: dict[tuple, tuple[Cluster, tuple[float, float]]] = {}
 
 
-def _dp_links(cluster: Cluster, dp: int, tp: int) -> tuple[float, float]:
-    """The data-parallel ring of the first position's rank 0s (``tensor_groups.dp_ring``),
-    computed once per cluster and shape (a search screens thousands of configurations)."""
-    key = (id(cluster), dp, tp)
-    hit = _RINGS.get(key)
+def _links_of(cluster: Cluster, start: int, stop: int, step: int, exchange: bool = False) -> tuple[float, float]:
+    """``group_links`` (``exchange``: an all-to-all's, ``exchange_links``) of GPUs
+    ``range(start, stop, step)`` (the first position's groups: TP, CP, EP, data-parallel
+    rings), computed once per cluster and group (a search screens thousands of configurations)."""
+    if len(range(start, stop, step)) < 2:
+        return (0.0, 0.0)
+    key = (id(cluster), start, stop, step, exchange)
+    hit = _LINKS.get(key)
     if hit is None or hit[0] is not cluster:
-        if len(_RINGS) > 256:
-            _RINGS.clear()
-        hit = _RINGS[key] = (cluster, dp_ring(cluster, list(range(0, dp * tp, tp))))
+        if len(_LINKS) > 1024:
+            _LINKS.clear()
+        group = list(range(start, stop, step))
+        hit = _LINKS[key] = (cluster, exchange_links(cluster, group) if exchange else dp_ring(cluster, group))
     return hit[1]
 
 
-def _positions(spec: DecoderSpec, par: Parallelism) -> list[tuple[int, float, float]]:
-    """Per pipeline position: (layers, parameters as a count, whether it holds embed/head)."""
+def _links(cluster: Cluster, par: Parallelism) -> Links:
+    """The first position's TP, CP, EP and ETP groups' links (Megatron's rank order)."""
+    return Links(_links_of(cluster, 0, par.tp, 1), _links_of(cluster, 0, par.tp * par.cp, par.tp),
+                 _links_of(cluster, 0, par.ep * par.etp, par.etp, exchange=True), _links_of(cluster, 0, par.etp, 1))
+
+
+@dataclass(frozen=True)
+class Position:
+    """A pipeline position: its dense and mixture layers, a rank's dense and routed-expert
+    parameters (counts) and whether it holds the embedding (1), the head (2) or both (3)."""
+
+    dense: int
+    moe: int
+    params: float
+    expert: float
+    ends: int
+    extra_bytes: float = 0.0  # FP8 weight copies (``rank_costs.fp8_weight_bytes``)
+
+    @property
+    def layers(self) -> int:
+        return self.dense + self.moe
+
+
+def _positions(spec: DecoderSpec, par: Parallelism) -> list[Position]:
+    """Each pipeline position (``Position``)."""
+    cut, moe_of = par.cut(), [0] * par.pp
+    first_moe = spec.dense_layers if spec.moe else spec.layers
+    for j, run in enumerate(runs_of(par.layout)):
+        moe_of[j % par.pp] += max(0, run.stop - max(run.start, first_moe))  # layers from first_moe on
+    (d_dense, _), (m_dense, m_expert) = rank_params(spec, False, cut), rank_params(spec, True, cut)
+    d_fp8, m_fp8 = fp8_weight_bytes(spec, False, cut), fp8_weight_bytes(spec, True, cut)
     out = []
     for s, n in enumerate(par.stage_layers()):
-        params = n * (spec.layer_params() + spec.kv_replicated_params(par.tp)) + (spec.embedding_params() if s == 0 else 0)
-        params += spec.head_params() + (spec.vocab * spec.hidden if spec.tied and par.pp > 1 else 0) \
+        ends = int(s == 0) + 2 * int(s == par.pp - 1)
+        params = (n - moe_of[s]) * d_dense + moe_of[s] * m_dense
+        params += spec.embedding_params() / par.tp if s == 0 else 0
+        params += (spec.head_params() + (spec.vocab * spec.hidden if spec.tied and par.pp > 1 else 0)) / par.tp \
             if s == par.pp - 1 else 0
-        out.append((n, float(params), float(s == 0) + 2.0 * float(s == par.pp - 1)))
+        out.append(Position(n - moe_of[s], moe_of[s], float(params), moe_of[s] * m_expert, ends,
+                            (n - moe_of[s]) * d_fp8 + moe_of[s] * m_fp8))
     return out
 
 
@@ -275,26 +371,36 @@ def estimate(spec: DecoderSpec, cluster: Cluster, par: Parallelism, global_batch
              optimizer: str = "adam") -> Estimate:
     """The screening estimate of ``par`` (module docstring)."""
     kind = cluster.devices[0].kind.lower()
-    links = group_links(cluster, list(range(par.tp))) if par.tp > 1 else (0.0, 0.0)
-    layer, kept, embed, head, head_kept, layer_bwd = _per_microbatch(spec, kind, par.microbatch, par.tp, par.sp,
-                                                                     par.recompute, links)
+    c = _per_microbatch(spec, kind, par.microbatch, par.cut(), par.recompute, _links(cluster, par))
     pos = _positions(spec, par)
-    times = [n * layer + (embed if ends % 2 else 0.0) + (head if ends >= 2 else 0.0) for n, _, ends in pos]
+    times = [p.dense * c.dense + p.moe * c.moe + (c.embed if p.ends % 2 else 0.0) + (c.head if p.ends >= 2 else 0.0)
+             for p in pos]
     m = global_batch // (par.dp * par.microbatch)
-    slowest = max(times)
     bubble = (par.pp - 1) / par.vpp / (3.0 if par.schedule == "zb-h1" else 1.0)
     sends = 0.0 if par.overlap_p2p or par.pp == 1 else 2 * par.vpp * pipeline_send_s(spec, cluster, par)
-    ring = _dp_links(cluster, par.dp, par.tp) if par.dp > 1 else (0.0, 0.0)
-    ar = max(dp_collectives_s(par.dp, par.zero, par.grad_reduce, params / par.tp, ring) for _, params, _ in pos)
+    ar = max(_reduction_s(cluster, par, params, expert) for params, expert in {(p.params, p.expert) for p in pos})
     if par.overlap_grad_reduce:  # all but what outlasts the last microbatch's backward on a position
-        ar = max(ar - min(n for n, _, _ in pos) * layer_bwd / par.vpp, 0.0)
+        ar = max(ar - min(p.dense * c.dense_bwd + p.moe * c.moe_bwd for p in pos) / par.vpp, 0.0)
     if spec.tied and par.pp > 1:  # the embedding's gradient between first and last stage, before the step
-        ar += tied_reduction_s(spec, cluster, par.tp, par.grad_reduce, 0, (par.pp - 1) * par.dp * par.tp)
-    iteration = (m + bubble) * slowest + m * sends + ar
-    memory = max(state_bytes(BF16 * params, optimizer, "bf16", par.dp if par.zero else 1) / par.tp
-                 + _in_flight(par, s, m) * n * kept + (head_kept if ends >= 2 else 0.0)
-                 for s, (n, params, ends) in enumerate(pos))
+        ar += tied_reduction_s(spec, cluster, par.tp, par.grad_reduce, 0, (par.pp - 1) * par.dp * par.tp * par.cp)
+    iteration = (m + bubble) * max(times) + m * sends + ar
+    zero = par.zero
+    memory = max(state_bytes(BF16 * p.params, optimizer, "bf16", par.dp * par.cp if zero else 1)
+                 + state_bytes(BF16 * p.expert, optimizer, "bf16", par.expert_dp if zero else 1) + p.extra_bytes
+                 + _in_flight(par, s, m) * (p.dense * c.dense_kept + p.moe * c.moe_kept)
+                 + (c.head_kept if p.ends >= 2 else 0.0) for s, p in enumerate(pos))
     return Estimate(iteration, memory, memory <= float(cluster.usable.min()))
+
+
+def _reduction_s(cluster: Cluster, par: Parallelism, params: float, expert: float) -> float:
+    """A position's data-parallel gradient reduction of a rank's ``params`` dense and
+    ``expert`` routed-expert parameters: dense over DP x CP, experts over EDP."""
+    width = par.tp * par.cp * par.dp
+    dense = dp_collectives_s(par.dp * par.cp, par.zero, par.grad_reduce, params, _links_of(cluster, 0, width, par.tp))
+    if not expert:
+        return dense
+    return dense + dp_collectives_s(par.expert_dp, par.zero, par.grad_reduce, expert,
+                                    _links_of(cluster, 0, width, par.ep * par.etp))
 
 
 # -- choosing -----------------------------------------------------------------------------------
@@ -359,6 +465,14 @@ def refusal(spec: DecoderSpec, cluster: Cluster, global_batch: int, pins: Pins) 
         why = "overlap_p2p=true: Megatron overlaps pipeline sends only with interleaving (vpp > 1)"
     elif o.overlap_p2p is False and (o.vpp or 1) > 1 and o.pp is not None and o.pp <= 2:
         why = "overlap_p2p=false: Megatron runs interleaving without overlapped sends only on PP > 2"
+    elif (o.ep or 1) * (o.etp or 1) > 1 and not spec.moe:
+        why = f"ep={o.ep or 1}, etp={o.etp or 1}: {spec.name} has no experts (EP and ETP are 1 for a dense model)"
+    elif o.ep is not None and spec.moe and spec.experts % o.ep:
+        why = f"ep={o.ep}: EP must divide the {spec.experts} experts"
+    elif spec.moe and o.sp is False and (o.tp or 1) > 1:
+        why = "sp=false: a mixture of experts under tensor parallelism needs sequence parallelism (Megatron-core's rule)"
+    elif o.cp is not None and (spec.seq % (2 * o.cp) or len(cluster) % o.cp):
+        why = f"cp={o.cp}: the sequence {spec.seq} must be a multiple of 2 x CP and CP divide the {len(cluster)} GPUs"
     elif o.pp is not None and (o.pp > spec.layers or len(cluster) % o.pp):
         why = f"pp={o.pp}: PP must divide the {len(cluster)} GPUs and be at most the {spec.layers} layers"
     elif o.layout is not None and (len(cluster) % len(parse_layout(o.layout, spec.layers))

@@ -274,21 +274,22 @@ def root_failure(procs: list, results: Any, errors: dict[int, str], settle_s: fl
                  wait_s: float = 10.0) -> Failure:
     """The failure at the root: a rank that died without a word first, then the first whose
     error is its own rather than a peer's connection dropping. A peer's report may arrive
-    first, so reports are awaited until one of those is in or every worker ended (at least
-    ``settle_s``, at most ``wait_s``)."""
+    first, so reports are awaited until every worker ended and its reports are read, or one
+    of those is in after ``settle_s`` (at most ``wait_s``)."""
     start = time.monotonic()
     while True:
+        ended = all(p.exitcode is not None for p in procs)  # before the read: an ended worker's reports are sent
         try:
             msg = results.get(timeout=0.1)
+            drained = False
             if isinstance(msg, Failed):
                 errors.setdefault(msg.rank, msg.text)
         except queue_mod.Empty:
-            pass
+            drained = True
         silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
         own = [r for r, e in errors.items() if not any(x in e for x in PEER_ERRORS)]
         waited = time.monotonic() - start
-        ended = all(p.exitcode is not None for p in procs)
-        if waited > wait_s or (waited > settle_s and (silent or own or ended)):
+        if waited > wait_s or (ended and drained) or (waited > settle_s and (silent or own)):
             break
     if silent or not errors:
         r = (silent or [0])[0]
@@ -393,9 +394,17 @@ def _context(worker: Callable[..., Any]):
     # the server is the process's one: whichever launch starts it decides what it preloads, so
     # it preloads the plan executor's modules (torch's pipelining, dynamo) whatever starts it
     ctx.set_forkserver_preload(["pipeplan.runtime.quiet_interrupt", "torch", "torch.distributed", __name__,
-                                "pipeplan.runtime.executor", worker.__module__])
+                                "torch.distributed.pipelining", "pipeplan.runtime.executor", worker.__module__,
+                                *_model_libraries()])
     _start_server()
     return ctx
+
+
+def _model_libraries() -> list[str]:
+    """The model code of Hugging Face transformers that this process loaded (it built an
+    ``hf:`` model, which its workers build again): seconds of imports each worker skips."""
+    return sorted(m for m in sys.modules if m.startswith("transformers.models.")
+                  and m.rsplit(".", 1)[-1].startswith(("configuration_", "modeling_")))
 
 
 def _start_server() -> None:

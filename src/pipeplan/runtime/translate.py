@@ -17,17 +17,29 @@ the step.
 
 from __future__ import annotations
 
-from torch.distributed.pipelining.schedules import _Action, _ComputationType
+from typing import TYPE_CHECKING
 
 from ..schedule import Kind, Schedule
 from ..schedule.layout import positions
 
-_KIND = {Kind.F: _ComputationType.FORWARD, Kind.B: _ComputationType.FULL_BACKWARD,
-         Kind.I: _ComputationType.BACKWARD_INPUT, Kind.W: _ComputationType.BACKWARD_WEIGHT}
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import _Action
+
+
+def _kinds() -> dict:
+    """pipeplan's action kinds as torch's. torch's pipelining is imported where it runs (the
+    workers, whose fork server preloads it): the launcher and the check skip its seconds."""
+    from torch.distributed.pipelining.schedules import _ComputationType
+
+    return {Kind.F: _ComputationType.FORWARD, Kind.B: _ComputationType.FULL_BACKWARD,
+            Kind.I: _ComputationType.BACKWARD_INPUT, Kind.W: _ComputationType.BACKWARD_WEIGHT}
 
 
 def pipeline_orders(schedule: Schedule, stage_devices: list[list[int]], replicas: str) -> list[dict[int, list[_Action]]]:
     """One ``{pp rank (pipeline position): [actions]}`` per pipeline p, from the devices' programs."""
+    from torch.distributed.pipelining.schedules import _Action
+
+    kinds = _kinds()
     lay = positions(stage_devices)
     k = len(lay.groups[0])
     by_device = dict(zip(schedule.devices, schedule.programs))
@@ -39,8 +51,8 @@ def pipeline_orders(schedule: Schedule, stage_devices: list[list[int]], replicas
             local = {m: i for i, m in enumerate(sorted({int(m) for m in prog.micro if m >= 0}))}
             if replicas == "split":
                 local = {m: m for m in local}
-            order[pos] = [_Action(int(s), _KIND[int(op)], local[int(m)])
-                          for op, s, m in zip(prog.kinds, prog.stages, prog.micro) if int(op) in _KIND]
+            order[pos] = [_Action(int(s), kinds[int(op)], local[int(m)])
+                          for op, s, m in zip(prog.kinds, prog.stages, prog.micro) if int(op) in kinds]
         orders.append(order)
     return orders
 
@@ -57,7 +69,7 @@ def check_csv(path: str, stage_devices: list[list[int]], microbatches: int) -> N
     any process starts; a PipeplanError naming the file and torch's complaint otherwise."""
     import csv
 
-    from torch.distributed.pipelining.schedules import _add_send_recv, _validate_schedule
+    from torch.distributed.pipelining.schedules import _Action, _add_send_recv, _validate_schedule
 
     from ..errors import PipeplanError
     from ..readers import read_text

@@ -17,6 +17,8 @@
 - ``interleaved-1f1b``: Megatron-LM's interleaved 1F1B over v >= 2 model chunks per device
   (Narayanan et al. SC'21 §2.2; ``interleaved.py``).
 - ``zb-v``: zero-bubble ZB-V over two chunks per device in a V (Qi et al. §6; ``zerobubble.py``).
+- ``dualpipe-v``: DeepSeek's DualPipeV in torch's order, its overlapped forward/backward pairs
+  run one after the other (``dualpipe.py``).
 A schedule's ``placement`` says which stages a device holds (``layout.py``): one, chunks in a
 loop, or a V; a plan of another shape is refused with one line.
 With ``split`` replicas every replica runs every microbatch (a share of it); with
@@ -36,6 +38,7 @@ import numpy as np
 
 from ..errors import PipeplanError
 from .check import check_schedule
+from .dualpipe import dualpipe_v_order
 from .interleaved import DeviceOrder, interleaved_order
 from .ir import Kind, Program, Schedule
 from .layout import Layout, layout
@@ -100,6 +103,10 @@ SCHEDULES: dict[str, ScheduleKind] = {
     "zb-v": ScheduleKind("zero bubble ZB-V: two model chunks per device in a V (device d holds stages d and "
                          "2p-1-d), backward split into input and weight gradients (Qi et al. ICLR'24 §6)", None,
                          placement="v", device_order=zb_v_order, split_backward=True),
+    "dualpipe-v": ScheduleKind("DualPipeV: two chunks per device in a V, a forward of one chunk paired with a "
+                               "backward of the other (DeepSeek-V3, arXiv 2412.19437 §3.2.1; torch's "
+                               "ScheduleDualPipeV; the pair runs in turn, its overlap not modelled)", None,
+                               placement="v", device_order=dualpipe_v_order, split_backward=True),
 }
 
 

@@ -84,7 +84,7 @@ def layout(name: str, stage_devices: tuple[tuple[int, ...], ...], placement: str
             shared = next(j for j, g in enumerate(stage_devices) if stage_devices.index(g) != j)
             raise PipeplanError(f"schedule {name} runs one stage per device; this plan puts stages "
                                 f"{stage_devices.index(stage_devices[shared])} and {shared} on the same devices "
-                                "(model chunks run under interleaved-1f1b or zb-v)")
+                                "(model chunks run under interleaved-1f1b, zb-v or dualpipe-v)")
         return Layout(tuple(groups), tuple((s,) for s in range(s_count)))
     _refuse(name, placement, s_count, p)
     pos = placement_positions(placement, s_count, p)

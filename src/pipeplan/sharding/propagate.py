@@ -17,8 +17,10 @@ with ``P`` there, marked as an all-reduce.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import product
+
+import numpy as np
 
 from .program import BUFFER, INPUT, PARAM, TensorInfo, TensorProgram
 from .rules import ANY, COMPONENTS, STRIDE, P, R, S, dim_of, name, strategies
@@ -50,11 +52,20 @@ class OpTable:
     allreduce: tuple[int, ...]  # per tuple: bit i set = input i is a partial read whole (all-reduce)
     allgather: tuple[int, ...]  # per tuple: bit i set = input i is a cut read whole (all-gather)
     known: bool
+    masks: np.ndarray = field(init=False, repr=False, compare=False)  # ``tuples`` as (tuples, slots) int64
+
+    def __post_init__(self) -> None:
+        masks = np.array(self.tuples, dtype=np.int64).reshape(len(self.tuples), len(self.slots))
+        object.__setattr__(self, "masks", masks)  # masks hold 2 + STRIDE * COMPONENTS < 64 bits
+
+    def alive_mask(self, dom: "Domains") -> np.ndarray:
+        """Per tuple, whether every tensor's domain still allows it."""
+        cur = np.array([dom[t] for t in self.slots], dtype=np.int64)
+        return (self.masks & cur).all(axis=1)
 
     def alive(self, dom: "Domains") -> list[int]:
         """The tuples every tensor's domain still allows."""
-        cur = [dom[t] for t in self.slots]
-        return [k for k, tp in enumerate(self.tuples) if all(m & c for m, c in zip(tp, cur))]
+        return np.flatnonzero(self.alive_mask(dom)).tolist()
 
 
 def _expand(strategy: tuple[int, ...], n_inputs: int, partial: list[bool], cuts: list[list[int]],
@@ -178,14 +189,12 @@ class Propagator:
             o = queue.popleft()
             queued.discard(o)
             table = self.tables[o]
-            alive = [table.tuples[k] for k in table.alive(dom)]
-            if not alive:
+            alive = table.alive_mask(dom)
+            if not alive.any():
                 return o
+            allowed = np.bitwise_or.reduce(table.masks[alive], axis=0).tolist()
             for s, t in enumerate(table.slots):
-                allowed = 0
-                for tp in alive:
-                    allowed |= tp[s]
-                new = dom[t] & allowed
+                new = dom[t] & allowed[s]
                 if new != dom[t]:
                     if new == 0:
                         return o

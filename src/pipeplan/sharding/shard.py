@@ -98,10 +98,16 @@ def _cost_dict(c: PlanCost | None) -> dict | None:
             "by_phase": c.by_phase, "memory_bytes": c.memory_bytes, "fits": c.fits}
 
 
-@functools.lru_cache(maxsize=4)
 def exported(spec: str, batch: int, seq: int, seed: int):
     """(the model on the meta device, its exported program): exported once per process (an
-    export takes seconds; a sweep over devices, clusters or seeds reuses it). Shared: read-only."""
+    export takes seconds; a sweep over devices, clusters or seeds reuses it). Shared: read-only.
+    A built-in model's seed is left out of the cache key: on the meta device it draws nothing;
+    a user's factory may size its model from it."""
+    return _exported(spec, batch, seq, seed if ":" in spec else 0)
+
+
+@functools.lru_cache(maxsize=16)
+def _exported(spec: str, batch: int, seq: int, seed: int):
     from .models import load_shard_model
 
     model = load_shard_model(spec, batch=batch, seq=seq, meta=True, seed=seed)

@@ -28,7 +28,8 @@ from .formulas import update_time
 from ..plan import Plan
 from ..schedule import Kind, Program, Schedule
 
-_B = int(Kind.B)
+# plain ints: comparing an array with an IntEnum member costs numpy a slow attribute lookup
+_F, _B, _I, _AR, _UP = (int(k) for k in (Kind.F, Kind.B, Kind.I, Kind.AR, Kind.UPDATE))
 T = TypeVar("T")
 
 
@@ -113,8 +114,8 @@ class _Builder:
         in ``finish``)."""
         self.counts.append(k)
         for key, v in (("kind", kind), ("stage", stage), ("micro", micro), ("owner", owner),
-                       ("chan", chan), ("pair", pair)):
-            self.parts[key].append(v)
+                       ("chan", chan), ("pair", pair)):  # a Kind as int: numpy reads an IntEnum slowly
+            self.parts[key].append(v if isinstance(v, np.ndarray) else int(v))
         ids = np.arange(self.n, self.n + k)
         self.n += k
         return ids
@@ -123,9 +124,9 @@ class _Builder:
         vals = self.parts[key]
         if not vals:
             return np.zeros(0)
-        if all(np.ndim(v) == 0 for v in vals):
+        if not any(isinstance(v, np.ndarray) for v in vals):
             return np.repeat(np.array(vals), self.counts)
-        return np.concatenate([v if np.ndim(v) else np.full(k, v) for v, k in zip(vals, self.counts)])
+        return np.concatenate([v if isinstance(v, np.ndarray) else np.full(k, v) for v, k in zip(vals, self.counts)])
 
     def edge(self, a, b) -> None:
         self.edges.append(np.stack([np.asarray(a, dtype=np.int64).ravel(), np.asarray(b, dtype=np.int64).ravel()]))
@@ -152,12 +153,12 @@ def _classes(arr: dict[str, np.ndarray], groups: list[Group], s_count: int,
     of that set."""
     runs = np.zeros((len(groups), s_count, m_count), dtype=bool)
     for gi, g in enumerate(groups):
-        f = g.program.kinds == Kind.F
+        f = g.program.kinds == _F
         runs[gi, g.program.stages[f], g.program.micro[f]] = True
     flat = runs.reshape(len(groups), -1).T
     first, set_of = _row_ids(flat)
     kind, owner = arr["kind"], arr["owner"]
-    compute = (owner >= 0) & (kind != Kind.UPDATE)
+    compute = (owner >= 0) & (kind != _UP)
     sharer = np.where(compute, set_of[np.where(compute, arr["stage"] * m_count + arr["micro"], 0)], -1)
     rep, cls = _row_ids(np.stack([kind, owner, arr["stage"], arr["pair"], sharer], axis=1))
     shared = np.where(sharer[rep, None] >= 0, flat[first][np.maximum(sharer[rep], 0)], False)
@@ -212,7 +213,7 @@ def _chain(b: _Builder, g: Group, lanes: bool) -> None:
     if not lanes or not np.any(kinds == _B):
         b.edge(ids[:-1], ids[1:])
         return
-    f_sel, b_sel = kinds == Kind.F, kinds == Kind.B
+    f_sel, b_sel = kinds == _F, kinds == _B
     fi, bi = ids[f_sel], ids[b_sel]
     fo, bo = fi[np.argsort(micro[f_sel])], bi[np.argsort(micro[b_sel])]
     window = 2 * int(np.argmax(b_sel)) + 2
@@ -226,7 +227,7 @@ def _add_groups(b: _Builder, sched: Schedule, groups: list[Group]) -> None:
     ar_task: dict[int, int] = {}
     for gi, g in enumerate(groups):
         p = g.program
-        is_ar = p.kinds == Kind.AR
+        is_ar = p.kinds == _AR
         for s in p.stages[is_ar].tolist():
             if s not in ar_task:
                 ar_task[s] = int(b.add(1, Kind.AR, s, -1)[0])
@@ -254,8 +255,8 @@ def _task_index(groups: list[Group], s_count: int, m_count: int) -> tuple[np.nda
     owner = np.full((s_count, m_count), -1, dtype=np.int64)
     for gi, g in enumerate(groups):
         p = g.program
-        f = p.kinds == Kind.F
-        back = (p.kinds == Kind.B) | (p.kinds == Kind.I)
+        f = p.kinds == _F
+        back = (p.kinds == _B) | (p.kinds == _I)
         f_task[p.stages[f], p.micro[f]] = g.ids[f]
         b_task[p.stages[back], p.micro[back]] = g.ids[back]
         owner[p.stages[f], p.micro[f]] = gi

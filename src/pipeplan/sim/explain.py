@@ -4,7 +4,7 @@ The iteration of the busiest device (of a decoder LLM plan: tensor-parallel grou
 bottleneck) is split into terms that
 add up to the simulated iteration: its forward and backward compute, what recomputation runs
 again, its exposed tensor-parallel collectives (they are on the critical path of every
-layer), its pipeline sends while it waits for them (Megatron's blocking p2p), the
+layer), its context-parallel key/value exchange and expert all-to-alls as far as exposed, its pipeline sends while it waits for them (Megatron's blocking p2p), the
 data-parallel gradient reduction left exposed, the optimizer step, and the time it idles for
 other stages (the pipeline bubble). A compute task's seconds are split in the proportions of
 its stage's parts (``llm.costs.NodeParts``), as the simulator costed it (other graphs:
@@ -24,17 +24,20 @@ from .simulate import simulate
 from .durations import STAGE_STEP_EXTRA_S
 from .tensor_groups import STAGE_PARTS, lower, needs_lowering
 
-TERMS = ("forward", "backward", "recompute", "tp_comm", "pipeline_sends", "dp_comm", "optimizer", "bubble", "other")
+TERMS = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm", "pipeline_sends", "dp_comm", "optimizer", "bubble", "other")
 #: each term as the reports name it
 TERM_TEXT = {"forward": "forward compute", "backward": "backward compute", "recompute": "recomputation",
-             "tp_comm": "tensor-parallel communication", "pipeline_sends": "pipeline sends (exposed)",
+             "tp_comm": "tensor-parallel communication", "cp_comm": "context-parallel key/value exchange (exposed)",
+             "ep_comm": "expert dispatch and combine (all-to-all)", "pipeline_sends": "pipeline sends (exposed)",
              "dp_comm": "data-parallel reduction (exposed)", "optimizer": "optimizer step",
              "bubble": "pipeline bubble (idle)", "other": "other"}
 #: a stage's parts where no family prices them apart (graphs other than decoder LLMs): its
 #: forward and backward whole
-_WHOLE = {"fwd": 1.0, "fwd_tp": 0.0, "bwd": 1.0, "recompute": 0.0, "bwd_tp": 0.0}
-_COMPUTE = {int(Kind.F): (("forward", "fwd"), ("tp_comm", "fwd_tp")),
-            **{int(k): (("backward", "bwd"), ("recompute", "recompute"), ("tp_comm", "bwd_tp"))
+_WHOLE = {"fwd": 1.0, "fwd_tp": 0.0, "bwd": 1.0, "recompute": 0.0, "bwd_tp": 0.0, "fwd_cp": 0.0, "bwd_cp": 0.0,
+          "fwd_ep": 0.0, "bwd_ep": 0.0}
+_COMPUTE = {int(Kind.F): (("forward", "fwd"), ("tp_comm", "fwd_tp"), ("cp_comm", "fwd_cp"), ("ep_comm", "fwd_ep")),
+            **{int(k): (("backward", "bwd"), ("recompute", "recompute"), ("tp_comm", "bwd_tp"), ("cp_comm", "bwd_cp"),
+                        ("ep_comm", "bwd_ep"))
                for k in (Kind.B, Kind.I, Kind.W)}}
 
 

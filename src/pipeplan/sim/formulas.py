@@ -70,10 +70,11 @@ def precision_of(graph_meta: dict) -> str:
     return str(graph_meta.get("precision", "fp32"))
 
 
-def optimizer_shards(graph_meta: dict) -> int:
+def optimizer_shards(graph_meta: dict):
     """Over how many data-parallel replicas the optimizer state is sharded (ZeRO-1,
-    ``sim.tensor_groups``); 1 without."""
-    return int(graph_meta.get("optimizer_shards", 1))
+    ``sim.tensor_groups``): one count, or one a stage; 1 without."""
+    shards = graph_meta.get("optimizer_shards", 1)
+    return [float(s) for s in shards] if isinstance(shards, list) else int(shards)
 
 
 def state_bytes(param_bytes: float, optimizer: str = DEFAULT_OPTIMIZER, precision: str = "fp32",

@@ -134,6 +134,6 @@ def run_layouts(sh: Shape, lay: Layout, c: StageCosts, cl: Cluster, meta: dict, 
         fs, bs = fs * scale, bs * scale
     out = _run(sh, lay, c, cl, meta, fs, bs, starts)
     out.memory = device_memory(sh.tg, sh.walks, lay, c, optimizer, fs, sh.steady is not None,
-                               precision_of(meta), optimizer_shards(meta))
+                               precision_of(meta), optimizer_shards(meta), meta.get("stage_extra_bytes"))
     out.scale = scale
     return out

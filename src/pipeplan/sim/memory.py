@@ -68,10 +68,19 @@ def walks(tg: TaskGraph) -> list[GroupWalk]:
 
 
 def device_memory(tg: TaskGraph, walk: list[GroupWalk], lay: Layout, c: StageCosts, optimizer: str,
-                  fs: np.ndarray, steady: bool, precision: str = "fp32", shards: int = 1) -> np.ndarray:
-    """(candidates, devices): peak bytes, 0 for a device that runs no program."""
+                  fs: np.ndarray, steady: bool, precision: str = "fp32", shards=1,
+                  extra: list[float] | None = None) -> np.ndarray:
+    """(candidates, devices): peak bytes, 0 for a device that runs no program; ``shards``:
+    ZeRO-1's, one count or one a stage; ``extra``: bytes each stage holds beside its state
+    and activations (FP8 weight copies, ``sim.tensor_groups``)."""
     share = class_shares(tg, lay, fs)
     params = mat(c.params, tg.group_stages.T)  # (candidates, groups)
+    if np.ndim(shards):  # a stage's state at its own shards, summed over a group's stages
+        state = mat(state_bytes(c.params, optimizer, precision, np.asarray(shards, dtype=float)), tg.group_stages.T)
+    else:
+        state = state_bytes(params, optimizer, precision, shards)
+    if extra is not None:
+        state = state + mat(np.broadcast_to(np.asarray(extra, dtype=float), c.params.shape), tg.group_stages.T)
     extra = np.where(c.recompute, c.outputs, 0.0) + c.workspace
     mem = np.zeros(fs.shape)
     for gi, w in enumerate(walk):
@@ -80,6 +89,6 @@ def device_memory(tg: TaskGraph, walk: list[GroupWalk], lay: Layout, c: StageCos
             per = np.where(sh > 0, 1.0 / sh, 0.0)
         x = np.concatenate([c.kept[:, w.stage] * per, extra[:, w.stage] * per], axis=1)
         peak = mat(x, w.counts).max(axis=1, initial=0.0)
-        fixed = state_bytes(params[:, gi], optimizer, precision, shards) + (max(w.in_flight - 1, 0) * params[:, gi] if steady else 0.0)
+        fixed = state[:, gi] + (max(w.in_flight - 1, 0) * params[:, gi] if steady else 0.0)
         mem += lay.groups[:, gi] * (fixed[:, None] + fs * peak[:, None])
     return mem

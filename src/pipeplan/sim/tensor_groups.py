@@ -18,6 +18,13 @@ rates (``llm.costs``), tensor-parallel collectives included.
   kind's speed (graph times are reference seconds) and, with ``split``, r (the simulator
   divides a split microbatch over the r groups); activation bytes kept = a rank's x t (x r).
 - ZeRO-1: the optimizer state is sharded over the stage's replicas (``memory_shards``).
+- Context and expert parallelism (a plan's ``parallelism``, docs/llm.md): a group is a
+  replica's TP x CP GPUs, each rank costed on its s / CP of the sequence with the key/value
+  exchange over its CP group and a mixture's routed experts over its EP group
+  (``llm.rank_costs``); weights replicated over CP count once a rank; dense gradients are
+  reduced (and, ZeRO-1, the optimizer sharded) over DP x CP ranks, the routed experts' over
+  the expert data-parallel ranks, a stage's optimizer shards then the count that gives its
+  state exactly (``_stage_shards``).
 """
 
 from __future__ import annotations
@@ -27,11 +34,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cluster import Cluster, Device
-from ..cluster.collectives import group_links
+from ..cluster.collectives import exchange_links, group_links
 from ..cluster.kinds import KINDS
 from ..errors import PipeplanError
 from ..graph import Graph
-from ..llm.costs import node_parts
+from ..llm.rank_costs import Cut, Links, fp8_weight_bytes, node_parts, rank_params
 from ..llm.spec import BF16, DecoderSpec, decoder_of
 from ..llm.step_costs import OPTIMIZER_STEP_BYTES, dp_collectives_s, dp_ring, tied_reduction_s
 from ..plan import Plan, Stage, is_decoder
@@ -84,13 +91,17 @@ def needs_lowering(plan: Plan) -> bool:
     return False
 
 
+def _cp(plan: Plan) -> int:
+    return plan.parallelism.cp if plan.parallelism else 1
+
+
 def _groups(plan: Plan) -> tuple[list[list[int]], list[list[int]]]:
-    """Distinct TP groups (GPU indices) and, per stage, the indices of its groups."""
+    """Distinct groups (GPU indices: a replica's TP x CP) and, per stage, the indices of its groups."""
     cl, index, groups, of_stage = plan.cluster, {}, [], []
     owner: dict[int, int] = {}
     for k, st in enumerate(plan.stages):
-        mine = []
-        for g in st.tp_groups:
+        mine, size = [], st.tp * _cp(plan)
+        for g in (st.devices[i:i + size] for i in range(0, len(st.devices), size)):
             idx = tuple(cl.device_indices(g, where=f"plan stage {k}"))
             if idx not in index:
                 clash = [owner[d] for d in idx if d in owner]
@@ -138,31 +149,54 @@ def _samples(plan: Plan, k: int, replicas: int) -> int:
     return b // replicas
 
 
+#: a stage's parts (``llm.rank_costs.NodeParts``' fields) summed over its nodes
+PARTS = ("fwd", "fwd_tp", "bwd", "recompute", "bwd_tp", "fwd_cp", "bwd_cp", "fwd_ep", "bwd_ep")
+
+
+def stage_cut(plan: Plan, k: int) -> Cut:
+    """How stage ``k``'s GPUs cut its nodes: the plan's parallelism, else its TP alone."""
+    par = plan.parallelism
+    return par.cut() if par is not None else Cut(plan.stages[k].tp, plan.sequence_parallel)
+
+
+def stage_links(cl: Cluster, devs: list[int], cut: Cut) -> Links:
+    """The links of a stage's first TP, CP, EP and expert-TP groups, its GPUs ``devs`` in
+    Megatron's order (TP fastest, then CP, then DP; the expert grid ETP, EP, expert DP); the
+    EP group's as an all-to-all's (``collectives.exchange_links``)."""
+    def of(group: list[int]) -> tuple[float, float]:
+        return group_links(cl, group) if len(group) > 1 else (0.0, 0.0)
+
+    e, ep = cut.experts, devs[:cut.experts.ep * cut.experts.etp:cut.experts.etp]
+    return Links(of(devs[:cut.tp]), of(devs[:cut.tp * cut.cp:cut.tp]), exchange_links(cl, ep), of(devs[:e.etp]))
+
+
+def _is_moe(spec: DecoderSpec, nid: str) -> bool:
+    return nid.startswith("layer") and spec.is_moe_layer(int(nid[5:]))
+
+
 def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
     """The plan's graph with each node's costs on its stage's groups (module docstring)."""
     g, cl = plan.graph, plan.cluster
     spec = decoder_of(g.meta, f"model {g.name!r}")
     fwd, bwd, saved = g.fwd.copy(), g.bwd.copy(), g.saved.copy()
     parts: list[dict[str, float]] = []
-    for k, (st, idx, devs) in enumerate(zip(plan.stages, plan.stage_nodes(), plan.stage_devices())):
+    for k, (idx, devs) in enumerate(zip(plan.stage_nodes(), plan.stage_devices())):
         kind = KINDS[cl.devices[devs[0]].kind.lower()]
-        r = len(of_stage[k])
+        r, cut = len(of_stage[k]), stage_cut(plan, k)
         samples = _samples(plan, k, r)
-        links = group_links(cl, devs[:st.tp]) if st.tp > 1 else (0.0, 0.0)
+        links = stage_links(cl, devs, cut)
         speed = float(cl.speed[devs].min())
         scale = r if plan.replicas == "split" else 1
-        mine = dict.fromkeys(("fwd", "fwd_tp", "bwd", "recompute", "bwd_tp"), 0.0)
+        mine = dict.fromkeys(PARTS, 0.0)
         for i in idx:
-            p = node_parts(spec, _role(g.ids[i]), kind, samples, st.tp, plan.sequence_parallel,
-                           plan.recompute_mode(k), links)
-            fwd[i], bwd[i], saved[i] = p.fwd_s * speed * scale, p.bwd_s * speed * scale, p.kept * st.tp * scale
+            p = node_parts(spec, _role(g.ids[i]), kind, samples, cut, plan.recompute_mode(k), links,
+                           _is_moe(spec, g.ids[i]))
+            fwd[i], bwd[i] = p.fwd_s * speed * scale, p.bwd_s * speed * scale
+            saved[i] = p.kept * cut.tp * cut.cp * scale
             for key in mine:
                 mine[key] += getattr(p, key)
         parts.append(mine)
-    params = g.params.copy()
-    for st, idx in zip(plan.stages, plan.stage_nodes()):  # key/value heads replicated over the ranks
-        layers = [i for i in idx if g.ids[i].startswith("layer")]
-        params[layers] += BF16 * spec.kv_replicated_params(st.tp)
+    params, expert = _group_params(plan, spec)
     owner = plan.stage_of_node()
     if spec.tied and owner[g.index["embed"]] != owner[g.index["head"]]:
         # Megatron-LM: the last stage keeps a copy of the tied embedding (its gradient all-reduce
@@ -170,28 +204,81 @@ def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
         params[g.index["head"]] += BF16 * spec.vocab * spec.hidden
     meta = {**{k: v for k, v in g.meta.items() if k != "fixed_s"}, LOWERED: True}
     if plan.zero:
-        meta["optimizer_shards"] = min(len(s) for s in of_stage)
+        meta["optimizer_shards"] = _stage_shards(plan, of_stage, params, expert)
     if plan.overlap_grad_reduce:
         meta[OVERLAP] = plan.replicas
-    meta[STAGE_ALLREDUCE_S] = _stage_reductions(plan, spec, params)
+    meta[STAGE_ALLREDUCE_S] = _stage_reductions(plan, spec, params, expert)
     meta[STAGE_STEP_EXTRA_S] = _tied_reduction(plan, spec)
     meta[STAGE_PARTS] = parts
+    if plan.parallelism is not None and plan.parallelism.precision == "fp8":
+        meta["stage_extra_bytes"] = _fp8_copies(plan, spec)
     meta[BLOCKING_SENDS] = plan.parallelism is not None and not plan.parallelism.overlap_p2p
     meta["update_s_per_byte"] = _update_s_per_byte(plan, of_stage)
     return replace(g, fwd=fwd, bwd=bwd, saved=saved, params=params, meta=meta, tied={})
 
 
-def _stage_reductions(plan: Plan, spec: DecoderSpec, params: np.ndarray) -> list[float]:
+def _group_params(plan: Plan, spec: DecoderSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, a group's parameter bytes (its ranks' summed: weights replicated over CP count
+    on every rank, key/value heads replicated over TP too) and of them the routed experts'."""
+    g = plan.graph
+    params, expert = g.params.copy(), np.zeros(len(g))
+    for k, idx in enumerate(plan.stage_nodes()):
+        cut = stage_cut(plan, k)
+        for i in idx:
+            if _is_moe(spec, g.ids[i]):
+                dense, routed = rank_params(spec, True, cut)
+                params[i], expert[i] = BF16 * (dense + routed) * cut.tp * cut.cp, BF16 * routed * cut.tp * cut.cp
+            elif g.ids[i].startswith("layer"):
+                params[i] = (params[i] + BF16 * spec.kv_replicated_params(cut.tp)) * cut.cp
+            else:
+                params[i] *= cut.cp
+    return params, expert
+
+
+def _fp8_copies(plan: Plan, spec: DecoderSpec) -> list[float]:
+    """Per stage, a group's FP8 weight copies (``rank_costs.fp8_weight_bytes``, its ranks')."""
+    out, ids = [], plan.graph.ids
+    for k, idx in enumerate(plan.stage_nodes()):
+        cut = stage_cut(plan, k)
+        out.append(sum(fp8_weight_bytes(spec, _is_moe(spec, ids[i]), cut) for i in idx if ids[i].startswith("layer"))
+                   * cut.tp * cut.cp)
+    return out
+
+
+def _stage_shards(plan: Plan, of_stage: list[list[int]], params: np.ndarray, expert: np.ndarray) -> int | list[float]:
+    """ZeRO-1's shards: the replicas (DP); with CP or experts, per stage, the count S that
+    gives its state exactly, (P_dense + P_expert) / (P_dense / (DP x CP) + P_expert / EDP)."""
+    dp = min(len(s) for s in of_stage)
+    par = plan.parallelism
+    if par is None or (par.cp == 1 and not expert.any()):
+        return dp
+    out = []
+    for idx in plan.stage_nodes():
+        total, routed = float(params[idx].sum()), float(expert[idx].sum())
+        out.append(total / ((total - routed) / (dp * par.cp) + routed / par.expert_dp))
+    return out
+
+
+def _stage_reductions(plan: Plan, spec: DecoderSpec, params: np.ndarray, expert: np.ndarray) -> list[float]:
     """Each stage's data-parallel collectives (``dp_collectives_s``, the plan's parallelism or
-    Megatron's defaults: fp32 gradients) over the ring of its groups' first GPUs."""
+    Megatron's defaults: fp32 gradients): a rank's dense gradients over the ring of its DP x CP
+    peers (every TP-th GPU of the stage), its routed experts' over its expert data-parallel
+    peers (every EP x ETP-th)."""
     cl, out, rings = plan.cluster, [], {}
     grad = plan.parallelism.grad_reduce if plan.parallelism else "fp32"
-    for st, idx, devs in zip(plan.stages, plan.stage_nodes(), plan.stage_devices()):
-        ring = [devs[i] for i in range(0, len(devs), st.tp)]
+
+    def reduce(ring: list[int], nbytes: float) -> float:
         if tuple(ring) not in rings:
             rings[tuple(ring)] = dp_ring(cl, ring)
-        out.append(dp_collectives_s(len(ring), plan.zero, grad, float(params[idx].sum()) / BF16 / st.tp,
-                                    rings[tuple(ring)]))
+        return dp_collectives_s(len(ring), plan.zero, grad, nbytes / BF16, rings[tuple(ring)])
+
+    for k, (idx, devs) in enumerate(zip(plan.stage_nodes(), plan.stage_devices())):
+        cut = stage_cut(plan, k)
+        size, routed = cut.tp * cut.cp, float(expert[idx].sum())
+        seconds = reduce(devs[::cut.tp], (float(params[idx].sum()) - routed) / size)
+        if routed:
+            seconds += reduce(devs[::cut.experts.ep * cut.experts.etp], routed / size)
+        out.append(seconds)
     return out
 
 
@@ -218,9 +305,9 @@ def _update_s_per_byte(plan: Plan, of_stage: list[list[int]]) -> float:
         return 0.0
     d = plan.stage_devices()[0][0]
     kind = KINDS[plan.cluster.devices[d].kind.lower()]
-    shards = min(len(s) for s in of_stage) if plan.zero else 1
+    shards = min(len(s) for s in of_stage) * _cp(plan) if plan.zero else 1
     per_param = OPTIMIZER_STEP_BYTES.get(plan.optimizer, OPTIMIZER_STEP_BYTES["adam"])
-    return per_param / BF16 / kind.hbm_bytes_per_s / tps.pop() / shards * float(plan.cluster.speed[d])
+    return per_param / BF16 / kind.hbm_bytes_per_s / tps.pop() / _cp(plan) / shards * float(plan.cluster.speed[d])
 
 
 def lower(plan: Plan) -> Lowered:
@@ -264,17 +351,21 @@ def _as_two_replicas(plan: Plan, graph: Graph, groups: list[list[int]], of_stage
 
 def throughput(plan: Plan, iteration_s: float) -> dict:
     """Per GPU: model TFLOP/s (forward + backward, the MFU convention), hardware TFLOP/s (with
-    what recomputation runs again, Megatron's Eq. 3 convention) and MFU against the kind's bf16
-    peak, for one iteration of ``iteration_s``."""
+    what recomputation runs again, Megatron's Eq. 3 convention) and MFU against the kind's dense
+    peak in the plan's precision (``mfu_peak`` says which), for one iteration of ``iteration_s``."""
     spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
     samples = int(plan.graph.meta.get("microbatch", 1)) * plan.microbatches
     gpus = sorted({d for devs in plan.stage_devices() for d in devs})
     again = 0.0
     for k, idx in enumerate(plan.stage_nodes()):
-        layers = sum(1 for i in idx if plan.graph.ids[i].startswith("layer"))
         mode = plan.recompute_mode(k)
-        again += layers * {"none": 0.0, "selective": spec.attention_core_flops(1), "full": spec.layer_flops(1)}[mode]
+        again += sum({"none": 0.0, "selective": spec.attention_core_flops(1),
+                      "full": spec.layer_flops(1, _is_moe(spec, plan.graph.ids[i]))}[mode]
+                     for i in idx if plan.graph.ids[i].startswith("layer"))
     model = spec.model_flops_per_sample() * samples / (iteration_s * len(gpus)) / 1e12
     hw = model + again * samples / (iteration_s * len(gpus)) / 1e12
-    peak = min(KINDS[plan.cluster.devices[d].kind.lower()].bf16_flops for d in gpus)
-    return {"model_tflops_per_gpu": model, "hw_tflops_per_gpu": hw, "mfu": model * 1e12 / peak}
+    fp8 = plan.parallelism is not None and plan.parallelism.precision == "fp8"
+    kinds = [KINDS[plan.cluster.devices[d].kind.lower()] for d in gpus]
+    peak = min(k.fp8_flops if fp8 else k.bf16_flops for k in kinds)
+    return {"model_tflops_per_gpu": model, "hw_tflops_per_gpu": hw, "mfu": model * 1e12 / peak,
+            "mfu_peak": "fp8 dense" if fp8 else "bf16 dense"}

@@ -233,9 +233,14 @@ def gantt_figure(tl: Timeline, title: str = "", max_labels: int = 4000) -> Figur
     return fig
 
 
+#: bars of a kind above which they are drawn without their hatch (``_draw_bars``)
+MAX_HATCHED = 2000
+
+
 def _draw_bars(ax, tl: Timeline, y: np.ndarray, scale: float, px_per_unit: float) -> tuple[np.ndarray, np.ndarray]:
-    """One PolyCollection per kind; short kinds widened to ``_MIN_PX``. Returns the bars'
-    start and end in plot units."""
+    """One PolyCollection per kind; short kinds widened to ``_MIN_PX``; hatched where the kind
+    has at most ``MAX_HATCHED`` bars (Agg strokes a hatch bar by bar: seconds a thousand bars,
+    and the colour tells the kind apart). Returns the bars' start and end in plot units."""
     start, end = tl.start * scale, tl.end * scale
     for k, px in _MIN_PX.items():
         end = np.where(tl.kind == k, np.maximum(end, start + px / px_per_unit), end)
@@ -251,7 +256,7 @@ def _draw_bars(ax, tl: Timeline, y: np.ndarray, scale: float, px_per_unit: float
         faces = _shade(face, chunk[sel]) if np.any(chunk[sel] > 0) else face
         bars = PolyCollection(verts, facecolors=faces, edgecolors=edge, linewidths=0.4,
                               zorder=2, label=label)
-        if hatch:
+        if hatch and sel.size <= MAX_HATCHED:
             bars.set_hatch(hatch)
             bars.set_hatchcolor(hatch_color)
         ax.add_collection(bars, autolim=False)

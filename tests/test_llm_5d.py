@@ -1,0 +1,150 @@
+"""Context and expert parallelism (issue 43): a mixture's layer on one GPU against hand counts
+(its parameters, what it keeps), context parallelism's exchange against its closed form, the
+pins honored or refused in one line, and the Megatron arguments of CP and EP plans against
+the option strings Megatron-LM's parser registers (tests/fixtures/megatron_arguments.json)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipeplan.cli import main
+from pipeplan.llm.experts import ExpertCut, experts_activation_bytes
+from pipeplan.llm.rank_costs import Cut, cp_exchange_s, rank_params
+from pipeplan.llm.spec import PRESETS
+
+FIXTURE = Path(__file__).parent / "fixtures" / "megatron_arguments.json"
+MIXTRAL = replace(PRESETS["mixtral-8x7b"], seq=4096)
+
+
+def test_a_mixture_layers_parameters_on_a_rank_are_a_hand_count():
+    """Mixtral 8x7B at TP 2, EP 4: attention 4096 x (4096 + 2 x 1024) + 4096 x 4096 and two
+    RMSNorms over TP, the router (4096 x 8) whole; 8 / 4 experts of 3 x 4096 x 14336."""
+    cut = Cut(tp=2, sp=True, experts=ExpertCut(ep=4))
+    attention = 4096 * (4096 + 2 * 1024) + 4096 * 4096
+    assert rank_params(MIXTRAL, True, cut) == ((attention + 2 * 4096) / 2 + 4096 * 8, 2 * 3 * 4096 * 14336)
+    assert rank_params(MIXTRAL, True, replace(cut, experts=ExpertCut(ep=2, etp=2)))[1] == 4 * 3 * 4096 * 14336 / 2
+
+
+def test_what_a_rank_keeps_for_its_experts_is_a_hand_count():
+    """A microbatch of one 4,096-token sequence at TP 2: 2,048 tokens a rank, 2 copies each;
+    a copy keeps its input (4,096 wide) and the gate, up and product (3 x 14,336), 16-bit; the
+    router's fp32 scores over 8 experts a token; a busiest rank of skew 1.5 keeps 1.5 x the
+    copies; full recomputation keeps none."""
+    copies = 2048 * 2
+    want = copies * 2 * (4096 + 3 * 14336) + 4 * 2048 * 8
+    assert experts_activation_bytes(MIXTRAL, 1, 2, 1, ExpertCut(ep=4), "none") == want
+    skewed = experts_activation_bytes(MIXTRAL, 1, 2, 1, ExpertCut(ep=4, skew=1.5), "none")
+    assert skewed == 1.5 * copies * 2 * (4096 + 3 * 14336) + 4 * 2048 * 8
+    assert experts_activation_bytes(MIXTRAL, 1, 2, 1, ExpertCut(ep=4), "full") == 0.0
+
+
+def test_the_context_parallel_ring_exposes_what_a_send_outlasts_its_block():
+    """Llama 3 8B at 8,192 tokens over CP 4, TP 1: a rank's key/value block is 2,048 tokens x
+    (1,024 + 1,024) 16-bit values; 3 sends, each exposed by its excess over a quarter of the
+    rank's attention; backward passes the block and its gradient; an all-gather of the 4
+    blocks (and a reduce-scatter backward) otherwise."""
+    spec = replace(PRESETS["llama3-8b"], seq=8192)
+    block = 2 * 2048 * 2048
+    bw, lat, core = 50e9, 5e-6, 1e-3
+    fwd, bwd = cp_exchange_s(spec, 1, Cut(cp=4), (bw, lat), core)
+    assert fwd == pytest.approx(3 * max(0.0, block / bw + lat - core / 4))
+    assert bwd == pytest.approx(3 * max(0.0, 2 * block / bw + lat - 2 * core / 4))
+    slow = cp_exchange_s(spec, 1, Cut(cp=4), (1e9, lat), core)[0]
+    assert slow == pytest.approx(3 * (block / 1e9 + lat - core / 4))
+    gathered = cp_exchange_s(spec, 1, Cut(cp=4, cp_comm="allgather"), (bw, lat), core)
+    assert gathered[0] == pytest.approx(3 / 4 * 4 * block / bw + 2 * lat)
+    assert gathered[1] == pytest.approx(2 * gathered[0])
+
+
+def _megatron_options() -> set[str]:
+    return set(json.loads(FIXTURE.read_text())["arguments"])
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--model", "zoo:mixtral-8x7b?seq=4096", "--cluster", "dgx-h100x2", "--global-batch", "64", "-O", "ep=8",
+      "-O", "tp=2", "-O", "etp=1"],
+     ["--expert-model-parallel-size 8", "--expert-tensor-parallel-size 1", "--num-experts 8", "--moe-router-topk 2",
+      "--moe-ffn-hidden-size 14336", "--moe-grouped-gemm", "--tensor-model-parallel-size 2"]),
+    (["--model", "zoo:llama3-8b?seq=32768", "--cluster", "dgx-h100x2", "--global-batch", "16", "-O", "cp=4"],
+     ["--context-parallel-size 4", "--cp-comm-type p2p", "--seq-length 32768"]),
+])
+def test_the_megatron_arguments_of_cp_and_ep_plans_are_megatrons_options(argv, expected, tmp_path, capsys):
+    """The plan honors the pins; every option of its arguments is one Megatron-LM's parser
+    registers, with the degrees of the plan."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", *argv, "--planner", "megatron", "--out", str(out)]) == 0
+    assert main(["export-plan", str(out), "--to", "megatron"]) == 0
+    text = capsys.readouterr().out
+    words = shlex.split(" ".join(ln for ln in text.splitlines() if not ln.startswith("#")))
+    options = _megatron_options()
+    assert {w for w in words if w.startswith("--")} <= options
+    for item in expected:
+        assert item in text, item
+    par = json.loads(out.read_text())["parallelism"]
+    assert par["tp"] * par["cp"] * par["pp"] * par["dp"] == 16
+
+
+def test_deepseek_v3s_dense_first_layers_are_said_to_megatron():
+    """``--moe-layer-freq`` as Megatron evaluates it: 3 dense layers, then 58 of experts."""
+    from pipeplan.engines.megatron import expert_arguments
+
+    args = expert_arguments(PRESETS["deepseek-v3"])
+    freq = next(a for a in args if a.startswith("--moe-layer-freq"))
+    assert eval(shlex.split(freq)[1]) == [0] * 3 + [1] * 58  # noqa: S307 (Megatron's own parse)
+    assert "--moe-shared-expert-intermediate-size 2048" in args and "--num-experts 256" in args
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "zoo:llama3-8b", "-O", "ep=2"], "has no experts"),
+    (["--model", "zoo:llama3-8b?seq=4104", "-O", "cp=8"], "CP 8"),
+    (["--model", "zoo:mixtral-8x7b?seq=4096", "-O", "ep=3"], "ep=3"),
+    (["--model", "zoo:mixtral-8x7b?seq=4096", "-O", "tp=2", "-O", "sp=false"], "sequence parallelism"),
+])
+def test_a_pin_no_configuration_can_hold_is_refused_in_one_line(argv, words, capsys):
+    assert main(["plan", *argv, "--cluster", "dgx-h100x2", "--global-batch", "16", "--planner", "megatron"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
+
+
+def test_zero1_saves_a_hand_count_of_a_mixtures_optimizer_state():
+    """Mixtral 8x7B (4,096 tokens) at TP 2 x DP 8, EP 4 on 16 H100s: ZeRO-1 shards the dense
+    weights' fp32 master and moments (6 bytes a 16-bit byte) over DP x CP = 8 and the experts'
+    over the expert data-parallel 2 x 8 / 4 = 4; a rank's dense weights: 32 layers of
+    (attention 41,943,040 + norms 8,192) / 2 + the router 32,768, the embedding and the head
+    (32,000 x 4,096, its norm) over TP; its experts 32 x 2 x 3 x 4,096 x 14,336."""
+    from pipeplan.cluster import load_cluster
+    from pipeplan.graph.llm import build_graph
+    from pipeplan.llm.layout import candidates
+    from pipeplan.llm.parallelism import Parallelism
+    from pipeplan.planners import llm3d
+    from pipeplan.sim import simulate
+
+    graph, cluster = build_graph(MIXTRAL, 1), load_cluster("dgx-h100x2")
+    peak = []
+    for zero in (0, 1):
+        par = Parallelism(2, 1, 8, candidates(32, 1)[0], ep=4, microbatch=1, sp=True, zero=zero, recompute="full")
+        peak.append(float(simulate(llm3d.plan_of(graph, cluster, par, 16), timeline=False).memory_bytes.max()))
+    dense = 32 * ((41_943_040 + 8_192) / 2 + 32_768) + 32_000 * 4_096 / 2 + (4_096 + 32_000 * 4_096) / 2
+    expert = 32 * 2 * 3 * 4_096 * 14_336
+    assert peak[0] - peak[1] == pytest.approx(2 * 6 * (dense * (1 - 1 / 8) + expert * (1 - 1 / 4)), rel=1e-9)
+
+
+def test_a_stages_expert_group_is_megatrons_expert_grid():
+    """On 16 GPUs at TP 2, EP 8, ETP 1 the first EP group is GPUs 0-7 (one server); at ETP 2,
+    GPUs 0, 2, ..., 14 (two servers); CP's ring the TP-th GPUs."""
+    from pipeplan.cluster import load_cluster
+    from pipeplan.cluster.collectives import exchange_links, group_links
+    from pipeplan.sim.tensor_groups import stage_links
+
+    cl = load_cluster("dgx-h100x2")
+    devs = list(range(16))
+    links = stage_links(cl, devs, Cut(tp=2, sp=True, experts=ExpertCut(ep=8)))
+    assert links.ep == exchange_links(cl, range(8)) and links.tp == group_links(cl, [0, 1])
+    links = stage_links(cl, devs, Cut(tp=2, sp=True, cp=2, experts=ExpertCut(ep=8, etp=2)))
+    assert links.ep == exchange_links(cl, range(0, 16, 2)) and links.etp == group_links(cl, [0, 1])
+    assert links.cp == group_links(cl, [0, 2]) and links.ep != exchange_links(cl, range(8))
