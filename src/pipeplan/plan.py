@@ -268,9 +268,10 @@ def _check_shared_devices(plan: Plan) -> None:
         idx = c.device_indices(st.devices, where=f"plan stage {k}")
         if len(set(idx)) != len(idx):
             raise PipeplanError(f"plan: stage {k} lists a device twice")
+        same: dict[int, bool] = {}  # stage j's device list against this one's, compared once
         for d in idx:
             j = first.setdefault(d, k)
-            if j != k and plan.stages[j].devices != st.devices:
+            if j != k and not same.setdefault(j, plan.stages[j].devices == st.devices):
                 raise PipeplanError(f"plan: device {c.devices[d].name!r} is in stage {j} and stage {k}, whose "
                                     "device lists differ (a device holds several stages only when they have the "
                                     "same devices, in the same order: virtual stages)")

@@ -139,9 +139,14 @@ class Cluster:
         return [d.name for d in self.devices]
 
     def device_indices(self, names: Sequence[str], where: str = "plan") -> list[int]:
+        index = self.index
+        try:
+            return [index[n] for n in names]
+        except (KeyError, TypeError):
+            pass
         out = []
         for n in names:
-            i = self.index.get(str(n))
+            i = index.get(str(n))
             if i is None:
                 raise PipeplanError(f"{where}: device {n!r} is not in cluster {self.name!r}")
             out.append(i)

@@ -59,6 +59,12 @@ def symmetric_count(plan: Plan, groups: list[list[int]], of_stage: list[list[int
 def paired_links(cl: Cluster, a: list[list[int]], b: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """``between_groups``' bandwidth and latency from ``a[k]`` to ``b[k]`` for each k alone
     (a replica's chain), without the other pairs."""
+    rails = {min(len(x), len(y)) for x, y in zip(a, b)}
+    if len(rails) == 1:  # every pair at once
+        r = rails.pop()
+        ix, iy = np.array([x[:r] for x in a]), np.array([y[:r] for y in b])
+        return r * np.asarray(cl.bandwidth[ix, iy], dtype=float).min(axis=1), \
+            np.asarray(cl.latency[ix, iy], dtype=float).max(axis=1)
     bw, lat = np.empty(len(a)), np.empty(len(a))
     for k, (x, y) in enumerate(zip(a, b)):
         rails = min(len(x), len(y))
