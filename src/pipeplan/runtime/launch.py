@@ -487,8 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     -m pipeplan.runtime.launch PLAN.json --model SPEC [--steps K] [--warmup W] [--device D]
     [--precision P] [--check]``:
     this process as rank node x G + local rank of the plan's run (rank r runs the plan's
-    process r, as ``pipeplan run`` numbers them). Exit 0 when the run (and the check against
-    one-process training) passes, 1 when the check fails, 2 with one line on bad input."""
+    process r, as ``pipeplan run`` numbers them). ``--check``: rank 0 checks the run (every
+    rank holds every stage's final state) against one-process training. Exit 0 when the run
+    (and the check) passes, 1 on rank 0 when the check fails, 2 with one line on bad input."""
     import argparse
 
     from ..errors import one_line
@@ -522,7 +523,9 @@ def main(argv: list[str] | None = None) -> int:
                         device=args.device, precision=args.precision)
         result = run_plan(plan, cfg)
         verdict = "not checked"
-        if args.check:
+        if args.check and os.environ["RANK"] != "0":
+            verdict = "checked on rank 0"
+        elif args.check:  # every rank holds every stage's final state: rank 0 checks it, once
             check = check_run(plan, args.model, result.params, steps=cfg.warmup + cfg.steps, lr=cfg.lr,
                               seed=cfg.seed, threads=cfg.threads, microbatch=result.microbatch,
                               device=result.device, precision=result.precision)
