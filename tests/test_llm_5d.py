@@ -148,3 +148,45 @@ def test_a_stages_expert_group_is_megatrons_expert_grid():
     links = stage_links(cl, devs, Cut(tp=2, sp=True, cp=2, experts=ExpertCut(ep=8, etp=2)))
     assert links.ep == exchange_links(cl, range(0, 16, 2)) and links.etp == group_links(cl, [0, 1])
     assert links.cp == group_links(cl, [0, 2]) and links.ep != exchange_links(cl, range(8))
+
+
+def test_a_v_schedule_places_chunk_j_and_2p_minus_1_minus_j_on_position_j():
+    """ZB-V and DualPipeV hold two chunks a GPU in a V (Qi et al. ICLR'24 §6; torch's
+    ``style="v"``: stages r and 2p-1-r on rank r): the embedding's chunk and the head's on the
+    first position, whose GPUs then need no tied-embedding reduction; vpp must be 2."""
+    from pipeplan.cluster import load_cluster
+    from pipeplan.graph.llm import build_graph
+    from pipeplan.llm.layout import v_candidates
+    from pipeplan.llm.parallelism import Parallelism
+    from pipeplan.planners import llm3d
+    from pipeplan.sim import simulate
+    from pipeplan.sim.durations import STAGE_STEP_EXTRA_S
+    from pipeplan.sim.tensor_groups import lower
+
+    layout = v_candidates(32, 4)[0]
+    assert layout == (4,) * 8
+    for sched in ("zb-v", "dualpipe-v"):
+        par = Parallelism(2, 4, 2, layout, 2, microbatch=1, sp=True, schedule=sched)
+        assert [par.position(j) for j in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0] and par.stage_layers() == [8] * 4
+        plan = llm3d.plan_of(build_graph(replace(PRESETS["llama3-8b"], seq=1024, tied=True), 1),
+                             load_cluster("dgx-h100x2"), par, 16)
+        assert [s.devices[0] for s in plan.stages] == [f"s{(min(j, 7 - j) * 4) // 8}g{(min(j, 7 - j) * 4) % 8}"
+                                                       for j in range(8)]
+        low = lower(plan).plan.graph  # embedding and head together: no copy of the table, no reduction
+        assert low.params[low.index["head"]] == plan.graph.params[plan.graph.index["head"]]
+        assert not any(low.meta[STAGE_STEP_EXTRA_S])
+        assert simulate(plan, timeline=False).iteration_s > 0
+    with pytest.raises(Exception, match="two chunks a GPU in a V"):
+        Parallelism(2, 4, 2, (2,) * 16, 4, schedule="zb-v")
+
+
+def test_the_planner_considers_a_v_schedule_when_asked_and_never_otherwise(capsys):
+    """``--schedule zb-v``: the plan is a V of two chunks; without it no V schedule is searched
+    (their overlap is not priced yet, docs/llm.md)."""
+    argv = ["plan", "--model", "zoo:llama3-8b?seq=1024", "--cluster", "dgx-h100x2", "--global-batch", "32",
+            "--planner", "megatron", "--json"]
+    assert main([*argv, "--schedule", "zb-v"]) == 0
+    par = json.loads(capsys.readouterr().out)["parallelism"]
+    assert par["schedule"] == "zb-v" and par["vpp"] == 2
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["parallelism"]["schedule"] not in ("zb-v", "dualpipe-v")

@@ -71,6 +71,27 @@ def candidates(layers: int, pp: int, vpp: int = 1) -> list[tuple[int, ...]]:
     return out
 
 
+def v_candidates(layers: int, pp: int) -> list[tuple[int, ...]]:
+    """Chunk layouts of a V (``parallelism.V_SCHEDULES``: position s holds chunks s and
+    2 PP - 1 - s, the embedding's chunk and the head's both on position 0): position 0 holding
+    as many layers as the others or up to ``SPREAD`` fewer, the others as even as they go (the
+    heavier ones last); a position's layers split over its two chunks as evenly as they go, the
+    odd one to its first chunk (on position 0 the embedding's: the head is the heavier end)."""
+    out: list[tuple[int, ...]] = []
+    if pp < 2:
+        return out
+    for first in range(layers // pp, max(0, layers // pp - SPREAD - 1), -1):
+        q, r = divmod(layers - first, pp - 1)
+        if first < 1 or q < 2 or first > q:
+            continue
+        counts = (first,) + (q,) * (pp - 1 - r) + (q + 1,) * r
+        lay = [0] * (2 * pp)
+        for s, n in enumerate(counts):
+            lay[s], lay[2 * pp - 1 - s] = n - n // 2, n // 2
+        out.append(tuple(lay))
+    return out
+
+
 def even(layers: int, pp: int, vpp: int = 1) -> tuple[int, ...]:
     """The first candidate layout, or one line when none exists."""
     found = candidates(layers, pp, vpp)
@@ -101,7 +122,7 @@ def stages(names: list[str], par: Parallelism) -> list[tuple[list[str], list[str
     count, width, out = len(par.layout), par.dp * par.tp * par.cp, []
     for j, run in enumerate(runs_of(par.layout)):
         nodes = (["embed"] if j == 0 else []) + [f"layer{i}" for i in run] + (["head"] if j == count - 1 else [])
-        s = j % par.pp
+        s = par.position(j)
         out.append((nodes, names[s * width:(s + 1) * width], par.tp))
     return out
 

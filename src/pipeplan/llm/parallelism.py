@@ -30,6 +30,10 @@ RANK_ORDER = ("tp", "cp", "ep", "dp", "pp")
 #: schedules of a decoder plan: one chunk a GPU, or interleaved chunks
 SINGLE_SCHEDULES = ("1f1b", "zb-h1")
 INTERLEAVED = "interleaved-1f1b"
+#: schedules of two chunks a GPU in a V (Qi et al. ICLR'24 §6; DeepSeek-V3's DualPipeV): chunk j
+#: on pipeline position j, then 2 PP - 1 - j (``Parallelism.position``), so that the first and
+#: last chunk share position 0
+V_SCHEDULES = ("zb-v", "dualpipe-v")
 #: fields ``as_dict`` leaves out at their defaults (plans of dense models stay as they were)
 QUIET_DEFAULTS = {"etp": 1, "cp_comm": "p2p", "expert_skew": 1.0, "precision": "bf16"}
 #: the layers' GEMM precision: bf16, or FP8 through Transformer Engine (``llm.costs.Rates``)
@@ -105,9 +109,14 @@ class Parallelism:
             raise PipeplanError(f"parallelism: the layout must give {self.pp * self.vpp} chunks (PP {self.pp} x "
                                 f"{self.vpp}) of at least one layer each (the first or last may hold the embedding "
                                 f"or the head alone), got {list(lay)}")
-        if self.vpp > 1 and (self.pp < 2 or self.schedule != INTERLEAVED):
+        if self.schedule in V_SCHEDULES:
+            if self.vpp != 2 or self.pp < 2:
+                raise PipeplanError(f"parallelism: {self.schedule} runs two chunks a GPU in a V (vpp 2) on a pipeline "
+                                    f"(PP >= 2), got vpp {self.vpp} and PP {self.pp}")
+        elif self.vpp > 1 and (self.pp < 2 or self.schedule != INTERLEAVED):
             raise PipeplanError(f"parallelism: {self.vpp} model chunks a GPU need a pipeline (PP >= 2) and the "
-                                f"{INTERLEAVED} schedule, got PP {self.pp} and {self.schedule}")
+                                f"{INTERLEAVED} schedule (or, two a GPU, {' or '.join(V_SCHEDULES)}), got PP "
+                                f"{self.pp} and {self.schedule}")
         if self.vpp == 1 and self.schedule not in SINGLE_SCHEDULES:
             raise PipeplanError(f"parallelism: schedule {self.schedule} with one chunk a GPU (use "
                                 f"{', '.join(SINGLE_SCHEDULES)}, or vpp > 1 for {INTERLEAVED})")
@@ -136,9 +145,21 @@ class Parallelism:
         return Cut(self.tp, self.sp, self.cp, self.cp_comm, ExpertCut(self.ep, self.etp, float(self.expert_skew)),
                    self.precision == "fp8")
 
+    @property
+    def v_shape(self) -> bool:
+        """Two chunks a GPU in a V (``V_SCHEDULES``)."""
+        return self.schedule in V_SCHEDULES
+
+    def position(self, chunk: int) -> int:
+        """The pipeline position of chunk ``chunk``: j mod PP (Megatron's loop), or in a V j then
+        2 PP - 1 - j."""
+        return min(chunk, 2 * self.pp - 1 - chunk) if self.v_shape else chunk % self.pp
+
     def stage_layers(self) -> list[int]:
         """Layers of each pipeline position (its v chunks together)."""
-        return [sum(self.layout[s::self.pp]) for s in range(self.pp)]
+        if not self.v_shape:
+            return [sum(self.layout[s::self.pp]) for s in range(self.pp)]
+        return [self.layout[s] + self.layout[2 * self.pp - 1 - s] for s in range(self.pp)]
 
     def check_model(self, spec: DecoderSpec) -> None:
         """One line on what ``spec`` cannot run this way (module docstring)."""
@@ -178,7 +199,7 @@ class Parallelism:
             raise PipeplanError(f"global batch {global_batch} is not a whole number of microbatches of "
                                 f"{self.microbatch} on each of {self.dp} data-parallel replicas")
         m = global_batch // per
-        if self.vpp > 1 and m % self.pp:
+        if self.vpp > 1 and not self.v_shape and m % self.pp:
             raise PipeplanError(f"interleaving runs a multiple of PP = {self.pp} microbatches a replica; "
                                 f"global batch {global_batch} gives {m}")
         return m

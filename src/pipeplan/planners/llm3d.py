@@ -32,8 +32,8 @@ from ..cluster.kinds import KINDS
 from ..errors import PipeplanError
 from ..graph import Graph
 from ..graph.scale import with_microbatch
-from ..llm.layout import candidates, chunked, runs_of, stages
-from ..llm.parallelism import GRAD_REDUCE, INTERLEAVED, PRECISIONS, Parallelism
+from ..llm.layout import candidates, chunked, runs_of, stages, v_candidates
+from ..llm.parallelism import GRAD_REDUCE, INTERLEAVED, PRECISIONS, V_SCHEDULES, Parallelism
 from ..llm.rank_costs import CP_COMM, Cut, Links, fp8_weight_bytes, node_costs, rank_params
 from ..llm.spec import BF16, RECOMPUTE, DecoderSpec, decoder_of
 from ..llm.step_costs import dp_collectives_s, dp_ring, pipeline_send_s, tied_reduction_s
@@ -104,7 +104,7 @@ class Pins:
                 "expert_skew": par.expert_skew, "precision": par.precision}
         if any(getattr(o, k) is not None and getattr(o, k) != v for k, v in have.items()):
             return False
-        stages = tuple(sum(par.layout[j::par.pp]) for j in range(par.pp))
+        stages = tuple(par.stage_layers())
         return self.allows(par.schedule) and (o.layout is None or parse_layout(o.layout, layers) == stages)
 
     def said(self) -> str:
@@ -154,9 +154,12 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def _layouts(spec: DecoderSpec, pp: int, vpp: int, stage_counts: tuple[int, ...] | None) -> list[tuple[int, ...]]:
+def _layouts(spec: DecoderSpec, pp: int, vpp: int, stage_counts: tuple[int, ...] | None,
+             v_shape: bool = False) -> list[tuple[int, ...]]:
     """The chunk layouts of PP x ``vpp``: the pinned stage counts' (none unless PP of them), else
-    ``llm.layout.candidates``."""
+    ``llm.layout.candidates`` (a V: ``llm.layout.v_candidates``, pinned counts refused)."""
+    if v_shape:
+        return v_candidates(spec.layers, pp) if stage_counts is None else []
     if stage_counts is None:
         return candidates(spec.layers, pp, vpp)
     lay = chunked(stage_counts, vpp) if len(stage_counts) == pp else None
@@ -227,7 +230,7 @@ def _configs_at(spec: DecoderSpec, t: int, c: int, p: int, d: int, global_batch:
             continue
         m = global_batch // (d * b)
         for v, sched in _schedules(p, m, pins):
-            for lay in _layouts(spec, p, v, counts):
+            for lay in _layouts(spec, p, v, counts, sched in V_SCHEDULES):
                 for sw in _switches(t, p, d * c, v, pins, spec.moe):  # gradients reduced over DP x CP
                     for e, f in expert_grids(spec, t, t * c * d, pins):
                         out += [Parallelism(t, p, d, lay, v, cp=c, ep=e, etp=f, microbatch=b, recompute=rc,
@@ -238,14 +241,19 @@ def _configs_at(spec: DecoderSpec, t: int, c: int, p: int, d: int, global_batch:
 
 def _schedules(pp: int, m: int, pins: Pins) -> list[tuple[int, str]]:
     """(chunks, schedule) pairs: 1F1B and zero-bubble H1 with one chunk, interleaved 1F1B with
-    v >= 2 where the replica's microbatches are a multiple of PP."""
+    v >= 2 where the replica's microbatches are a multiple of PP, and with two chunks the V
+    schedules (ZB-V, DualPipeV) where they are asked for (``--schedule``: their order, not
+    their overlap, is priced yet)."""
     out = []
     for v in ([pins.options.vpp] if pins.options.vpp is not None else range(1, MAX_CHUNKS + 1)):
         if v == 1:
             out += [(1, s) for s in ("1f1b", "zb-h1")
                     if pins.allows(s) and (pp > 1 or s == "1f1b" or pins.schedules == (s,))]
-        elif pp >= 2 and m % pp == 0 and pins.allows(INTERLEAVED):
+            continue
+        if pp >= 2 and m % pp == 0 and pins.allows(INTERLEAVED):
             out.append((v, INTERLEAVED))
+        if v == 2 and pp >= 2 and pins.schedules is not None:
+            out += [(2, s) for s in V_SCHEDULES if s in pins.schedules]
     return out
 
 
@@ -343,16 +351,17 @@ def _positions(spec: DecoderSpec, par: Parallelism) -> list[Position]:
     cut, moe_of = par.cut(), [0] * par.pp
     first_moe = spec.dense_layers if spec.moe else spec.layers
     for j, run in enumerate(runs_of(par.layout)):
-        moe_of[j % par.pp] += max(0, run.stop - max(run.start, first_moe))  # layers from first_moe on
+        moe_of[par.position(j)] += max(0, run.stop - max(run.start, first_moe))  # layers from first_moe on
+    first, last = par.position(0), par.position(len(par.layout) - 1)  # the embedding's, the head's
     (d_dense, _), (m_dense, m_expert) = rank_params(spec, False, cut), rank_params(spec, True, cut)
     d_fp8, m_fp8 = fp8_weight_bytes(spec, False, cut), fp8_weight_bytes(spec, True, cut)
     out = []
     for s, n in enumerate(par.stage_layers()):
-        ends = int(s == 0) + 2 * int(s == par.pp - 1)
+        ends = int(s == first) + 2 * int(s == last)
         params = (n - moe_of[s]) * d_dense + moe_of[s] * m_dense
-        params += spec.embedding_params() / par.tp if s == 0 else 0
-        params += (spec.head_params() + (spec.vocab * spec.hidden if spec.tied and par.pp > 1 else 0)) / par.tp \
-            if s == par.pp - 1 else 0
+        params += spec.embedding_params() / par.tp if s == first else 0
+        params += (spec.head_params() + (spec.vocab * spec.hidden if spec.tied and first != last else 0)) / par.tp \
+            if s == last else 0
         out.append(Position(n - moe_of[s], moe_of[s], float(params), moe_of[s] * m_expert, ends,
                             (n - moe_of[s]) * d_fp8 + moe_of[s] * m_fp8))
     return out
@@ -361,7 +370,10 @@ def _positions(spec: DecoderSpec, par: Parallelism) -> list[Position]:
 def _in_flight(par: Parallelism, s: int, m: int) -> float:
     """Microbatches whose activations position ``s`` holds at its fullest, in units of all its
     layers: 1F1B min(PP - s, m); interleaved, Megatron's warm-up of (PP - s - 1) x 2 + (v - 1) x PP
-    chunks plus one, each 1 / v of the position's layers (Narayanan et al. 2021 §2.2)."""
+    chunks plus one, each 1 / v of the position's layers (Narayanan et al. 2021 §2.2); ZB-V 2 PP
+    chunks and DualPipeV 2 PP + 1 (docs/schedules.md), each half the position's layers."""
+    if par.v_shape:
+        return min(2 * par.pp + (par.schedule == "dualpipe-v"), 2 * m) / 2
     if par.vpp == 1:
         return float(min(par.pp - s, m))
     return min((par.pp - s - 1) * 2 + (par.vpp - 1) * par.pp + 1, m * par.vpp) / par.vpp
@@ -376,12 +388,12 @@ def estimate(spec: DecoderSpec, cluster: Cluster, par: Parallelism, global_batch
     times = [p.dense * c.dense + p.moe * c.moe + (c.embed if p.ends % 2 else 0.0) + (c.head if p.ends >= 2 else 0.0)
              for p in pos]
     m = global_batch // (par.dp * par.microbatch)
-    bubble = (par.pp - 1) / par.vpp / (3.0 if par.schedule == "zb-h1" else 1.0)
+    bubble = (par.pp - 1) / par.vpp / (3.0 if par.schedule in ("zb-h1", *V_SCHEDULES) else 1.0)
     sends = 0.0 if par.overlap_p2p or par.pp == 1 else 2 * par.vpp * pipeline_send_s(spec, cluster, par)
     ar = max(_reduction_s(cluster, par, params, expert) for params, expert in {(p.params, p.expert) for p in pos})
     if par.overlap_grad_reduce:  # all but what outlasts the last microbatch's backward on a position
         ar = max(ar - min(p.dense * c.dense_bwd + p.moe * c.moe_bwd for p in pos) / par.vpp, 0.0)
-    if spec.tied and par.pp > 1:  # the embedding's gradient between first and last stage, before the step
+    if spec.tied and par.pp > 1 and not par.v_shape:  # the embedding's gradient between first and last stage
         ar += tied_reduction_s(spec, cluster, par.tp, par.grad_reduce, 0, (par.pp - 1) * par.dp * par.tp * par.cp)
     iteration = (m + bubble) * max(times) + m * sends + ar
     zero = par.zero

@@ -197,8 +197,7 @@ def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
                 mine[key] += getattr(p, key)
         parts.append(mine)
     params, expert = _group_params(plan, spec)
-    owner = plan.stage_of_node()
-    if spec.tied and owner[g.index["embed"]] != owner[g.index["head"]]:
+    if spec.tied and not _tied_together(plan):
         # Megatron-LM: the last stage keeps a copy of the tied embedding (its gradient all-reduce
         # with the first stage, once an iteration, is not priced: docs/llm.md)
         params[g.index["head"]] += BF16 * spec.vocab * spec.hidden
@@ -282,13 +281,18 @@ def _stage_reductions(plan: Plan, spec: DecoderSpec, params: np.ndarray, expert:
     return out
 
 
+def _tied_together(plan: Plan) -> bool:
+    """The embedding and the head on the same GPUs (one stage, or a V's first and last chunk)."""
+    owner = plan.stage_of_node()
+    return plan.stages[owner[plan.graph.index["embed"]]].devices == plan.stages[owner[plan.graph.index["head"]]].devices
+
+
 def _tied_reduction(plan: Plan, spec: DecoderSpec) -> list[float]:
     """Per stage, the all-reduce of a tied embedding's gradient between the first and the last
     stage that hold it (Megatron-LM's embedding group, ``finalize_model_grads``: fp32 gradients,
     2 ranks, after the data-parallel reduction and before the optimizer step, with or without
     data parallelism; ``tied_reduction_s``); 0 elsewhere."""
-    owner = plan.stage_of_node()
-    if not spec.tied or owner[plan.graph.index["embed"]] == owner[plan.graph.index["head"]]:
+    if not spec.tied or _tied_together(plan):
         return [0.0] * plan.num_stages
     grad = plan.parallelism.grad_reduce if plan.parallelism else "fp32"
     first, last = plan.stage_devices()[0][0], plan.stage_devices()[-1][0]
