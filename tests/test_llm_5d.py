@@ -190,3 +190,29 @@ def test_the_planner_considers_a_v_schedule_when_asked_and_never_otherwise(capsy
     assert par["schedule"] == "zb-v" and par["vpp"] == 2
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["parallelism"]["schedule"] not in ("zb-v", "dualpipe-v")
+
+
+@pytest.fixture(scope="module")
+def llm_plan_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    assert main(["plan", "--model", "zoo:llama3-8b?seq=1024", "--cluster", "dgx-h100x2", "--global-batch", "16",
+                 "--planner", "megatron", "--out", str(path)]) == 0
+    return path
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"precision": "fp16"}, "precision must be one of bf16, fp8"), ({"cp_comm": 5}, "cp_comm must be a string"),
+    ({"cp_comm": "ring"}, "cp_comm must be one of"), ({"expert_skew": "x"}, "expert_skew must be a number"),
+    ({"expert_skew": 0.5}, "expert_skew must be a number"), ({"etp": 0}, "etp must be an integer >= 1"),
+    ({"cp": 3}, "CP 3"), ({"ep": 2}, "has no experts"), ({"bogus": 1}, "unknown key 'bogus'"),
+])
+def test_a_plan_files_5d_fields_are_checked_in_one_line(change, words, llm_plan_file, tmp_path, capsys):
+    """The new fields of a plan file's parallelism, hostile: one line, exit 2."""
+    doc = json.loads(llm_plan_file.read_text())
+    doc["parallelism"].update(change)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["simulate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
