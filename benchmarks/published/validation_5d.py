@@ -60,8 +60,8 @@ def _llama_cp16(r: dict) -> Row:
     why = ("as the 8K rows of Table 4 (§3.3.2: V = 8, one layer fewer on the first and last stage, microbatch 1, "
            "sequence parallelism, FSDP's sharded optimizer as ZeRO-1); no recomputation (each CP rank keeps 8,192 "
            "tokens, as the 8K runs that needed none); keys and values all-gathered (§3.3.2, the row's note). "
-           "Model TFLOP/s with the attention counted whole (Megatron's convention); counted causal (half), "
-           "pipeplan's figure is 1.40x lower at 131,072 tokens")
+           "Model TFLOP/s with the attention counted whole, as pipeplan counts it and as the MFU Llama 3 cites "
+           "(Chowdhery et al. 2023, App. B: 6N + 12LHQT a token) does")
     return Row(r["id"], r["source"], spec, "dgx-h100x2048", par, r["global_batch"], "model_tflops_per_gpu",
                float(r["published"]["tflops_per_gpu"]), why)
 
