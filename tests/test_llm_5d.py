@@ -216,3 +216,26 @@ def test_a_plan_files_5d_fields_are_checked_in_one_line(change, words, llm_plan_
     assert main(["simulate", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err, err
+
+
+def test_fp8_weight_copies_are_a_hand_count_and_fp8_parameters_drop_them():
+    """Llama 3 8B (1,024 tokens) at TP 2 x DP 8 in FP8 on 16 H100s: Transformer Engine keeps an
+    FP8 copy of each linear weight and its transpose, 2 bytes a parameter of a rank's
+    (4,096 x (4,096 + 2 x 1,024) + 4,096 x 4,096 + 3 x 4,096 x 14,336) / 2 a layer, 32 layers;
+    with FP8 parameters (--fp8-param-gather) none; bf16 none."""
+    from pipeplan.cluster import load_cluster
+    from pipeplan.graph.llm import build_graph
+    from pipeplan.llm.layout import candidates
+    from pipeplan.llm.parallelism import Parallelism
+    from pipeplan.planners import llm3d
+    from pipeplan.sim import simulate
+
+    graph, cluster = build_graph(replace(PRESETS["llama3-8b"], seq=1024), 1), load_cluster("dgx-h100x2")
+    peak = {}
+    for name, extra in (("bf16", {}), ("fp8", {"precision": "fp8"}),
+                        ("fp8-params", {"precision": "fp8", "fp8_params": True})):
+        par = Parallelism(2, 1, 8, candidates(32, 1)[0], microbatch=1, sp=True, zero=1, **extra)
+        peak[name] = float(simulate(llm3d.plan_of(graph, cluster, par, 16), timeline=False).memory_bytes.max())
+    linear = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336) / 2
+    assert peak["fp8"] - peak["fp8-params"] == pytest.approx(2 * linear, rel=1e-9)
+    assert peak["fp8-params"] == pytest.approx(peak["bf16"], rel=1e-12)

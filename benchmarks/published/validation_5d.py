@@ -81,7 +81,8 @@ def _deepseek(r: dict) -> Row:
 
 _MB_25 = "Megatron-Bridge v0.2.0 (25.11) scripts/performance: llama3_llm_pretrain.py, helpers.py, recipes/llama3.py"
 _MB_26 = "Megatron-Bridge v0.4.2 (26.04.01) scripts/performance/configs/llama: llama3_llm_pretrain.py, recipes/llama3.py"
-_CS = ("FP8 current scaling on every layer's linears (first_last_layers_bf16 False), no recomputation, sequence "
+_CS = ("FP8 current scaling on every layer's linears (first_last_layers_bf16 False) with FP8 parameters "
+       "(fp8_param_gather True: fp8_params), no recomputation, sequence "
        "parallelism, the distributed optimizer, gradients reduced in bf16, CP by p2p (Megatron-core's default), "
        "vocabulary 128,256 unpadded (setup's _validate_and_set_vocab_size keeps the HF bridge's)")
 #: settings the FP8 rows leave out, read from the launch configurations that produced them:
@@ -115,7 +116,7 @@ def _fp8(r: dict) -> Row:
     layout = chunked(stages, v) if stages else candidates(spec.layers, pp, v)[0]
     par = Parallelism(r["tp"], pp, r["dp"], layout, v, cp=r["cp"] or 1, microbatch=r["microbatch"], recompute="none",
                       sp=r["tp"] > 1, zero=1, overlap_grad_reduce=True, grad_reduce=grad, precision="fp8",
-                      schedule="interleaved-1f1b" if v > 1 else "1f1b")
+                      fp8_params=r["id"].startswith("mbridge"), schedule="interleaved-1f1b" if v > 1 else "1f1b")
     iteration = r["global_batch"] * r["seq"] / (r["published"]["tokens_per_s_per_gpu"] * r["gpus"])
     return Row(r["id"], r["source"], spec, f"dgx-h100x{r['gpus'] // 8}", par, r["global_batch"], "iteration_s",
                iteration, why + f"; iteration {iteration:.3f} s = global batch x sequence / (tokens/s a GPU x GPUs)")

@@ -175,6 +175,7 @@ def parallel_arguments(plan: Plan) -> list[str]:
         args.append(f"--optimizer {plan.optimizer}")
     if v.precision == "fp8":  # Transformer Engine's FP8: E4M3 forward, E5M2 gradients (as pipeplan prices it)
         args += ["--fp8-format hybrid", "--transformer-impl transformer_engine"]
+        args += ["--fp8-param-gather"] if v.fp8_params else []
     return args
 
 

@@ -35,7 +35,7 @@ INTERLEAVED = "interleaved-1f1b"
 #: last chunk share position 0
 V_SCHEDULES = ("zb-v", "dualpipe-v")
 #: fields ``as_dict`` leaves out at their defaults (plans of dense models stay as they were)
-QUIET_DEFAULTS = {"etp": 1, "cp_comm": "p2p", "expert_skew": 1.0, "precision": "bf16"}
+QUIET_DEFAULTS = {"etp": 1, "cp_comm": "p2p", "expert_skew": 1.0, "precision": "bf16", "fp8_params": False}
 #: the layers' GEMM precision: bf16, or FP8 through Transformer Engine (``llm.costs.Rates``)
 PRECISIONS = ("bf16", "fp8")
 #: the busiest expert rank's routed tokens over the mean, at most
@@ -55,7 +55,8 @@ class Parallelism:
     ``--no-overlap-p2p-communication`` turns it off; without interleaving Megatron's sends block),
     else they are on the critical path. ``cp_comm``: how CP ranks exchange keys and values
     (``llm.rank_costs``); ``expert_skew``: the busiest expert rank's tokens over the mean
-    (``llm.experts``; 1: balanced routing); ``precision``: the layers' GEMMs in bf16 or FP8."""
+    (``llm.experts``; 1: balanced routing); ``precision``: the layers' GEMMs in bf16 or FP8;
+    ``fp8_params``: FP8 weights (the ZeRO-1 all-gather in 8 bits, no 16-bit copy)."""
 
     tp: int
     pp: int
@@ -76,6 +77,7 @@ class Parallelism:
     cp_comm: str = "p2p"
     expert_skew: float = 1.0
     precision: str = "bf16"
+    fp8_params: bool = False
 
     def __post_init__(self) -> None:
         if self.overlap_p2p is None:
@@ -86,6 +88,9 @@ class Parallelism:
                 raise PipeplanError(f"parallelism: {key} must be an integer >= 1, got {value!r}")
         if self.precision not in PRECISIONS:
             raise PipeplanError(f"parallelism: precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.fp8_params is not False and (self.fp8_params is not True or self.precision != "fp8"):
+            raise PipeplanError(f"parallelism: fp8_params (FP8 weights, --fp8-param-gather) needs precision fp8, got "
+                                f"{self.fp8_params!r} with {self.precision}")
         if self.cp_comm not in CP_COMM:
             raise PipeplanError(f"parallelism: cp_comm must be one of {', '.join(CP_COMM)}, got {self.cp_comm!r}")
         skew = self.expert_skew
@@ -143,7 +148,7 @@ class Parallelism:
     def cut(self) -> Cut:
         """How one GPU's share of a node is cut (``llm.rank_costs``)."""
         return Cut(self.tp, self.sp, self.cp, self.cp_comm, ExpertCut(self.ep, self.etp, float(self.expert_skew)),
-                   self.precision == "fp8")
+                   self.precision == "fp8", self.fp8_params)
 
     @property
     def v_shape(self) -> bool:
@@ -223,7 +228,7 @@ def parallelism_from_dict(d: object, where: str = "plan") -> Parallelism:
             raise PipeplanError(f"{where}: 'parallelism' lacks {key!r}")
     if not isinstance(d["layout"], list):
         raise PipeplanError(f"{where}: 'parallelism' layout must be a list of layer counts, got {d['layout']!r}")
-    for key, kind in (("sp", bool), ("overlap_grad_reduce", bool), ("overlap_p2p", bool),
+    for key, kind in (("sp", bool), ("overlap_grad_reduce", bool), ("overlap_p2p", bool), ("fp8_params", bool),
                       ("recompute", str), ("grad_reduce", str), ("schedule", str), ("cp_comm", str),
                       ("precision", str)):
         if key in d and not isinstance(d[key], kind):

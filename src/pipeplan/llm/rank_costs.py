@@ -48,6 +48,7 @@ class Cut:
     cp_comm: str = "p2p"
     experts: ExpertCut = ExpertCut()
     fp8: bool = False  # the layers' GEMMs in FP8 (``costs.Rates``)
+    fp8_params: bool = False  # FP8 weights kept as the weights (Megatron's --fp8-param-gather)
 
 
 @dataclass(frozen=True)
@@ -166,12 +167,14 @@ def node_costs(spec: DecoderSpec, role: str, kind, samples: int, cut: Cut, mode:
 
 def fp8_weight_bytes(spec: DecoderSpec, moe: bool, cut: Cut) -> float:
     """Bytes a rank keeps beside a layer's 16-bit weights under FP8: Transformer Engine's FP8
-    copy of each linear's weight and its transpose (1 + 1 bytes a parameter), the router's
-    aside; 0 in bf16."""
-    if not cut.fp8:
+    copy of each linear's weight and its transpose (1 + 1 bytes a parameter; the router, norms
+    and biases aside); 0 in bf16, and 0 with FP8 parameters (``Cut.fp8_params``: the FP8 weight
+    and its transpose stand in for the 16-bit weight, 2 bytes a parameter either way)."""
+    if not cut.fp8 or cut.fp8_params:
         return 0.0
-    dense, routed = rank_params(spec, moe, cut)
-    return 2.0 * (dense - (spec.hidden * spec.experts if moe else 0) + routed)
+    kv = spec.kv_replicated_params(cut.tp) if spec.standard_heads else 0
+    linear = sum(spec.attention_weights()) + kv + spec.mlp_matrices * spec.hidden * (spec.shared_ffn if moe else spec.ffn)
+    return 2.0 * (linear / cut.tp + (rank_params(spec, True, cut)[1] if moe else 0.0))
 
 
 def rank_params(spec: DecoderSpec, moe: bool, cut: Cut) -> tuple[float, float]:

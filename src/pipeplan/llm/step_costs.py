@@ -29,17 +29,18 @@ def dp_ring(cluster: Cluster, ring: list[int]) -> tuple[float, float]:
 
 
 def dp_collectives_s(dp: int, zero: int, grad_reduce: str, params_per_rank: float,
-                     links: tuple[float, float]) -> float:
+                     links: tuple[float, float], weight_bytes: float = BF16) -> float:
     """Seconds of one rank's data-parallel gradient reduction over ``dp`` replicas on a ring of
     ``links`` (``dp_ring``): an all-reduce of the gradients in ``grad_reduce`` (fp32 by default
     for bf16, Megatron's ``accumulate_allreduce_grads_in_fp32``), or with ZeRO-1 (``zero``) a
-    reduce-scatter of them and an all-gather of the 16-bit weights."""
+    reduce-scatter of them and an all-gather of the weights (16-bit, or ``weight_bytes``: 1 for
+    FP8 weights, Megatron's ``--fp8-param-gather``)."""
     if dp < 2 or params_per_rank <= 0:
         return 0.0
     grads = params_per_rank * DTYPE_BYTES[grad_reduce]
     if zero:
         return (collective_s("reduce_scatter", grads, dp, *links)
-                + collective_s("all_gather", params_per_rank * BF16, dp, *links))
+                + collective_s("all_gather", params_per_rank * weight_bytes, dp, *links))
     return collective_s("all_reduce", grads, dp, *links)
 
 

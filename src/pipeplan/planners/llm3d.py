@@ -83,6 +83,8 @@ class LLMOptions:
                                      "measured ratio)", min=1, max=64)
     precision: str | None = _pin("the layers' GEMMs: bf16 (the default) or fp8 (Transformer Engine, H100/H800)",
                                  choices=PRECISIONS)
+    fp8_params: bool | None = _pin("FP8 weights (--fp8-param-gather: no 16-bit copy, ZeRO-1's all-gather in 8 bits; "
+                                   "needs precision=fp8)")
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ class Pins:
         have = {"tp": par.tp, "pp": par.pp, "vpp": par.vpp, "microbatch": par.microbatch, "recompute": par.recompute,
                 "zero": par.zero, "sp": par.sp, "overlap": par.overlap_grad_reduce, "grad_reduce": par.grad_reduce,
                 "overlap_p2p": par.overlap_p2p, "cp": par.cp, "ep": par.ep, "etp": par.etp, "cp_comm": par.cp_comm,
-                "expert_skew": par.expert_skew, "precision": par.precision}
+                "expert_skew": par.expert_skew, "precision": par.precision, "fp8_params": par.fp8_params}
         if any(getattr(o, k) is not None and getattr(o, k) != v for k, v in have.items()):
             return False
         stages = tuple(par.stage_layers())
@@ -224,7 +226,9 @@ def _configs_at(spec: DecoderSpec, t: int, c: int, p: int, d: int, global_batch:
     out, o = [], pins.options
     counts = None if o.layout is None else parse_layout(o.layout, spec.layers)
     extra = {"cp_comm": o.cp_comm or "p2p", "expert_skew": float(o.expert_skew or 1.0),
-             "precision": o.precision or "bf16"}
+             "precision": o.precision or "bf16", "fp8_params": bool(o.fp8_params)}
+    if o.fp8_params and extra["precision"] != "fp8":
+        return []
     for b in _pick(o.microbatch, [b for b in _divisors(global_batch // d) if b <= MAX_MICROBATCH]):
         if (global_batch // d) % b:
             continue
@@ -407,12 +411,13 @@ def estimate(spec: DecoderSpec, cluster: Cluster, par: Parallelism, global_batch
 def _reduction_s(cluster: Cluster, par: Parallelism, params: float, expert: float) -> float:
     """A position's data-parallel gradient reduction of a rank's ``params`` dense and
     ``expert`` routed-expert parameters: dense over DP x CP, experts over EDP."""
-    width = par.tp * par.cp * par.dp
-    dense = dp_collectives_s(par.dp * par.cp, par.zero, par.grad_reduce, params, _links_of(cluster, 0, width, par.tp))
+    width, weight = par.tp * par.cp * par.dp, 1.0 if par.fp8_params else BF16
+    dense = dp_collectives_s(par.dp * par.cp, par.zero, par.grad_reduce, params, _links_of(cluster, 0, width, par.tp),
+                             weight)
     if not expert:
         return dense
     return dense + dp_collectives_s(par.expert_dp, par.zero, par.grad_reduce, expert,
-                                    _links_of(cluster, 0, width, par.ep * par.etp))
+                                    _links_of(cluster, 0, width, par.ep * par.etp), weight)
 
 
 # -- choosing -----------------------------------------------------------------------------------
@@ -483,6 +488,8 @@ def refusal(spec: DecoderSpec, cluster: Cluster, global_batch: int, pins: Pins) 
         why = f"ep={o.ep}: EP must divide the {spec.experts} experts"
     elif spec.moe and o.sp is False and (o.tp or 1) > 1:
         why = "sp=false: a mixture of experts under tensor parallelism needs sequence parallelism (Megatron-core's rule)"
+    elif o.fp8_params and o.precision != "fp8":
+        why = "fp8_params=true: FP8 weights need precision=fp8"
     elif o.cp is not None and (spec.seq % (2 * o.cp) or len(cluster) % o.cp):
         why = f"cp={o.cp}: the sequence {spec.seq} must be a multiple of 2 x CP and CP divide the {len(cluster)} GPUs"
     elif o.pp is not None and (o.pp > spec.layers or len(cluster) % o.pp):

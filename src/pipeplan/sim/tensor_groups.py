@@ -266,10 +266,12 @@ def _stage_reductions(plan: Plan, spec: DecoderSpec, params: np.ndarray, expert:
     cl, out, rings = plan.cluster, [], {}
     grad = plan.parallelism.grad_reduce if plan.parallelism else "fp32"
 
+    weight = 1.0 if plan.parallelism is not None and plan.parallelism.fp8_params else BF16
+
     def reduce(ring: list[int], nbytes: float) -> float:
         if tuple(ring) not in rings:
             rings[tuple(ring)] = dp_ring(cl, ring)
-        return dp_collectives_s(len(ring), plan.zero, grad, nbytes / BF16, rings[tuple(ring)])
+        return dp_collectives_s(len(ring), plan.zero, grad, nbytes / BF16, rings[tuple(ring)], weight)
 
     for k, (idx, devs) in enumerate(zip(plan.stage_nodes(), plan.stage_devices())):
         cut = stage_cut(plan, k)
