@@ -239,3 +239,40 @@ def test_fp8_weight_copies_are_a_hand_count_and_fp8_parameters_drop_them():
     linear = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336) / 2
     assert peak["fp8"] - peak["fp8-params"] == pytest.approx(2 * linear, rel=1e-9)
     assert peak["fp8-params"] == pytest.approx(peak["bf16"], rel=1e-12)
+
+
+def test_a_passes_dispatch_and_combine_are_two_all_to_alls_of_the_ranks_copies():
+    """Mixtral at 4,096 tokens, TP 2: a rank routes 2,048 tokens, 2 copies each, 4,096 x 2 bytes
+    wide: each all-to-all over EP 4 sends 3 / 4 of 4,096 x 4,096 x 2 bytes in 3 latency steps;
+    with ETP 2 the copies are also all-gathered and reduce-scattered over 2 ranks (half of the
+    gathered 2 x 4,096 x 4,096 x 2 bytes each)."""
+    from pipeplan.llm.experts import dispatch_s
+
+    n, bw, lat = 2048 * 2, 100e9, 3e-6
+    nbytes = n * 4096 * 2
+    a2a = 3 / 4 * nbytes / bw + 3 * lat
+    assert dispatch_s(MIXTRAL, n, ExpertCut(ep=4), (bw, lat), (0.0, 0.0)) == pytest.approx(2 * a2a)
+    gathered = 1 / 2 * 2 * nbytes / 50e9 + 1 * 2e-6
+    assert dispatch_s(MIXTRAL, n, ExpertCut(ep=4, etp=2), (bw, lat), (50e9, 2e-6)) == pytest.approx(
+        2 * a2a + 2 * gathered)
+
+
+@pytest.mark.parametrize("copies", [4096, 16])
+def test_a_ranks_experts_cost_their_gemms_or_their_weights_whichever_is_longer(copies):
+    """Mixtral's experts on an H100 at EP 4 (2 experts a rank), forward: each expert's GEMMs
+    (2 x its copies x 3 x 4,096 x 14,336 FLOPs at 70.8% of 989 TFLOP/s) or its weights read
+    (3 x 4,096 x 14,336 x 2 bytes at 3,350 GB/s), whichever is longer, a launch a matrix (17
+    us), the SwiGLU's bytes (3 x 2 x 14,336 a copy) and the permutations (2 x 2 x 2 x 4,096 a
+    copy): 4,096 copies are GEMM-bound, 16 weight-bound."""
+    from pipeplan.llm.costs import Rates
+    from pipeplan.llm.experts import experts_compute_s
+
+    rates = Rates(989e12, 0.708, 17e-6, 3350e9)
+    per = copies / 2
+    gemm, weights = 2 * per * 3 * 4096 * 14336 / (989e12 * 0.708), 3 * 4096 * 14336 * 2 / 3350e9
+    assert (gemm > weights) == (copies == 4096)
+    bytes_ = copies * (3 * 2 * 14336 + 2 * 2 * 2 * 4096)
+    fwd, bwd = experts_compute_s(MIXTRAL, rates, copies, ExpertCut(ep=4))
+    assert fwd == pytest.approx(2 * max(gemm, weights) + 3 * 17e-6 + bytes_ / 3350e9)
+    assert bwd == pytest.approx(2 * max(2 * gemm, 2 * weights) + 6 * 17e-6
+                                + copies * (5 * 2 * 14336 + 2 * 2 * 2 * 4096) / 3350e9)
