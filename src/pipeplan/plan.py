@@ -271,7 +271,9 @@ def _check_shared_devices(plan: Plan) -> None:
         same: dict[int, bool] = {}  # stage j's device list against this one's, compared once
         for d in idx:
             j = first.setdefault(d, k)
-            if j != k and not same.setdefault(j, plan.stages[j].devices == st.devices):
+            if j != k and j not in same:
+                same[j] = plan.stages[j].devices == st.devices
+            if j != k and not same[j]:
                 raise PipeplanError(f"plan: device {c.devices[d].name!r} is in stage {j} and stage {k}, whose "
                                     "device lists differ (a device holds several stages only when they have the "
                                     "same devices, in the same order: virtual stages)")

@@ -75,24 +75,28 @@ def collective_s(kind: str, nbytes, n, bus_bytes_per_s, latency_s):
     return np.where(live, t, 0.0)
 
 
+def _shape(cluster: Cluster, group: Sequence[int]) -> tuple[int, int, float, float, float]:
+    """(members n, the fewest members a server holds, the slowest link inside a server, the
+    slowest adapter between servers, the largest latency) of ``group``; inf where no pair of
+    devices shares (or spans) a server, latency 0 for one device."""
+    idx = np.asarray(group, dtype=np.int64)
+    servers = np.array([cluster.devices[i].server or cluster.devices[i].name for i in idx])
+    _, members = np.unique(servers, return_counts=True)
+    sub = cluster.bandwidth[np.ix_(idx, idx)]
+    same = servers[:, None] == servers[None, :]
+    off = same & ~np.eye(idx.size, dtype=bool)
+    inside = float(sub[off].min()) if off.any() else math.inf
+    adapter = float(sub[~same].min()) if (~same).any() else math.inf
+    lat = float(cluster.latency[np.ix_(idx, idx)].max()) if idx.size > 1 else 0.0
+    return idx.size, int(members.min()), inside, adapter, lat
+
+
 def group_links(cluster: Cluster, group: Sequence[int]) -> tuple[float, float]:
     """(bus bandwidth in bytes/s, latency in s) of a collective over the devices ``group``
     (module docstring). The cluster's measured collective efficiency, if calibrated, scales
     the bandwidth."""
-    idx = np.asarray(group, dtype=np.int64)
-    servers = np.array([cluster.devices[i].server or cluster.devices[i].name for i in idx])
-    names, members = np.unique(servers, return_counts=True)
-    lat = float(cluster.latency[np.ix_(idx, idx)].max()) if idx.size > 1 else 0.0
-    same = servers[:, None] == servers[None, :]
-    sub = cluster.bandwidth[np.ix_(idx, idx)]
-    off_diag = ~np.eye(idx.size, dtype=bool)
-    inside = float(sub[same & off_diag].min()) if (same & off_diag).any() else math.inf
-    if names.size == 1:
-        bw = inside
-    else:
-        adapter = float(sub[~same].min())
-        bw = min(inside, float(members.min()) * adapter)
-    return bw * float(cluster.meta.get("allreduce_efficiency", 1.0)), lat
+    _, k, inside, adapter, lat = _shape(cluster, group)
+    return min(inside, k * adapter) * float(cluster.meta.get("allreduce_efficiency", 1.0)), lat
 
 
 def exchange_links(cluster: Cluster, group: Sequence[int]) -> tuple[float, float]:
@@ -102,19 +106,10 @@ def exchange_links(cluster: Cluster, group: Sequence[int]) -> tuple[float, float
     sets the time, (n - 1) / n x S / bus with bus = (n - 1) / max((k - 1) / inside, (n - k) /
     adapter). Unlike a ring (``group_links``), no server's adapters carry a share of another's
     traffic: every rank's off-server bytes cross its own adapter."""
-    idx = np.asarray(group, dtype=np.int64)
-    if idx.size < 2:
+    if len(group) < 2:
         return 0.0, 0.0
-    servers = np.array([cluster.devices[i].server or cluster.devices[i].name for i in idx])
-    _, members = np.unique(servers, return_counts=True)
-    n, k = idx.size, int(members.min())
-    sub = cluster.bandwidth[np.ix_(idx, idx)]
-    same = servers[:, None] == servers[None, :]
-    off = same & ~np.eye(n, dtype=bool)
-    inside = float(sub[off].min()) if off.any() else math.inf
-    adapter = float(sub[~same].min()) if (~same).any() else math.inf
+    n, k, inside, adapter, lat = _shape(cluster, group)
     per_byte = max((k - 1) / inside, (n - k) / adapter)
-    lat = float(cluster.latency[np.ix_(idx, idx)].max())
     return (n - 1) / per_byte * float(cluster.meta.get("allreduce_efficiency", 1.0)), lat
 
 
