@@ -4,10 +4,13 @@ latency steps, and what a ring exposes beyond the compute it overlaps."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from pipeplan.cluster.collectives import collective_s, latency_steps, ring_exchange_s
+from pipeplan.llm.spec import PRESETS
 
 
 @pytest.mark.parametrize("n", [2, 3, 8, 64])
@@ -66,3 +69,46 @@ def test_an_all_to_all_across_servers_sends_each_ranks_share_over_its_own_adapte
     bus, lat = exchange_links(cl, group)
     got = collective_s("all_to_all", size, n, bus, lat) - (n - 1) * lat
     assert got == pytest.approx(want)
+
+
+def _mean_servers_by_enumeration(groups: int, servers: int, chosen: int) -> float:
+    """Every way of choosing ``chosen`` of ``groups`` router groups (groups laid out in order,
+    groups / servers to a server), equally likely: the servers they lie on, on average."""
+    from itertools import combinations
+
+    per = groups // servers
+    picks = list(combinations(range(groups), chosen))
+    return sum(len({g // per for g in pick}) for pick in picks) / len(picks)
+
+
+@pytest.mark.parametrize("groups, servers, chosen", [(8, 8, 4), (8, 4, 4), (8, 2, 2), (16, 4, 2), (8, 4, 1)])
+def test_group_limited_routing_reaches_the_servers_enumeration_counts(groups, servers, chosen):
+    from pipeplan.llm.experts import servers_reached
+
+    spec = replace(PRESETS["deepseek-v3"], route_groups=groups, route_group_topk=chosen, top_k=8)
+    assert servers_reached(spec, servers) == pytest.approx(_mean_servers_by_enumeration(groups, servers, chosen))
+
+
+def test_deepeps_dispatch_sends_deepseek_v3s_token_to_4_nodes_and_the_all_to_all_7_of_8_copies():
+    """DeepSeek-V3 §3.2.2: at most 4 nodes a token (8 groups, 4 chosen, a node's experts one
+    group at EP 64 on 8 servers); one of the 4 is the sender's own 1 time in 8, so 3.5 copies of
+    the 8 cross the network, against 7 of 8 with Megatron-core's all-to-all."""
+    from pipeplan.llm.experts import ExpertCut, remote_share
+
+    spec = PRESETS["deepseek-v3"]
+    assert remote_share(spec, ExpertCut(64, dispatcher="deepep"), 8) == pytest.approx(3.5 / 8)
+    assert remote_share(spec, ExpertCut(64), 8) is None  # the all-to-all's own (n - k) / n
+    plain = replace(spec, route_groups=0, route_group_topk=0)  # top-8 of 256 uniform: 8 (1 - (7/8)^8) servers
+    assert remote_share(plain, ExpertCut(64, dispatcher="deepep"), 8) == pytest.approx(8 * (1 - (7 / 8) ** 8) * 7 / 64)
+
+
+def test_an_all_to_all_sending_less_off_its_server_takes_its_adapters_share():
+    """64 ranks on 8 H800 servers, 64 MB a rank: a dispatcher sending 3.5/8 of its array off the
+    server crosses the 50 GB/s adapter with that share, the rest over NVLink at 200 GB/s."""
+    from pipeplan.cluster import load_cluster
+    from pipeplan.cluster.collectives import exchange_links
+
+    cl, size = load_cluster("hgx-h800x8"), 64e6
+    bus, lat = exchange_links(cl, list(range(64)), 3.5 / 8)
+    want = max(size * 7 / 64 / 200e9, size * 3.5 / 8 / 50e9) / 0.8
+    assert collective_s("all_to_all", size, 64, bus, lat) - 63 * lat == pytest.approx(want)

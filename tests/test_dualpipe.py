@@ -138,3 +138,88 @@ def test_with_equal_unit_times_it_takes_zb_vs_time(p, m):
 def test_every_shape_runs(p, m, k, mode, act):
     r = simulate(v_plan(p, m, uniform_chain(2 * p, 1.0, 2.0, act=act), k=k, mode=mode), timeline=False)
     assert r.iteration_s >= r.lower_s - 1e-9
+
+
+def torch_overlapped(p: int, m: int) -> dict[int, list[bool]]:
+    """Per rank, each of torch's actions read as in ``torch_orders``: whether it is a
+    sub-action of an ``OVERLAP_F_B``."""
+    from torch.distributed.pipelining.schedules import OVERLAP_F_B, ScheduleDualPipeV
+
+    sched = ScheduleDualPipeV([_dummy_stage(0, p, 0), _dummy_stage(2 * p - 1, p, 0)], m, loss_fn=lambda y, t: y)
+    return {rank: [flag for a in ops for flag in ([True] * len(a.sub_actions) if a.computation_type == OVERLAP_F_B
+                                                   else [False])]
+            for rank, ops in sched.pipeline_order.items()}
+
+
+@pytest.mark.parametrize("p,m", CASES)
+def test_the_pairs_are_torchs_overlap_f_b_actions(p, m):
+    """``Program.partners`` marks exactly the actions torch runs inside an ``OVERLAP_F_B``,
+    each with the other's stage."""
+    sched = make_schedule("dualpipe-v", v_devices(p), m)
+    assert sched.overlap_pairs
+    for rank, flags in torch_overlapped(p, m).items():
+        prog = dict(zip(sched.devices, sched.programs))[rank]
+        partner = prog.partners()
+        assert (partner >= 0).tolist() == flags
+        i = np.flatnonzero(partner >= 0)
+        assert (partner[i] != prog.stages[i]).all() and set(partner[i].tolist()) <= set(prog.stages.tolist())
+
+
+def _with_exchanges(p: int, fwd_comm: float, bwd_comm: float) -> Graph:
+    """2p layers of F 1 s and B 2 s, each with ``fwd_comm``, ``bwd_comm`` of all-to-alls in them."""
+    from dataclasses import replace
+
+    from pipeplan.sim.stage_costs import PAIR_COMM
+
+    g = uniform_chain(2 * p, 1.0, 2.0)
+    return replace(g, meta={**g.meta, PAIR_COMM: {n: [fwd_comm, bwd_comm] for n in g.ids}})
+
+
+@pytest.mark.parametrize("comm, pair_s", [
+    ((0.6, 0.6), 1.8 + 20 / 132 * 1.2),  # compute 3 - 1.2 outlasts the exchanges: it runs on 112 of 132 SMs
+    ((0.9, 1.9), 2.8),  # the exchanges 0.9 + 1.9 outlast the compute 0.2: they set the pair
+])
+def test_an_overlapped_pair_takes_deepseeks_overlap(comm, pair_s):
+    """DeepSeek-V3 §3.2.1-2: a forward (1 s) and a backward (2 s) of the other chunk overlapped,
+    one's all-to-alls behind the other's compute, the exchanges holding 20 of the H800's 132
+    SMs while they run: the pair lasts max(exchanges, compute + 20/132 x exchanges). Unpaired
+    passes last what they did."""
+    p, m = 2, 8
+    r = simulate(v_plan(p, m, _with_exchanges(p, *comm)))
+    tl, sched = r.timeline, make_schedule("dualpipe-v", v_devices(p), m)
+    for dev in range(p):
+        partner = dict(zip(sched.devices, sched.programs))[dev].partners()
+        mine = [t for t in np.flatnonzero(tl.resource == dev)[np.argsort(tl.start[tl.resource == dev], kind="stable")]
+                if int(tl.kind[t]) in (int(Kind.F), int(Kind.B), int(Kind.I), int(Kind.W))]
+        took = (tl.end - tl.start)[mine]
+        assert len(mine) == partner.size and (partner >= 0).sum() >= 2
+        for i in np.flatnonzero(partner >= 0)[::2]:  # each pair: its F, then its B
+            assert took[i] + took[i + 1] == pytest.approx(pair_s)
+            assert took[i] / took[i + 1] == pytest.approx(1.0 / 2.0)
+        alone = np.array([int(tl.kind[t]) for t in mine])[partner < 0]
+        assert took[partner < 0][alone == int(Kind.F)] == pytest.approx(1.0)
+    assert simulate(v_plan(p, m, _with_exchanges(p, *comm), "zb-v")).iteration_s > r.iteration_s
+    assert r.iteration_s >= r.lower_s - 1e-9
+
+
+def test_explain_credits_a_pairs_compute_whole_and_the_rest_to_the_all_to_alls():
+    """Mixtral 8x7B on 16 H100s, EP 8 over both servers: DualPipeV and ZB-V compute the same
+    (forward, backward and recomputation terms equal); DualPipeV's all-to-all term is what its
+    pairs take beyond their compute, below ZB-V's."""
+    from pipeplan.cluster import load_cluster
+    from pipeplan.graph.llm import build_graph
+    from pipeplan.llm.layout import v_candidates
+    from pipeplan.llm.parallelism import Parallelism
+    from pipeplan.llm.spec import PRESETS
+    from pipeplan.planners import llm3d
+    from pipeplan.sim.explain import explain
+
+    graph, cluster = build_graph(PRESETS["mixtral-8x7b"], 1), load_cluster("dgx-h100x2")
+    terms = {}
+    for sched in ("zb-v", "dualpipe-v"):
+        par = Parallelism(1, 2, 8, v_candidates(32, 2)[0], 2, ep=8, microbatch=1, recompute="full", zero=1,
+                          schedule=sched)
+        terms[sched] = explain(llm3d.plan_of(graph, cluster, par, 32))["terms"]
+    for term in ("forward", "backward", "recompute"):
+        assert terms["dualpipe-v"][term] == pytest.approx(terms["zb-v"][term], rel=1e-9)
+    assert 0 < terms["dualpipe-v"]["ep_comm"] < terms["zb-v"]["ep_comm"]

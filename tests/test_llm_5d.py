@@ -141,11 +141,11 @@ def test_a_stages_expert_group_is_megatrons_expert_grid():
     from pipeplan.cluster.collectives import exchange_links, group_links
     from pipeplan.sim.tensor_groups import stage_links
 
-    cl = load_cluster("dgx-h100x2")
+    cl, spec = load_cluster("dgx-h100x2"), PRESETS["mixtral-8x7b"]
     devs = list(range(16))
-    links = stage_links(cl, devs, Cut(tp=2, sp=True, experts=ExpertCut(ep=8)))
+    links = stage_links(cl, devs, Cut(tp=2, sp=True, experts=ExpertCut(ep=8)), spec)
     assert links.ep == exchange_links(cl, range(8)) and links.tp == group_links(cl, [0, 1])
-    links = stage_links(cl, devs, Cut(tp=2, sp=True, cp=2, experts=ExpertCut(ep=8, etp=2)))
+    links = stage_links(cl, devs, Cut(tp=2, sp=True, cp=2, experts=ExpertCut(ep=8, etp=2)), spec)
     assert links.ep == exchange_links(cl, range(0, 16, 2)) and links.etp == group_links(cl, [0, 1])
     assert links.cp == group_links(cl, [0, 2]) and links.ep != exchange_links(cl, range(8))
 
@@ -276,3 +276,36 @@ def test_a_ranks_experts_cost_their_gemms_or_their_weights_whichever_is_longer(c
     assert fwd == pytest.approx(2 * max(gemm, weights) + 3 * 17e-6 + bytes_ / 3350e9)
     assert bwd == pytest.approx(2 * max(2 * gemm, 2 * weights) + 6 * 17e-6
                                 + copies * (5 * 2 * 14336 + 2 * 2 * 2 * 4096) / 3350e9)
+
+
+def test_deepseek_v3s_node_limited_routing_and_deepep_are_said_to_megatron():
+    """Group-limited routing (``n_group`` 8, ``topk_group`` 4 in DeepSeek-V3's config) as
+    ``--moe-router-num-groups``/``--moe-router-group-topk``; the DeepEP dispatcher as
+    Megatron-core 0.16 names it (the flex dispatcher with its deepep backend); every option
+    one of Megatron's (its parser's fixture)."""
+    from pipeplan.engines.megatron import DISPATCHER_ARGUMENTS, expert_arguments
+
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "megatron_arguments.json").read_text())
+    args = expert_arguments(PRESETS["deepseek-v3"])
+    assert "--moe-router-num-groups 8" in args and "--moe-router-group-topk 4" in args
+    assert DISPATCHER_ARGUMENTS["deepep"] == ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep"]
+    said = args + [a for v in DISPATCHER_ARGUMENTS.values() for a in v]
+    assert {a.split()[0] for a in said} <= set(fixture["arguments"])
+
+
+@pytest.mark.parametrize("fields, words", [({"route_groups": 8}, "needs experts, route_groups and route_group_topk"),
+                                           ({"route_groups": 7, "route_group_topk": 4}, "must divide experts"),
+                                           ({"route_groups": 8, "route_group_topk": 3}, "divide top_k")])
+def test_group_limited_routing_is_checked_as_megatron_core_does(fields, words):
+    from pipeplan.errors import PipeplanError
+
+    with pytest.raises(PipeplanError, match=words):
+        replace(PRESETS["deepseek-v3"], **fields) if "route_group_topk" in fields else \
+            replace(PRESETS["deepseek-v3"], route_group_topk=0, **fields)
+
+
+def test_a_dense_model_refuses_the_deepep_dispatcher_in_one_line(capsys):
+    assert main(["plan", "--model", "zoo:llama3-8b", "--cluster", "dgx-h100x2", "--global-batch", "16",
+                 "--planner", "megatron", "-O", "dispatcher=deepep"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no experts" in err, err

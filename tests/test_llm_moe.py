@@ -76,7 +76,8 @@ DEEPSEEK_V3 = {"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_s
                "first_k_dense_replace": 3, "moe_layer_freq": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
                "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "vocab_size": 129280,
                "rms_norm_eps": 1e-6, "rope_theta": 10000, "tie_word_embeddings": False,
-               "max_position_embeddings": 163840, "ep_size": 1, "num_nextn_predict_layers": 1}
+               "max_position_embeddings": 163840, "ep_size": 1, "num_nextn_predict_layers": 1,
+               "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc"}
 QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
              "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
              "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],

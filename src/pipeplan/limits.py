@@ -56,6 +56,7 @@ def check_layers(count: int, where: str) -> None:
 MAX_DECODER = {"layers": MAX_LAYERS, "hidden": 1 << 18, "ffn": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14,
                "seq": 1 << 24, "vocab": 1 << 22, "microbatch": 1 << 16, "head_size": 1 << 14, "experts": 1 << 14,
                "top_k": 1 << 14, "expert_ffn": 1 << 20, "shared_ffn": 1 << 20, "dense_layers": MAX_LAYERS,
+               "route_groups": 1 << 14, "route_group_topk": 1 << 14,
                "q_lora": 1 << 18, "kv_lora": 1 << 18, "rope_dim": 1 << 14, "v_head": 1 << 14}
 
 

@@ -99,18 +99,27 @@ def group_links(cluster: Cluster, group: Sequence[int]) -> tuple[float, float]:
     return min(inside, k * adapter) * float(cluster.meta.get("allreduce_efficiency", 1.0)), lat
 
 
-def exchange_links(cluster: Cluster, group: Sequence[int]) -> tuple[float, float]:
+def exchange_links(cluster: Cluster, group: Sequence[int], remote_share: float | None = None) -> tuple[float, float]:
     """(bus bandwidth, latency) of an all-to-all over ``group``, for ``collective_s``: with k
     members in a server (the fewest) of n, a rank's array leaves it (k - 1) / n through the
     links inside its server and (n - k) / n through its own adapter, at once; the slower part
     sets the time, (n - 1) / n x S / bus with bus = (n - 1) / max((k - 1) / inside, (n - k) /
     adapter). Unlike a ring (``group_links``), no server's adapters carry a share of another's
-    traffic: every rank's off-server bytes cross its own adapter."""
+    traffic: every rank's off-server bytes cross its own adapter. ``remote_share``: the share
+    of the array that crosses the adapter where a sender sends less than (n - k) / n of it
+    off its server (a dispatcher that sends a token once to each server and forwards it
+    inside, ``llm.experts.remote_share``)."""
     if len(group) < 2:
         return 0.0, 0.0
     n, k, inside, adapter, lat = _shape(cluster, group)
-    per_byte = max((k - 1) / inside, (n - k) / adapter)
+    off = (n - k) / n if remote_share is None else remote_share
+    per_byte = max((k - 1) / inside, off * n / adapter) if off > 0 else (k - 1) / inside
     return (n - 1) / per_byte * float(cluster.meta.get("allreduce_efficiency", 1.0)), lat
+
+
+def servers_of(cluster: Cluster, group: Sequence[int]) -> int:
+    """How many servers the devices ``group`` span."""
+    return len({cluster.devices[i].server or cluster.devices[i].name for i in group})
 
 
 def ring_exchange_s(block_bytes: float, cp: int, bytes_per_s: float, latency_s: float,

@@ -132,19 +132,27 @@ def attention_arguments(spec: DecoderSpec) -> list[str]:
 
 
 def expert_arguments(spec: DecoderSpec) -> list[str]:
-    """A mixture's experts: count, top-k, width, shared experts, its dense first layers
-    (``--moe-layer-freq``, a Python list expression), the grouped GEMM and the all-to-all
-    dispatcher pipeplan prices (``llm.experts``)."""
+    """A mixture's experts: count, top-k, width, group-limited routing, shared experts, its
+    dense first layers (``--moe-layer-freq``, a Python list expression) and the grouped GEMM
+    pipeplan prices (``llm.experts``)."""
     if not spec.moe:
         return []
     args = [f"--num-experts {spec.experts}", f"--moe-router-topk {spec.top_k}",
-            f"--moe-ffn-hidden-size {spec.expert_ffn}", "--moe-grouped-gemm", "--moe-token-dispatcher-type alltoall"]
+            f"--moe-ffn-hidden-size {spec.expert_ffn}", "--moe-grouped-gemm"]
+    if spec.route_groups:
+        args += [f"--moe-router-num-groups {spec.route_groups}", f"--moe-router-group-topk {spec.route_group_topk}"]
     if spec.shared_ffn:
         args.append(f"--moe-shared-expert-intermediate-size {spec.shared_ffn}")
     if spec.dense_layers:
         freq = f"([0]*{spec.dense_layers}+[1]*{spec.layers - spec.dense_layers})"
         args.append(f"--moe-layer-freq {shlex.quote(freq)}")
     return args
+
+
+#: the token dispatcher of each ``Parallelism.dispatcher`` (Megatron-core 0.16: DeepEP is the
+#: flex dispatcher's backend, ``TransformerConfig.moe_flex_dispatcher_backend``)
+DISPATCHER_ARGUMENTS = {"alltoall": ["--moe-token-dispatcher-type alltoall"],
+                        "deepep": ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep"]}
 
 
 def arguments(plan: Plan) -> list[str]:
@@ -161,6 +169,7 @@ def parallel_arguments(plan: Plan) -> list[str]:
         args += [f"--context-parallel-size {v.cp}", f"--cp-comm-type {v.cp_comm}"]
     if decoder_of(plan.graph.meta, f"model {plan.graph.name!r}").moe:  # Megatron's ETP default is TP: always said
         args += [f"--expert-model-parallel-size {v.ep}", f"--expert-tensor-parallel-size {v.etp}"]
+        args += DISPATCHER_ARGUMENTS[v.dispatcher]
     args += layer_arguments(v)
     args += [f"--micro-batch-size {v.microbatch}", f"--global-batch-size {plan.global_batch}"]
     if v.recompute == "selective":

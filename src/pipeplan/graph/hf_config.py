@@ -55,7 +55,7 @@ NEEDED = {"gpt2": ("n_embd", "n_layer", "n_head", "vocab_size"), **{k: _BASE for
           "qwen3_moe": (*_BASE, "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size"),
           "deepseek_v3": (*_BASE, "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
                           "first_k_dense_replace", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
-                          "qk_nope_head_dim", "v_head_dim")}
+                          "qk_nope_head_dim", "v_head_dim", "n_group", "topk_group")}
 
 
 #: keys transformers 5 still reads, under their older names, into a field of another name
@@ -163,7 +163,8 @@ def _layout(kind: str, cfg) -> dict:
     norms; the experts of Mixtral (``num_local_experts`` of ``intermediate_size``), Qwen2/3-MoE
     (``num_experts`` of ``moe_intermediate_size``, Qwen2-MoE's shared expert) and DeepSeek-V3
     (``n_routed_experts``, ``n_shared_experts`` of ``moe_intermediate_size``, the first
-    ``first_k_dense_replace`` layers dense) and its latent attention."""
+    ``first_k_dense_replace`` layers dense, ``n_group``/``topk_group`` routing) and its latent
+    attention."""
     out: dict = {}
     if kind in ("qwen3", "qwen3_moe"):
         out.update(head_size=int(cfg.head_dim), qk_norm=True)
@@ -181,7 +182,8 @@ def _layout(kind: str, cfg) -> dict:
         out.update(experts=int(cfg.n_routed_experts), top_k=int(cfg.num_experts_per_tok),
                    expert_ffn=int(cfg.moe_intermediate_size),
                    shared_ffn=int(cfg.n_shared_experts) * int(cfg.moe_intermediate_size),
-                   dense_layers=int(cfg.first_k_dense_replace), head_size=int(cfg.qk_nope_head_dim),
+                   dense_layers=int(cfg.first_k_dense_replace), route_groups=int(cfg.n_group),
+                   route_group_topk=int(cfg.topk_group), head_size=int(cfg.qk_nope_head_dim),
                    q_lora=int(cfg.q_lora_rank or 0), kv_lora=int(cfg.kv_lora_rank), rope_dim=int(cfg.qk_rope_head_dim),
                    v_head=int(cfg.v_head_dim))
     return out

@@ -17,6 +17,14 @@ dispatcher (``--moe-token-dispatcher-type alltoall``, ``--moe-grouped-gemm``).
   EP group, forward and backward (four a layer, exposed: Megatron-core does not overlap them
   without its 1F1B A2A overlap or DualPipe); with expert tensor parallelism (ETP > 1) the ETP
   group all-gathers the dispatched copies and reduce-scatters the experts' outputs, each way.
+  ``alltoall`` (Megatron-core's all-to-all dispatcher) sends every copy to its expert's rank,
+  so (S - 1) / S of them leave the server, S the servers the EP group spans; ``deepep``
+  (DeepEP, Megatron-core's flex dispatcher; DeepSeek-V3 §3.2.2) sends a token once to each
+  other server its experts are on and forwards it over NVLink there (the combine the same way
+  back), so only the servers a token reaches cross the network: with group-limited routing
+  whose groups lie within servers (route_groups a multiple of S), the servers holding the
+  route_group_topk groups it chooses, taken uniformly; otherwise the distinct servers of
+  top_k experts drawn uniformly (with replacement), S (1 - (1 - 1/S)^k).
 - Kept for backward, per copy: the experts' input (hidden wide, whole on each ETP rank), the
   first matrices' outputs and the activation's output (gated: 3 x the expert width / ETP,
   else 2 x); the router's fp32 scores, experts wide, per token. Full recomputation keeps none.
@@ -29,17 +37,42 @@ dispatcher (``--moe-token-dispatcher-type alltoall``, ``--moe-grouped-gemm``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import comb
 
 from .spec import BF16, DecoderSpec
 
 
+#: how tokens reach their experts (module docstring)
+DISPATCHERS = ("alltoall", "deepep")
+
+
 @dataclass(frozen=True)
 class ExpertCut:
-    """How a rank's share of the routed experts is cut: EP ranks, ETP ranks, routing skew."""
+    """How a rank's share of the routed experts is cut: EP ranks, ETP ranks, routing skew, and
+    how tokens are dispatched (``DISPATCHERS``)."""
 
     ep: int = 1
     etp: int = 1
     skew: float = 1.0
+    dispatcher: str = "alltoall"
+
+
+def servers_reached(spec: DecoderSpec, servers: int) -> float:
+    """Servers a token's ``top_k`` copies reach, on average, the EP group spanning ``servers``
+    (module docstring)."""
+    g, m = spec.route_groups, spec.route_group_topk
+    if g and g % servers == 0:  # whole groups in each server: the chosen groups' servers
+        per = g // servers  # groups a server holds; P(a server holds none of the m chosen)
+        return servers * (1.0 - comb(g - per, m) / comb(g, m))
+    return servers * (1.0 - (1.0 - 1.0 / servers) ** spec.top_k)
+
+
+def remote_share(spec: DecoderSpec, cut: ExpertCut, servers: int) -> float | None:
+    """The share of a rank's dispatched copies that crosses its server's network adapters
+    (``collectives.exchange_links``), or None for the all-to-all's own (module docstring)."""
+    if cut.dispatcher == "alltoall" or servers < 2:
+        return None
+    return servers_reached(spec, servers) * (servers - 1) / servers / spec.top_k
 
 
 def rank_tokens(spec: DecoderSpec, samples: int, tp: int, cp: int) -> float:

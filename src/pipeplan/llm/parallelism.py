@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from ..errors import PipeplanError
+from .experts import DISPATCHERS
 from .rank_costs import CP_COMM, Cut, ExpertCut
 from .spec import RECOMPUTE, DecoderSpec
 
@@ -35,7 +36,8 @@ INTERLEAVED = "interleaved-1f1b"
 #: last chunk share position 0
 V_SCHEDULES = ("zb-v", "dualpipe-v")
 #: fields ``as_dict`` leaves out at their defaults (plans of dense models stay as they were)
-QUIET_DEFAULTS = {"etp": 1, "cp_comm": "p2p", "expert_skew": 1.0, "precision": "bf16", "fp8_params": False}
+QUIET_DEFAULTS = {"etp": 1, "cp_comm": "p2p", "expert_skew": 1.0, "precision": "bf16", "fp8_params": False,
+                  "dispatcher": "alltoall"}
 #: the layers' GEMM precision: bf16, or FP8 through Transformer Engine (``llm.costs.Rates``)
 PRECISIONS = ("bf16", "fp8")
 #: the busiest expert rank's routed tokens over the mean, at most
@@ -56,7 +58,8 @@ class Parallelism:
     else they are on the critical path. ``cp_comm``: how CP ranks exchange keys and values
     (``llm.rank_costs``); ``expert_skew``: the busiest expert rank's tokens over the mean
     (``llm.experts``; 1: balanced routing); ``precision``: the layers' GEMMs in bf16 or FP8;
-    ``fp8_params``: FP8 weights (the ZeRO-1 all-gather in 8 bits, no 16-bit copy)."""
+    ``fp8_params``: FP8 weights (the ZeRO-1 all-gather in 8 bits, no 16-bit copy);
+    ``dispatcher``: how a mixture's tokens reach their experts (``llm.experts.DISPATCHERS``)."""
 
     tp: int
     pp: int
@@ -78,6 +81,7 @@ class Parallelism:
     expert_skew: float = 1.0
     precision: str = "bf16"
     fp8_params: bool = False
+    dispatcher: str = "alltoall"
 
     def __post_init__(self) -> None:
         if self.overlap_p2p is None:
@@ -91,6 +95,9 @@ class Parallelism:
         if self.fp8_params is not False and (self.fp8_params is not True or self.precision != "fp8"):
             raise PipeplanError(f"parallelism: fp8_params (FP8 weights, --fp8-param-gather) needs precision fp8, got "
                                 f"{self.fp8_params!r} with {self.precision}")
+        if self.dispatcher not in DISPATCHERS:
+            raise PipeplanError(f"parallelism: dispatcher must be one of {', '.join(DISPATCHERS)}, got "
+                                f"{self.dispatcher!r}")
         if self.cp_comm not in CP_COMM:
             raise PipeplanError(f"parallelism: cp_comm must be one of {', '.join(CP_COMM)}, got {self.cp_comm!r}")
         skew = self.expert_skew
@@ -147,7 +154,8 @@ class Parallelism:
 
     def cut(self) -> Cut:
         """How one GPU's share of a node is cut (``llm.rank_costs``)."""
-        return Cut(self.tp, self.sp, self.cp, self.cp_comm, ExpertCut(self.ep, self.etp, float(self.expert_skew)),
+        return Cut(self.tp, self.sp, self.cp, self.cp_comm, ExpertCut(self.ep, self.etp, float(self.expert_skew),
+                                                                         self.dispatcher),
                    self.precision == "fp8", self.fp8_params)
 
     @property
@@ -184,9 +192,9 @@ class Parallelism:
 
     def _check_experts(self, spec: DecoderSpec) -> None:
         if not spec.moe:
-            if self.ep != 1 or self.etp != 1:
-                raise PipeplanError(f"{spec.name} has no experts: EP and ETP must be 1, got EP {self.ep}, "
-                                    f"ETP {self.etp}")
+            if self.ep != 1 or self.etp != 1 or self.dispatcher != "alltoall":
+                raise PipeplanError(f"{spec.name} has no experts: EP and ETP must be 1 and the dispatcher the "
+                                    f"default, got EP {self.ep}, ETP {self.etp}, dispatcher {self.dispatcher}")
             return
         where = f"{spec.name} with EP {self.ep}, ETP {self.etp}"
         if spec.experts % self.ep:
@@ -230,7 +238,7 @@ def parallelism_from_dict(d: object, where: str = "plan") -> Parallelism:
         raise PipeplanError(f"{where}: 'parallelism' layout must be a list of layer counts, got {d['layout']!r}")
     for key, kind in (("sp", bool), ("overlap_grad_reduce", bool), ("overlap_p2p", bool), ("fp8_params", bool),
                       ("recompute", str), ("grad_reduce", str), ("schedule", str), ("cp_comm", str),
-                      ("precision", str)):
+                      ("precision", str), ("dispatcher", str)):
         if key in d and not isinstance(d[key], kind):
             raise PipeplanError(f"{where}: 'parallelism' {key} must be {'true or false' if kind is bool else 'a string'}"
                                 f", got {d[key]!r}")

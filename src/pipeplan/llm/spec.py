@@ -72,6 +72,11 @@ class DecoderSpec:
     expert_ffn: int = 0
     shared_ffn: int = 0
     dense_layers: int = 0
+    # group-limited routing (DeepSeek-V2/V3; ``route_groups`` 0: none): the experts in
+    # ``route_groups`` equal groups, a token's ``top_k`` chosen among the ``route_group_topk``
+    # groups its scores rank first (Megatron-core's ``moe_router_num_groups``/``group_topk``)
+    route_groups: int = 0
+    route_group_topk: int = 0
     # Multi-head Latent Attention (DeepSeek-V2/V3; ``kv_lora`` 0: none): queries through a
     # rank-``q_lora`` bottleneck, keys and values through a rank-``kv_lora`` latent, each
     # query/key head ``head_size`` wide plus ``rope_dim`` of decoupled rotary part, each value
@@ -88,8 +93,8 @@ class DecoderSpec:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PipeplanError(f"{where}: {key} must be a positive integer, got {value!r}")
             check_decoder(key, value, where)
-        for key in ("head_size", "experts", "top_k", "expert_ffn", "shared_ffn", "dense_layers", "q_lora", "kv_lora",
-                    "rope_dim", "v_head"):
+        for key in ("head_size", "experts", "top_k", "expert_ffn", "shared_ffn", "dense_layers", "route_groups",
+                    "route_group_topk", "q_lora", "kv_lora", "rope_dim", "v_head"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise PipeplanError(f"{where}: {key} must be an integer >= 0, got {value!r}")
@@ -97,6 +102,7 @@ class DecoderSpec:
         if self.experts and not (0 < self.top_k <= self.experts and self.expert_ffn > 0):
             raise PipeplanError(f"{where}: {self.experts} experts need top_k from 1 to {self.experts} and an "
                                 f"expert_ffn, got top_k {self.top_k}, expert_ffn {self.expert_ffn}")
+        self._check_route_groups(where)
         if self.dense_layers > self.layers:
             raise PipeplanError(f"{where}: dense_layers {self.dense_layers} is above layers {self.layers}")
         if self.kv_lora and not (self.head_size and self.v_head):
@@ -113,6 +119,18 @@ class DecoderSpec:
             raise PipeplanError(f"{where}: norm must be layernorm or rmsnorm, got {self.norm!r}")
         if self.positions not in ("learned", "rope"):
             raise PipeplanError(f"{where}: positions must be learned or rope, got {self.positions!r}")
+
+    def _check_route_groups(self, where: str) -> None:
+        """Megatron-core's rules for group-limited routing (``TransformerConfig.__post_init__``)."""
+        g, m = self.route_groups, self.route_group_topk
+        if not (g or m):
+            return
+        if not (self.experts and g and m):
+            raise PipeplanError(f"{where}: group-limited routing needs experts, route_groups and route_group_topk, "
+                                f"got experts {self.experts}, route_groups {g}, route_group_topk {m}")
+        if self.experts % g or m > g or self.top_k % m:
+            raise PipeplanError(f"{where}: route_groups {g} must divide experts {self.experts}, route_group_topk {m} "
+                                f"be at most route_groups and divide top_k {self.top_k}")
 
     @property
     def head_dim(self) -> int:
@@ -423,5 +441,5 @@ PRESETS: dict[str, DecoderSpec] = {s.name: s for s in (
     mixture("qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 151936, 128, 8, 768, 1e6, 1e-6, head_size=128, qk_norm=True),
     mixture("qwen3-235b-a22b", 4096, 94, 64, 4, 12288, 151936, 128, 8, 1536, 1e6, 1e-6, head_size=128, qk_norm=True),
     mixture("deepseek-v3", 7168, 61, 128, 128, 18432, 129280, 256, 8, 2048, 1e4, 1e-6, shared_ffn=2048,
-        dense_layers=3, head_size=128, q_lora=1536, kv_lora=512, rope_dim=64, v_head=128),
+        dense_layers=3, route_groups=8, route_group_topk=4, head_size=128, q_lora=1536, kv_lora=512, rope_dim=64, v_head=128),
 )}

@@ -27,17 +27,19 @@ from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
 from ..cluster import Cluster
-from ..cluster.collectives import exchange_links
+from ..cluster.collectives import exchange_links, servers_of
 from ..cluster.kinds import KINDS
 from ..errors import PipeplanError
 from ..graph import Graph
 from ..graph.scale import with_microbatch
+from ..llm.experts import DISPATCHERS, remote_share
 from ..llm.layout import candidates, chunked, runs_of, stages, v_candidates
 from ..llm.parallelism import GRAD_REDUCE, INTERLEAVED, PRECISIONS, V_SCHEDULES, Parallelism
-from ..llm.rank_costs import CP_COMM, Cut, Links, fp8_weight_bytes, node_costs, rank_params
+from ..llm.rank_costs import CP_COMM, Cut, Links, fp8_weight_bytes, node_costs, node_parts, rank_params
 from ..llm.spec import BF16, RECOMPUTE, DecoderSpec, decoder_of
 from ..llm.step_costs import dp_collectives_s, dp_ring, pipeline_send_s, tied_reduction_s
 from ..plan import Plan, Stage
+from ..sim.durations import pair_s
 from ..sim.formulas import state_bytes
 
 #: Model chunks per GPU tried at most (interleaved 1F1B)
@@ -85,6 +87,9 @@ class LLMOptions:
                                  choices=PRECISIONS)
     fp8_params: bool | None = _pin("FP8 weights (--fp8-param-gather: no 16-bit copy, ZeRO-1's all-gather in 8 bits; "
                                    "needs precision=fp8)")
+    dispatcher: str | None = _pin("how a mixture's tokens reach their experts: alltoall (Megatron-core's, the "
+                                  "default) or deepep (DeepEP: a token once to each server, forwarded inside)",
+                                  choices=DISPATCHERS)
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,8 @@ class Pins:
         have = {"tp": par.tp, "pp": par.pp, "vpp": par.vpp, "microbatch": par.microbatch, "recompute": par.recompute,
                 "zero": par.zero, "sp": par.sp, "overlap": par.overlap_grad_reduce, "grad_reduce": par.grad_reduce,
                 "overlap_p2p": par.overlap_p2p, "cp": par.cp, "ep": par.ep, "etp": par.etp, "cp_comm": par.cp_comm,
-                "expert_skew": par.expert_skew, "precision": par.precision, "fp8_params": par.fp8_params}
+                "expert_skew": par.expert_skew, "precision": par.precision, "fp8_params": par.fp8_params,
+                "dispatcher": par.dispatcher}
         if any(getattr(o, k) is not None and getattr(o, k) != v for k, v in have.items()):
             return False
         stages = tuple(par.stage_layers())
@@ -226,14 +232,15 @@ def _configs_at(spec: DecoderSpec, t: int, c: int, p: int, d: int, global_batch:
     out, o = [], pins.options
     counts = None if o.layout is None else parse_layout(o.layout, spec.layers)
     extra = {"cp_comm": o.cp_comm or "p2p", "expert_skew": float(o.expert_skew or 1.0),
-             "precision": o.precision or "bf16", "fp8_params": bool(o.fp8_params)}
-    if o.fp8_params and extra["precision"] != "fp8":
+             "precision": o.precision or "bf16", "fp8_params": bool(o.fp8_params),
+             "dispatcher": o.dispatcher or "alltoall"}
+    if (o.fp8_params and extra["precision"] != "fp8") or (o.dispatcher not in (None, "alltoall") and not spec.moe):
         return []
     for b in _pick(o.microbatch, [b for b in _divisors(global_batch // d) if b <= MAX_MICROBATCH]):
         if (global_batch // d) % b:
             continue
         m = global_batch // (d * b)
-        for v, sched in _schedules(p, m, pins):
+        for v, sched in _schedules(p, m, pins, spec.moe):
             for lay in _layouts(spec, p, v, counts, sched in V_SCHEDULES):
                 for sw in _switches(t, p, d * c, v, pins, spec.moe):  # gradients reduced over DP x CP
                     for e, f in expert_grids(spec, t, t * c * d, pins):
@@ -243,11 +250,11 @@ def _configs_at(spec: DecoderSpec, t: int, c: int, p: int, d: int, global_batch:
     return out
 
 
-def _schedules(pp: int, m: int, pins: Pins) -> list[tuple[int, str]]:
+def _schedules(pp: int, m: int, pins: Pins, moe: bool) -> list[tuple[int, str]]:
     """(chunks, schedule) pairs: 1F1B and zero-bubble H1 with one chunk, interleaved 1F1B with
     v >= 2 where the replica's microbatches are a multiple of PP, and with two chunks the V
-    schedules (ZB-V, DualPipeV) where they are asked for (``--schedule``: their order, not
-    their overlap, is priced yet)."""
+    schedules (ZB-V, DualPipeV) where they are asked for (``--schedule``), DualPipeV for a
+    mixture of experts unasked (built to hide its all-to-alls)."""
     out = []
     for v in ([pins.options.vpp] if pins.options.vpp is not None else range(1, MAX_CHUNKS + 1)):
         if v == 1:
@@ -258,6 +265,8 @@ def _schedules(pp: int, m: int, pins: Pins) -> list[tuple[int, str]]:
             out.append((v, INTERLEAVED))
         if v == 2 and pp >= 2 and pins.schedules is not None:
             out += [(2, s) for s in V_SCHEDULES if s in pins.schedules]
+        elif v == 2 and pp >= 2 and moe:
+            out.append((2, "dualpipe-v"))
     return out
 
 
@@ -284,8 +293,8 @@ class Estimate:
 @dataclass(frozen=True)
 class MicrobatchCosts:
     """One rank's costs of one microbatch: forward + backward seconds and bytes kept of a dense
-    and of a mixture's layer, the embedding's and head's seconds, the head's bytes kept, and
-    each layer's backward."""
+    and of a mixture's layer, the embedding's and head's seconds, the head's bytes kept, each
+    layer's backward, and a mixture layer's all-to-alls (forward and backward)."""
 
     dense: float
     dense_kept: float
@@ -296,41 +305,49 @@ class MicrobatchCosts:
     head_kept: float
     dense_bwd: float
     moe_bwd: float
+    moe_comm: float = 0.0
 
 
 @lru_cache(maxsize=4096)
 def _per_microbatch(spec: DecoderSpec, kind_name: str, b: int, cut: Cut, rc: str, links: Links) -> MicrobatchCosts:
     kind = KINDS[kind_name]
     lf, lb, lkept = node_costs(spec, "layer", kind, b, cut, rc, links)
-    mf, mb, mkept = node_costs(spec, "layer", kind, b, cut, rc, links, True) if spec.moe else (lf, lb, lkept)
+    mp = node_parts(spec, "layer", kind, b, cut, rc, links, True) if spec.moe else None
+    mf, mb, mkept = (mp.fwd_s, mp.bwd_s, mp.kept) if mp else (lf, lb, lkept)
     ef, eb, _ = node_costs(spec, "embed", kind, b, cut, rc, links)
     hf, hb, hkept = node_costs(spec, "head", kind, b, cut, rc, links)
-    return MicrobatchCosts(lf + lb, lkept, mf + mb, mkept, ef + eb, hf + hb, hkept, lb, mb)
+    return MicrobatchCosts(lf + lb, lkept, mf + mb, mkept, ef + eb, hf + hb, hkept, lb, mb,
+                           mp.fwd_ep + mp.bwd_ep if mp else 0.0)
 
 
 _LINKS: dict[tuple, tuple[Cluster, tuple[float, float]]] = {}
 
 
-def _links_of(cluster: Cluster, start: int, stop: int, step: int, exchange: bool = False) -> tuple[float, float]:
-    """``group_links`` (``exchange``: an all-to-all's, ``exchange_links``) of GPUs
-    ``range(start, stop, step)`` (the first position's groups: TP, CP, EP, data-parallel
-    rings), computed once per cluster and group (a search screens thousands of configurations)."""
+def _links_of(cluster: Cluster, start: int, stop: int, step: int, exchange: bool = False,
+              share: float | None = None) -> tuple[float, float]:
+    """``group_links`` (``exchange``: an all-to-all's, ``exchange_links``, ``share`` of its
+    array off the server where a dispatcher sends less) of GPUs ``range(start, stop, step)``
+    (the first position's groups: TP, CP, EP, data-parallel rings), computed once per cluster
+    and group (a search screens thousands of configurations)."""
     if len(range(start, stop, step)) < 2:
         return (0.0, 0.0)
-    key = (id(cluster), start, stop, step, exchange)
+    key = (id(cluster), start, stop, step, exchange, share)
     hit = _LINKS.get(key)
     if hit is None or hit[0] is not cluster:
         if len(_LINKS) > 1024:
             _LINKS.clear()
         group = list(range(start, stop, step))
-        hit = _LINKS[key] = (cluster, exchange_links(cluster, group) if exchange else dp_ring(cluster, group))
+        hit = _LINKS[key] = (cluster, exchange_links(cluster, group, share) if exchange else dp_ring(cluster, group))
     return hit[1]
 
 
-def _links(cluster: Cluster, par: Parallelism) -> Links:
+def _links(cluster: Cluster, par: Parallelism, spec: DecoderSpec) -> Links:
     """The first position's TP, CP, EP and ETP groups' links (Megatron's rank order)."""
+    ep = range(0, par.ep * par.etp, par.etp)
+    share = remote_share(spec, par.cut().experts, servers_of(cluster, ep)) if par.ep > 1 else None
     return Links(_links_of(cluster, 0, par.tp, 1), _links_of(cluster, 0, par.tp * par.cp, par.tp),
-                 _links_of(cluster, 0, par.ep * par.etp, par.etp, exchange=True), _links_of(cluster, 0, par.etp, 1))
+                 _links_of(cluster, 0, par.ep * par.etp, par.etp, exchange=True, share=share),
+                 _links_of(cluster, 0, par.etp, 1))
 
 
 @dataclass(frozen=True)
@@ -387,10 +404,12 @@ def estimate(spec: DecoderSpec, cluster: Cluster, par: Parallelism, global_batch
              optimizer: str = "adam") -> Estimate:
     """The screening estimate of ``par`` (module docstring)."""
     kind = cluster.devices[0].kind.lower()
-    c = _per_microbatch(spec, kind, par.microbatch, par.cut(), par.recompute, _links(cluster, par))
+    c = _per_microbatch(spec, kind, par.microbatch, par.cut(), par.recompute, _links(cluster, par, spec))
     pos = _positions(spec, par)
     times = [p.dense * c.dense + p.moe * c.moe + (c.embed if p.ends % 2 else 0.0) + (c.head if p.ends >= 2 else 0.0)
              for p in pos]
+    if par.schedule == "dualpipe-v":  # a forward and a backward overlapped (``sim.durations.pair_s``)
+        times = [float(pair_s(t - p.moe * c.moe_comm, p.moe * c.moe_comm)) for t, p in zip(times, pos)]
     m = global_batch // (par.dp * par.microbatch)
     bubble = (par.pp - 1) / par.vpp / (3.0 if par.schedule in ("zb-h1", *V_SCHEDULES) else 1.0)
     sends = 0.0 if par.overlap_p2p or par.pp == 1 else 2 * par.vpp * pipeline_send_s(spec, cluster, par)
@@ -463,7 +482,8 @@ def _thumb_choice(spec: DecoderSpec, cluster: Cluster, global_batch: int, pins: 
     for rc in ([o.recompute] if o.recompute else ["selective", "full"]):
         mine = [c for c in cands if c.recompute == rc]
         for p in sorted({c.pp for c in mine}):
-            here = [c for c in mine if c.pp == p and (c.schedule != "zb-h1" or pins.schedules == ("zb-h1",))]
+            here = [c for c in mine if c.pp == p and (c.schedule not in ("zb-h1", *V_SCHEDULES)
+                                                      or pins.schedules == (c.schedule,))]
             rows = screened(spec, cluster, here, global_batch, optimizer)
             if rows and rows[0][1].fits:
                 return rows[0][0]
@@ -484,6 +504,8 @@ def refusal(spec: DecoderSpec, cluster: Cluster, global_batch: int, pins: Pins) 
         why = "overlap_p2p=false: Megatron runs interleaving without overlapped sends only on PP > 2"
     elif (o.ep or 1) * (o.etp or 1) > 1 and not spec.moe:
         why = f"ep={o.ep or 1}, etp={o.etp or 1}: {spec.name} has no experts (EP and ETP are 1 for a dense model)"
+    elif o.dispatcher not in (None, "alltoall") and not spec.moe:
+        why = f"dispatcher={o.dispatcher}: {spec.name} has no experts to dispatch tokens to"
     elif o.ep is not None and spec.moe and spec.experts % o.ep:
         why = f"ep={o.ep}: EP must divide the {spec.experts} experts"
     elif spec.moe and o.sp is False and (o.tp or 1) > 1:

@@ -9,9 +9,9 @@ chunk with a full backward of the other (F0 with B1, F1 with B0); then p-d-1 rou
 (F1 with B0), and a cool-down whose second half splits the backward into I and W (the W's
 queued, oldest first, into the remaining slots). torch runs a pair as one ``OVERLAP_F_B``
 action whose ``sub_actions`` are the forward then the backward; here the pair is those two
-actions one after the other, so the simulator does not model the overlap's gain (one
-microbatch's all-to-alls hidden behind the other's compute). Every device keeps at most
-2p + 1 chunk-microbatches' activations.
+actions one after the other, and the schedule's ``overlap_pairs`` tells the simulator to
+price them as one overlapped pair (one microbatch's all-to-alls behind the other's compute,
+``sim.durations``). Every device keeps at most 2p + 1 chunk-microbatches' activations.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class _Actions:
     I's left pending (oldest first), and the order so far."""
 
     def __init__(self, stages: tuple[int, ...]) -> None:
-        self.stages, self.seq = stages, []
+        self.stages, self.seq, self.paired = stages, [], []
         self.next = {(k, c): 0 for k in (_F, _B) for c in (0, 1)}
         self.weights: deque[tuple[int, int]] = deque()
 
@@ -39,6 +39,7 @@ class _Actions:
         m, stage = self.next[key], self.stages[chunk]
         self.next[key] += 1
         self.seq.append((kind, stage, m))
+        self.paired.append(False)
         if kind == _I:
             self.weights.append((stage, m))
 
@@ -46,15 +47,17 @@ class _Actions:
         """torch's OVERLAP_F_B, expanded into its sub-actions: F of one chunk, then B of the other."""
         self(_F, f_chunk)
         self(_B, b_chunk)
+        self.paired[-2:] = [True, True]
 
     def weight(self) -> None:
         """The oldest pending W, if any."""
         if self.weights:
             stage, m = self.weights.popleft()
             self.seq.append((_W, stage, m))
+            self.paired.append(False)
 
 
-def _dualpipe_v_local(n: int, pos: int, p: int, stages: tuple[int, ...]) -> DeviceOrder:
+def _dualpipe_v_local(n: int, pos: int, p: int, stages: tuple[int, ...]) -> _Actions:
     """torch's ``ScheduleDualPipeV._calculate_single_rank_operations`` for rank ``pos`` over
     local microbatches 0..n-1 (n >= 2p), its steps 1-8 in turn."""
     act = _Actions(stages)
@@ -64,8 +67,12 @@ def _dualpipe_v_local(n: int, pos: int, p: int, stages: tuple[int, ...]) -> Devi
         act(_F, 0), act(_F, 1)
     for _ in range(p - pos - 1):  # chunk 1 turns the V: zero bubble
         act(_I, 1), act.weight(), act(_F, 1)
-    for _ in range(n - 2 * p + pos + 1):  # main phase (torch runs the last rank's first F0, B1 apart)
-        act.overlap(0, 1), act.overlap(1, 0)
+    for i in range(n - 2 * p + pos + 1):  # main phase (torch runs the last rank's first F0, B1 apart)
+        if i == 0 and pos == p - 1:
+            act(_F, 0), act(_B, 1)
+        else:
+            act.overlap(0, 1)
+        act.overlap(1, 0)
     for _ in range(p - pos - 1):
         act(_B, 1), act.overlap(1, 0)
     half = (pos + 1) // 2  # cool-down: from the middle on, I's instead of B's
@@ -76,7 +83,7 @@ def _dualpipe_v_local(n: int, pos: int, p: int, stages: tuple[int, ...]) -> Devi
         act.weight(), act(_I, 0)
     for _ in range(pos + 1):
         act.weight()
-    return act.seq
+    return act
 
 
 def dualpipe_v_order(micros: list[int], pos: int, p: int, stages: tuple[int, ...]) -> DeviceOrder:
@@ -87,5 +94,11 @@ def dualpipe_v_order(micros: list[int], pos: int, p: int, stages: tuple[int, ...
     n = len(micros)
     if n == 0:  # a round-robin replica left without a microbatch
         return []
-    local = _dualpipe_v_local(max(n, 2 * p), pos, p, stages)
+    local = _dualpipe_v_local(max(n, 2 * p), pos, p, stages).seq
     return [(k, s, micros[m]) for k, s, m in local if m < n]
+
+
+def dualpipe_v_paired(micros: list[int], pos: int, p: int, stages: tuple[int, ...]) -> list[bool]:
+    """Which of ``dualpipe_v_order``'s actions torch runs inside an ``OVERLAP_F_B``."""
+    act = _dualpipe_v_local(max(len(micros), 2 * p), pos, p, stages)
+    return [paired for (_, _, m), paired in zip(act.seq, act.paired) if m < len(micros)]

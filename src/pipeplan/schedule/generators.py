@@ -17,8 +17,8 @@
 - ``interleaved-1f1b``: Megatron-LM's interleaved 1F1B over v >= 2 model chunks per device
   (Narayanan et al. SC'21 §2.2; ``interleaved.py``).
 - ``zb-v``: zero-bubble ZB-V over two chunks per device in a V (Qi et al. §6; ``zerobubble.py``).
-- ``dualpipe-v``: DeepSeek's DualPipeV in torch's order, its overlapped forward/backward pairs
-  run one after the other (``dualpipe.py``).
+- ``dualpipe-v``: DeepSeek's DualPipeV in torch's order, a forward and a backward of the other
+  chunk overlapped as a pair (``dualpipe.py``; priced in ``sim.durations``).
 A schedule's ``placement`` says which stages a device holds (``layout.py``): one, chunks in a
 loop, or a V; a plan of another shape is refused with one line.
 With ``split`` replicas every replica runs every microbatch (a share of it); with
@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import PipeplanError
 from .check import check_schedule
-from .dualpipe import dualpipe_v_order
+from .dualpipe import dualpipe_v_order, dualpipe_v_paired
 from .interleaved import DeviceOrder, interleaved_order
 from .ir import Kind, Program, Schedule
 from .layout import Layout, layout
@@ -84,6 +84,9 @@ class ScheduleKind:
     #: the backward split into input and weight gradients, the latter free to run last: after a
     #: device's last task no backward need follow on the stages before it
     split_backward: bool = False
+    #: which of ``device_order``'s actions run as overlapped forward/backward pairs
+    #: (``Schedule.overlap_pairs``), same arguments; None: none
+    paired: Callable[[list[int], int, int, tuple[int, ...]], list[bool]] | None = None
 
 
 SCHEDULES: dict[str, ScheduleKind] = {
@@ -105,8 +108,9 @@ SCHEDULES: dict[str, ScheduleKind] = {
                          placement="v", device_order=zb_v_order, split_backward=True),
     "dualpipe-v": ScheduleKind("DualPipeV: two chunks per device in a V, a forward of one chunk paired with a "
                                "backward of the other (DeepSeek-V3, arXiv 2412.19437 §3.2.1; torch's "
-                               "ScheduleDualPipeV; the pair runs in turn, its overlap not modelled)", None,
-                               placement="v", device_order=dualpipe_v_order, split_backward=True),
+                               "ScheduleDualPipeV; the pair overlapped: one's all-to-alls behind the other's compute)",
+                               None, placement="v", device_order=dualpipe_v_order, split_backward=True,
+                               paired=dualpipe_v_paired),
 }
 
 
@@ -147,7 +151,7 @@ def _make_schedule(name: str, stage_devices: tuple[tuple[int, ...], ...], microb
     else:
         devs, progs = _stage_programs(kind, stage_devices, m_count, replicas)
     sched = Schedule(name, m_count, devs, progs, steady_state=None if synchronous else microbatches,
-                     lanes=kind.lanes)
+                     lanes=kind.lanes, overlap_pairs=kind.paired is not None)
     check_schedule(sched, len(stage_devices))
     return sched
 
@@ -187,7 +191,8 @@ def _chunked_programs(kind: ScheduleKind, lay: Layout, m_count: int,
                 prog = shared  # lockstep replicas share one program object
             else:
                 micros = list(range(m_count)) if replicas == "split" else list(range(r, m_count, k))
-                prog = shared = Program.of(kind.device_order(micros, pos, lay.depth, stages) + tail)
+                paired = kind.paired(micros, pos, lay.depth, stages) if kind.paired else None
+                prog = shared = Program.of(kind.device_order(micros, pos, lay.depth, stages) + tail, paired)
             devs.append(d)
             progs.append(prog)
     return devs, progs

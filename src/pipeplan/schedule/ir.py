@@ -19,6 +19,10 @@ How an iteration is evaluated is a property of the schedule, not of its name:
   microbatches (``sim/steady.py``).
 - ``lanes``: forward and backward run side by side on each device, on the shares of its
   resources the plan allocates to each (resalloc.txt §III-B).
+- ``overlap_pairs``: a forward a program marks paired, directly followed by a paired full
+  backward (B) of another stage, runs overlapped with it, one's exchanges behind the other's
+  compute (DualPipe, DeepSeek-V3 arXiv 2412.19437 §3.2.1; torch's ``OVERLAP_F_B``;
+  ``Program.partners``).
 """
 
 from __future__ import annotations
@@ -55,22 +59,36 @@ _FROM_LETTER = {v: k for k, v in _LETTERS.items()}
 @dataclass(frozen=True, eq=False)
 class Program:
     """One device's actions: ``kinds[i]``, ``stages[i]`` and ``micro[i]`` (-1 for AR).
-    ``stage`` is the device's first stage (its only one, outside interleaved schedules)."""
+    ``stage`` is the device's first stage (its only one, outside interleaved schedules).
+    ``paired[i]``: action i is one of an overlapped forward/backward pair (``partners``)."""
 
     stage: int
     kinds: np.ndarray
     micro: np.ndarray
     stages: np.ndarray
+    paired: np.ndarray | None = None
 
     @classmethod
-    def of(cls, seq: list[tuple[int, int, int]]) -> "Program":
-        """From ``[(kind, stage, microbatch), ...]``."""
+    def of(cls, seq: list[tuple[int, int, int]], paired: list[bool] | None = None) -> "Program":
+        """From ``[(kind, stage, microbatch), ...]`` (and which actions are paired)."""
         arr = np.array(seq, dtype=np.int64).reshape(-1, 3)
+        pairs = None if paired is None else np.array(list(paired) + [False] * (len(arr) - len(paired)), dtype=bool)
         return cls(int(arr[0, 1]) if len(arr) else 0, arr[:, 0].astype(np.int8), arr[:, 2].copy(),
-                   arr[:, 1].copy())
+                   arr[:, 1].copy(), pairs)
 
     def __len__(self) -> int:
         return int(self.kinds.size)
+
+    def partners(self) -> np.ndarray:
+        """Per action, the stage of the action it runs overlapped with under ``overlap_pairs``
+        (a paired F directly followed by a paired B of another stage, and that B), else -1."""
+        out = np.full(len(self), -1, dtype=np.int64)
+        if self.paired is None:
+            return out
+        pair = np.flatnonzero((self.kinds[:-1] == Kind.F) & (self.kinds[1:] == Kind.B) & self.paired[:-1]
+                              & self.paired[1:] & (self.stages[:-1] != self.stages[1:]))
+        out[pair], out[pair + 1] = self.stages[pair + 1], self.stages[pair]
+        return out
 
     def same_as(self, other: "Program") -> bool:
         return self is other or (np.array_equal(self.kinds, other.kinds) and np.array_equal(self.micro, other.micro)
@@ -113,6 +131,7 @@ class Schedule:
     programs: list[Program]
     steady_state: int | None = None
     lanes: bool = False
+    overlap_pairs: bool = False
 
     @property
     def splits_backward(self) -> bool:

@@ -4,7 +4,8 @@
   cluster, each at the fastest it can go (its solo speed when calibrated; a device with
   several compute resources at the sum over its resources of the faster pass). Extra work
   (recomputation, fixed per-call times, the optimizer step) only adds time, so no plan on
-  this cluster beats it.
+  this cluster beats it. Exchanges an overlapped pair can hide (``stage_costs.PAIR_COMM``)
+  are not work: left out.
 - path bound: the longest chain of one microbatch through this plan: its forwards and
   forward transfers, then its gradient-sending backwards (B or I) and backward transfers,
   then stage 0's W. No schedule of this plan beats it. A steady state has no such chain.
@@ -18,6 +19,7 @@ from ..cluster import Cluster
 from ..graph import Graph
 from ..schedule import Kind
 from .compile import TaskGraph, mat
+from .stage_costs import PAIR_COMM
 
 
 def peak_rates(cluster: Cluster) -> np.ndarray:
@@ -33,7 +35,8 @@ def peak_rates(cluster: Cluster) -> np.ndarray:
 
 
 def work_bound(graph: Graph, cluster: Cluster, microbatches: int) -> float:
-    return microbatches * float(graph.fwd.sum() + graph.bwd.sum()) / float(peak_rates(cluster).sum())
+    hidden = sum(sum(pair) for pair in (graph.meta.get(PAIR_COMM) or {}).values())
+    return microbatches * float(graph.fwd.sum() + graph.bwd.sum() - hidden) / float(peak_rates(cluster).sum())
 
 
 def _path_counts(tg: TaskGraph) -> np.ndarray | None:

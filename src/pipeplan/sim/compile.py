@@ -46,8 +46,8 @@ class Group:
 class TaskGraph:
     """Aligned task arrays plus successor lists in CSR form (``succ[ptr[i]:ptr[i+1]]``).
     Tasks of one class (same kind, group, stage, channel pair and, for compute, the same
-    groups sharing its microbatch) last the same: ``cls[t]`` is t's class, ``rep[c]`` a task
-    of class c, ``sharers[c, g]`` whether group g runs class c's microbatches and
+    groups sharing its microbatch and the same overlapped partner) last the same: ``cls[t]``
+    is t's class, ``rep[c]`` a task of class c, ``sharers[c, g]`` whether group g runs class c's microbatches and
     ``sharer_set[c]`` an id of that set of groups (compute classes; -1 for others)."""
 
     kind: np.ndarray
@@ -66,6 +66,7 @@ class TaskGraph:
     sharers: np.ndarray
     sharer_set: np.ndarray
     group_stages: np.ndarray  # (groups, stages): 1 where the group's program runs the stage
+    partner: np.ndarray  # the stage of the action a compute task runs overlapped with, else -1
     _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def memo(self, fn: Callable[["TaskGraph"], T], *args) -> T:
@@ -104,17 +105,17 @@ class _Builder:
     """Appends tasks (arrays) and dependency edges; ids are assigned in order."""
 
     def __init__(self) -> None:
-        self.parts: dict[str, list] = {k: [] for k in ("kind", "stage", "micro", "owner", "chan", "pair")}
+        self.parts: dict[str, list] = {k: [] for k in ("kind", "stage", "micro", "owner", "chan", "pair", "partner")}
         self.edges: list[np.ndarray] = []
         self.counts: list[int] = []
         self.n = 0
 
-    def add(self, k: int, kind, stage, micro, owner=-1, chan=-1, pair=-1) -> np.ndarray:
+    def add(self, k: int, kind, stage, micro, owner=-1, chan=-1, pair=-1, partner=-1) -> np.ndarray:
         """Append k tasks: each field an array of k or one value for all of them (expanded
         in ``finish``)."""
         self.counts.append(k)
         for key, v in (("kind", kind), ("stage", stage), ("micro", micro), ("owner", owner),
-                       ("chan", chan), ("pair", pair)):  # a Kind as int: numpy reads an IntEnum slowly
+                       ("chan", chan), ("pair", pair), ("partner", partner)):  # a Kind as int: numpy reads an IntEnum slowly
             self.parts[key].append(v if isinstance(v, np.ndarray) else int(v))
         ids = np.arange(self.n, self.n + k)
         self.n += k
@@ -143,7 +144,7 @@ class _Builder:
             g_st[gi, np.unique(g.program.stages)] = 1.0
         return TaskGraph(arr["kind"], arr["stage"], arr["micro"], arr["owner"], arr["chan"], arr["pair"], ptr,
                          edges[1][order], np.bincount(edges[1], minlength=self.n), channels, groups, cls, rep,
-                         sharers, sharer_set, g_st)
+                         sharers, sharer_set, g_st, arr["partner"])
 
 
 def _classes(arr: dict[str, np.ndarray], groups: list[Group], s_count: int,
@@ -160,7 +161,7 @@ def _classes(arr: dict[str, np.ndarray], groups: list[Group], s_count: int,
     kind, owner = arr["kind"], arr["owner"]
     compute = (owner >= 0) & (kind != _UP)
     sharer = np.where(compute, set_of[np.where(compute, arr["stage"] * m_count + arr["micro"], 0)], -1)
-    rep, cls = _row_ids(np.stack([kind, owner, arr["stage"], arr["pair"], sharer], axis=1))
+    rep, cls = _row_ids(np.stack([kind, owner, arr["stage"], arr["pair"], sharer, arr["partner"]], axis=1))
     shared = np.where(sharer[rep, None] >= 0, flat[first][np.maximum(sharer[rep], 0)], False)
     return cls, rep, shared.astype(float), sharer[rep]
 
@@ -232,7 +233,9 @@ def _add_groups(b: _Builder, sched: Schedule, groups: list[Group]) -> None:
             if s not in ar_task:
                 ar_task[s] = int(b.add(1, Kind.AR, s, -1)[0])
         g.ids = np.empty(len(p), dtype=np.int64)
-        g.ids[~is_ar] = b.add(int((~is_ar).sum()), p.kinds[~is_ar], p.stages[~is_ar], p.micro[~is_ar], owner=gi)
+        partner = p.partners()[~is_ar] if sched.overlap_pairs else -1
+        g.ids[~is_ar] = b.add(int((~is_ar).sum()), p.kinds[~is_ar], p.stages[~is_ar], p.micro[~is_ar], owner=gi,
+                              partner=partner)
         g.ids[is_ar] = [ar_task[s] for s in p.stages[is_ar].tolist()]
         _chain(b, g, sched.lanes)
 

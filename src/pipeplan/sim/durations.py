@@ -91,25 +91,59 @@ def class_shares(tg: TaskGraph, lay: Layout, speed: np.ndarray) -> np.ndarray:
     return mat(lay.group_sum(speed), tg.sharers.T)
 
 
-def _compute_classes(tg: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
-    """The compute classes, their groups and stages, and which are F, B, I, W."""
+def _compute_classes(tg: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], np.ndarray]:
+    """The compute classes, their groups and stages, which are F, B, I, W, and the stage of
+    each one's overlapped partner (-1: none)."""
     sel = tg.of_kinds(_F, _B, _I, _W)
     k = tg.kind[tg.rep[sel]]
-    return sel, tg.owner[tg.rep[sel]], tg.stage[tg.rep[sel]], [k == _F, k == _B, k == _I, k == _W]
+    return sel, tg.owner[tg.rep[sel]], tg.stage[tg.rep[sel]], [k == _F, k == _B, k == _I, k == _W], \
+        tg.partner[tg.rep[sel]]
 
 
-def _compute(tg: TaskGraph, lay: Layout, c: StageCosts, fs: np.ndarray, bs: np.ndarray, overhead: float,
-             dur: np.ndarray) -> None:
-    sel, g, s, which = tg.memo(_compute_classes)
-    share_f, share_b = class_shares(tg, lay, fs)[:, sel], class_shares(tg, lay, bs)[:, sel]
-    slow_f, slow_b = lay.group_min(fs)[:, g], lay.group_min(bs)[:, g]
+#: Share of a GPU's SMs an overlapped pair's exchanges hold while they run: DeepSeek-V3 gives
+#: its all-to-all kernels 20 of the H800's 132 SMs (arXiv 2412.19437 §3.2.2)
+PAIR_COMM_SMS = 20 / 132
+
+
+def pair_s(compute: np.ndarray, comm: np.ndarray) -> np.ndarray:
+    """Seconds of an overlapped pair whose two passes compute ``compute`` seconds and exchange
+    ``comm`` seconds in all (DeepSeek-V3 §3.2.1, Fig. 4: each pass's all-to-alls behind the
+    other's compute): compute runs on the SMs the exchanges leave while they run (a rate of
+    1 - ``PAIR_COMM_SMS``), then on all; the exchanges end no sooner than they take alone."""
+    return np.maximum(comm, compute + PAIR_COMM_SMS * comm)
+
+
+def _passes(c: StageCosts, s: np.ndarray, share_f, share_b, slow_f, slow_b) -> tuple[np.ndarray, ...]:
+    """(forward, backward, recomputed forward) seconds of stages ``s`` on the shares given,
+    and the forward's and backward's (its recomputation's included) exchanges."""
     ffix, bfix = c.fwd_fixed[:, s], c.bwd_fixed[:, s]
     with np.errstate(divide="ignore", invalid="ignore"):
         fwd = (c.fwd[:, s] - ffix) / share_f + np.where(ffix > 0, ffix / slow_f, 0.0)
         bwd = (c.bwd[:, s] - bfix) / share_b + np.where(bfix > 0, bfix / slow_b, 0.0)
-    redo = np.where(c.recompute[:, s], fwd, 0.0)
+        redo = np.where(c.recompute[:, s], fwd, 0.0)
+        a_f = c.fwd_comm[:, s] / share_f
+        a_b = c.bwd_comm[:, s] / share_b + np.where(c.recompute[:, s], a_f, 0.0)
+    return fwd, bwd, redo, a_f, a_b
+
+
+def _compute(tg: TaskGraph, lay: Layout, c: StageCosts, fs: np.ndarray, bs: np.ndarray, overhead: float,
+             dur: np.ndarray) -> None:
+    sel, g, s, which, partner = tg.memo(_compute_classes)
+    share_f, share_b = class_shares(tg, lay, fs)[:, sel], class_shares(tg, lay, bs)[:, sel]
+    slow_f, slow_b = lay.group_min(fs)[:, g], lay.group_min(bs)[:, g]
+    fwd, bwd, redo, a_f, a_b = _passes(c, s, share_f, share_b, slow_f, slow_b)
     frac, cost = c.input_fraction, c.split_cost
-    dur[:, sel] = np.select(which, [fwd, bwd + redo, cost * frac * bwd + redo, cost * (1.0 - frac) * bwd]) + overhead
+    out = np.select(which, [fwd, bwd + redo, cost * frac * bwd + redo, cost * (1.0 - frac) * bwd])
+    paired = partner >= 0
+    if paired.any():  # F and B of an overlapped pair: the pair's time, shared in proportion
+        pf, pb, pr, pa_f, pa_b = _passes(c, np.maximum(partner, 0), share_f, share_b, slow_f, slow_b)
+        is_f = which[0]
+        d_f, d_b = np.where(is_f, fwd, pf), np.where(is_f, pb + pr, bwd + redo)
+        comm = np.where(is_f, a_f + pa_b, pa_f + a_b)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mine = np.where(is_f, d_f, d_b) / (d_f + d_b)
+        out = np.where(paired, np.nan_to_num(pair_s(d_f + d_b - comm, comm) * mine), out)
+    dur[:, sel] = out + overhead
 
 
 def _allreduce_classes(tg: TaskGraph) -> list[tuple[int, int]]:

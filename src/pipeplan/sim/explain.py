@@ -8,7 +8,10 @@ layer), its context-parallel key/value exchange and expert all-to-alls as far as
 data-parallel gradient reduction left exposed, the optimizer step, and the time it idles for
 other stages (the pipeline bubble). A compute task's seconds are split in the proportions of
 its stage's parts (``llm.costs.NodeParts``), as the simulator costed it (other graphs:
-forward and backward whole, re-materialization inside the backward). With two
+forward and backward whole, re-materialization inside the backward). A forward and backward
+run as an overlapped pair (DualPipe, ``Schedule.overlap_pairs``) credit their compute whole and
+what the pair takes beyond it to the expert all-to-alls: the exchanges left exposed and the
+compute slowed by the SMs they hold (``sim.durations.pair_s``). With two
 plans, their difference term by term: "plan B is 1.4x faster" read as so many seconds from
 recomputation, so many from the bubble, ...
 """
@@ -20,7 +23,7 @@ import numpy as np
 from ..errors import PipeplanError
 from ..plan import Plan
 from ..schedule import Kind
-from .simulate import simulate
+from .simulate import schedule_of, simulate
 from .durations import STAGE_STEP_EXTRA_S
 from .tensor_groups import STAGE_PARTS, lower, needs_lowering
 
@@ -57,12 +60,13 @@ def explain(plan: Plan) -> dict:
     mine = np.flatnonzero(tl.resource == d)
     extra = low.graph.meta.get(STAGE_STEP_EXTRA_S) or [0.0] * low.num_stages
     before_step = sum(extra[s] for s in set(tl.stage[mine].tolist()))  # the tied embedding's reduction
+    paired = _paired(tl, mine, low, tl.resources[d])
     for t in mine.tolist():
         seconds = float(tl.end[t] - tl.start[t])
         if int(tl.kind[t]) == int(Kind.UPDATE):
             terms["dp_comm"] += min(before_step, seconds)
             seconds -= min(before_step, seconds)
-        _credit(terms, int(tl.kind[t]), parts[int(tl.stage[t])], seconds)
+        _credit(terms, int(tl.kind[t]), parts[int(tl.stage[t])], seconds, t in paired)
     sends = _own_sends(tl, mine)
     for a, b in _gaps(tl, mine, r.iteration_s):
         waited = sum(max(0.0, min(b, float(tl.end[s])) - max(a, float(tl.start[s]))) for s in sends)
@@ -79,9 +83,27 @@ def clean(seconds: float, iteration_s: float) -> float:
     return 0.0 if abs(seconds) <= 1e-9 * abs(iteration_s) else seconds
 
 
-def _credit(terms: dict[str, float], kind: int, part: dict[str, float], seconds: float) -> None:
-    """A task's seconds to its terms: compute in its stage's proportions, else by its kind."""
-    if kind in _COMPUTE:
+def _paired(tl, mine: np.ndarray, low: Plan, device: str) -> set[int]:
+    """The device's tasks that ran as one of an overlapped pair (``Program.partners``): its
+    compute tasks in time order are its program's F, B, I and W in order."""
+    sched = schedule_of(low)
+    if not sched.overlap_pairs or device not in low.cluster.names:
+        return set()
+    prog = dict(zip(sched.devices, sched.programs))[low.cluster.names.index(device)]
+    partner = prog.partners()[prog.kinds != int(Kind.AR)]
+    comp = [t for t in mine[np.argsort(tl.start[mine], kind="stable")].tolist() if int(tl.kind[t]) in _COMPUTE]
+    return {t for t, p in zip(comp, partner.tolist()) if p >= 0}
+
+
+def _credit(terms: dict[str, float], kind: int, part: dict[str, float], seconds: float, paired: bool = False) -> None:
+    """A task's seconds to its terms: compute in its stage's proportions, else by its kind;
+    one of an overlapped pair, its compute whole and the rest to the all-to-alls."""
+    if kind in _COMPUTE and paired:
+        keys = [(term, key) for term, key in _COMPUTE[kind] if term != "ep_comm"]
+        for term, key in keys:
+            terms[term] += part[key]
+        terms["ep_comm"] += seconds - sum(part[key] for _, key in keys)
+    elif kind in _COMPUTE:
         total = sum(part[key] for _, key in _COMPUTE[kind])
         for term, key in _COMPUTE[kind]:
             terms[term] += seconds * (part[key] / total if total > 0 else 1.0 / len(_COMPUTE[kind]))

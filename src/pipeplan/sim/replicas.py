@@ -51,7 +51,7 @@ def symmetric_count(plan: Plan, groups: list[list[int]], of_stage: list[list[int
         here, there = [groups[g] for g in of_stage[s]], [groups[g] for g in of_stage[s + 1]]
         for x, y in ((here, there), (there, here)):
             bw, lat = paired_links(cl, x, y)
-            if np.ptp(bw) or np.ptp(lat):
+            if (bw != bw[0]).any() or (lat != lat[0]).any():  # not ptp: a V's turn is inf (one device)
                 return None
     return r
 

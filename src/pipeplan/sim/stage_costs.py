@@ -14,6 +14,10 @@ from ..plan import Plan
 #: ``pipeplan profile`` measures it and the zoo estimates it into
 #: ``graph.meta["backward_input_fraction"]``; without it (PipeDream profiles) this is assumed.
 DEFAULT_INPUT_FRACTION = 0.5
+#: graph meta key: per node, the (forward, backward) seconds of its time that are exchanges a
+#: paired pass can hide (a mixture's dispatch and combine all-to-alls: DualPipe's overlapped
+#: forward/backward pairs, ``Schedule.overlap_pairs``); nodes left out have none
+PAIR_COMM = "pair_comm_s"
 
 
 def split_cost(meta: dict) -> float:
@@ -43,7 +47,8 @@ class StageCosts:
     per cut s|s+1: ``boundary[s]`` (bytes crossing it) and ``crossing[s]`` (some edge crosses
     it, so the two stages must talk even if the bytes are 0); ``recompute[s]``: the stage
     re-materializes (Huang et al. 2019, §2.3); ``valid``: every stage has a node and no edge
-    goes back to an earlier stage."""
+    goes back to an earlier stage; ``fwd_comm[s]``, ``bwd_comm[s]``: of ``fwd``, ``bwd`` the
+    exchanges a paired pass can hide (``PAIR_COMM``)."""
 
     fwd: np.ndarray
     bwd: np.ndarray
@@ -60,6 +65,8 @@ class StageCosts:
     input_fraction: float
     split_cost: float
     valid: np.ndarray
+    fwd_comm: np.ndarray
+    bwd_comm: np.ndarray
 
     @property
     def stash(self) -> np.ndarray:
@@ -99,10 +106,11 @@ def _stage_max(owner: np.ndarray, weights: np.ndarray, s_count: int) -> np.ndarr
     return out.reshape(count, s_count)
 
 
-def _fixed(g: Graph) -> np.ndarray:
-    """Each node's fixed per-call (forward, backward) time (``graph.meta["fixed_s"]``)."""
+def _fixed(g: Graph, key: str = "fixed_s") -> np.ndarray:
+    """Each node's fixed per-call (forward, backward) time (``graph.meta["fixed_s"]``), or
+    another per-node pair of the graph's meta (``PAIR_COMM``)."""
     fixed = np.zeros((2, len(g)))
-    for nid, pair in (g.meta.get("fixed_s") or {}).items():
+    for nid, pair in (g.meta.get(key) or {}).items():
         i = g.index.get(nid)
         if i is not None:
             fixed[:, i] = pair
@@ -139,7 +147,7 @@ def batch_costs(g: Graph, owner: np.ndarray, s_count: int, recompute: np.ndarray
     own = np.clip(owner, 0, s_count - 1)
     boundary, crossing, cross, forward = _cuts(g, own, s_count)
     valid &= forward & (_per_stage(own, np.ones(len(g)), s_count) > 0).all(axis=1)
-    fixed = _fixed(g)
+    fixed, comm = _fixed(g), _fixed(g, PAIR_COMM)
     held = np.bincount((own + s_count * np.arange(count)[:, None])[cross], weights=np.broadcast_to(
         g.sent_held, own.shape)[cross], minlength=count * s_count).reshape(count, s_count)
     per = lambda w: _per_stage(own, w, s_count)  # noqa: E731
@@ -147,7 +155,7 @@ def batch_costs(g: Graph, owner: np.ndarray, s_count: int, recompute: np.ndarray
                       np.concatenate([np.zeros((count, 1)), boundary], axis=1), held,
                       _stage_max(own, g.grad_pair, s_count), boundary, crossing, recompute.astype(bool),
                       float(g.meta.get("backward_input_fraction", DEFAULT_INPUT_FRACTION)), split_cost(g.meta),
-                      valid)
+                      valid, per(comm[0]), per(comm[1]))
 
 
 def plan_costs(plan: Plan) -> StageCosts:

@@ -34,16 +34,18 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cluster import Cluster, Device
-from ..cluster.collectives import exchange_links, group_links
+from ..cluster.collectives import exchange_links, group_links, servers_of
 from ..cluster.kinds import KINDS
 from ..errors import PipeplanError
 from ..graph import Graph
+from ..llm.experts import remote_share
 from ..llm.rank_costs import Cut, Links, fp8_weight_bytes, node_parts, rank_params
 from ..llm.spec import BF16, DecoderSpec, decoder_of
 from ..llm.step_costs import OPTIMIZER_STEP_BYTES, dp_collectives_s, dp_ring, tied_reduction_s
 from ..plan import Plan, Stage, is_decoder
 from .compile import BLOCKING_SENDS
 from .durations import OVERLAP, STAGE_ALLREDUCE_S, STAGE_STEP_EXTRA_S
+from .stage_costs import PAIR_COMM
 from .replicas import as_two, between_groups, ring_links, symmetric_count
 
 
@@ -159,15 +161,18 @@ def stage_cut(plan: Plan, k: int) -> Cut:
     return par.cut() if par is not None else Cut(plan.stages[k].tp, plan.sequence_parallel)
 
 
-def stage_links(cl: Cluster, devs: list[int], cut: Cut) -> Links:
+def stage_links(cl: Cluster, devs: list[int], cut: Cut, spec: DecoderSpec) -> Links:
     """The links of a stage's first TP, CP, EP and expert-TP groups, its GPUs ``devs`` in
     Megatron's order (TP fastest, then CP, then DP; the expert grid ETP, EP, expert DP); the
-    EP group's as an all-to-all's (``collectives.exchange_links``)."""
+    EP group's as an all-to-all's of ``spec``'s tokens (``collectives.exchange_links``,
+    ``experts.remote_share``)."""
     def of(group: list[int]) -> tuple[float, float]:
         return group_links(cl, group) if len(group) > 1 else (0.0, 0.0)
 
     e, ep = cut.experts, devs[:cut.experts.ep * cut.experts.etp:cut.experts.etp]
-    return Links(of(devs[:cut.tp]), of(devs[:cut.tp * cut.cp:cut.tp]), exchange_links(cl, ep), of(devs[:e.etp]))
+    share = remote_share(spec, e, servers_of(cl, ep)) if len(ep) > 1 else None
+    return Links(of(devs[:cut.tp]), of(devs[:cut.tp * cut.cp:cut.tp]), exchange_links(cl, ep, share),
+                 of(devs[:e.etp]))
 
 
 def _is_moe(spec: DecoderSpec, nid: str) -> bool:
@@ -180,11 +185,12 @@ def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
     spec = decoder_of(g.meta, f"model {g.name!r}")
     fwd, bwd, saved = g.fwd.copy(), g.bwd.copy(), g.saved.copy()
     parts: list[dict[str, float]] = []
+    pair_comm: dict[str, list[float]] = {}
     for k, (idx, devs) in enumerate(zip(plan.stage_nodes(), plan.stage_devices())):
         kind = KINDS[cl.devices[devs[0]].kind.lower()]
         r, cut = len(of_stage[k]), stage_cut(plan, k)
         samples = _samples(plan, k, r)
-        links = stage_links(cl, devs, cut)
+        links = stage_links(cl, devs, cut, spec)
         speed = float(cl.speed[devs].min())
         scale = r if plan.replicas == "split" else 1
         mine = dict.fromkeys(PARTS, 0.0)
@@ -192,6 +198,8 @@ def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
             p = node_parts(spec, _role(g.ids[i]), kind, samples, cut, plan.recompute_mode(k), links,
                            _is_moe(spec, g.ids[i]))
             fwd[i], bwd[i] = p.fwd_s * speed * scale, p.bwd_s * speed * scale
+            if p.fwd_ep or p.bwd_ep:
+                pair_comm[g.ids[i]] = [p.fwd_ep * speed * scale, p.bwd_ep * speed * scale]
             saved[i] = p.kept * cut.tp * cut.cp * scale
             for key in mine:
                 mine[key] += getattr(p, key)
@@ -209,6 +217,7 @@ def group_graph(plan: Plan, of_stage: list[list[int]]) -> Graph:
     meta[STAGE_ALLREDUCE_S] = _stage_reductions(plan, spec, params, expert)
     meta[STAGE_STEP_EXTRA_S] = _tied_reduction(plan, spec)
     meta[STAGE_PARTS] = parts
+    meta[PAIR_COMM] = pair_comm
     if plan.parallelism is not None and plan.parallelism.precision == "fp8":
         meta["stage_extra_bytes"] = _fp8_copies(plan, spec)
     meta[BLOCKING_SENDS] = plan.parallelism is not None and not plan.parallelism.overlap_p2p
