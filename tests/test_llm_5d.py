@@ -222,7 +222,11 @@ def test_fp8_weight_copies_are_a_hand_count_and_fp8_parameters_drop_them():
     """Llama 3 8B (1,024 tokens) at TP 2 x DP 8 in FP8 on 16 H100s: Transformer Engine keeps an
     FP8 copy of each linear weight and its transpose, 2 bytes a parameter of a rank's
     (4,096 x (4,096 + 2 x 1,024) + 4,096 x 4,096 + 3 x 4,096 x 14,336) / 2 a layer, 32 layers;
-    with FP8 parameters (--fp8-param-gather) none; bf16 none."""
+    with FP8 parameters (--fp8-param-gather) none; bf16 none. FP8 keeps each linear's input as
+    its FP8 copy (Transformer Engine's ``_Linear``): a byte less an element of the QKV and first
+    MLP inputs (whole under SP: 1,024 x 4,096 each, over TP 2), of the output projection's
+    input (1,024 x 4,096) and the second MLP matrix's (1,024 x 14,336), over TP, 32 layers of one
+    microbatch in flight."""
     from pipeplan.cluster import load_cluster
     from pipeplan.graph.llm import build_graph
     from pipeplan.llm.layout import candidates
@@ -238,7 +242,8 @@ def test_fp8_weight_copies_are_a_hand_count_and_fp8_parameters_drop_them():
         peak[name] = float(simulate(llm3d.plan_of(graph, cluster, par, 16), timeline=False).memory_bytes.max())
     linear = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336) / 2
     assert peak["fp8"] - peak["fp8-params"] == pytest.approx(2 * linear, rel=1e-9)
-    assert peak["fp8-params"] == pytest.approx(peak["bf16"], rel=1e-12)
+    kept = 32 * (2 * 1024 * 4096 / 2 + (1024 * 4096 + 1024 * 14336) / 2)
+    assert peak["bf16"] - peak["fp8-params"] == pytest.approx(kept, rel=1e-9)
 
 
 def test_a_passes_dispatch_and_combine_are_two_all_to_alls_of_the_ranks_copies():
@@ -309,3 +314,14 @@ def test_a_dense_model_refuses_the_deepep_dispatcher_in_one_line(capsys):
                  "--planner", "megatron", "-O", "dispatcher=deepep"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no experts" in err, err
+
+
+def test_a_mixtures_experts_keep_their_matrices_inputs_in_fp8():
+    """Mixtral 8x7B, one 4,096-token sequence on one rank: 8,192 copies, each keeping its input
+    (4,096) and the activation's output (14,336) as FP8 bytes and the gate and up outputs
+    (2 x 14,336) in bf16; the router's fp32 scores, 8 a token. bf16: 2 bytes each."""
+    spec = PRESETS["mixtral-8x7b"]
+    router = 4 * 4096 * 8
+    assert experts_activation_bytes(spec, 1, 1, 1, ExpertCut(), "none", fp8=True) == \
+        8192 * (4096 + 14336 + 2 * 2 * 14336) + router
+    assert experts_activation_bytes(spec, 1, 1, 1, ExpertCut(), "none") == 8192 * 2 * (4096 + 3 * 14336) + router

@@ -28,7 +28,7 @@ from _results import add_out_argument, write_json, write_markdown  # noqa: E402
 
 from pipeplan.cluster import load_cluster  # noqa: E402
 from pipeplan.graph.llm import build_graph  # noqa: E402
-from pipeplan.llm.layout import candidates, chunked  # noqa: E402
+from pipeplan.llm.layout import candidates, chunked, v_candidates  # noqa: E402
 from pipeplan.llm.parallelism import Parallelism  # noqa: E402
 from pipeplan.llm.spec import PRESETS, llama  # noqa: E402
 from pipeplan.planners import llm3d  # noqa: E402
@@ -51,6 +51,8 @@ class Row:
     metric: str
     published: float
     reading: str
+    #: other readings of the same run: (what differs, its parallelism), each predicted too
+    variants: tuple[tuple[str, Parallelism], ...] = ()
 
 
 def _llama_cp16(r: dict) -> Row:
@@ -61,22 +63,29 @@ def _llama_cp16(r: dict) -> Row:
            "sequence parallelism, FSDP's sharded optimizer as ZeRO-1); no recomputation (each CP rank keeps 8,192 "
            "tokens, as the 8K runs that needed none); keys and values all-gathered (§3.3.2, the row's note). "
            "Model TFLOP/s with the attention counted whole, as pipeplan counts it and as the MFU Llama 3 cites "
-           "(Chowdhery et al. 2023, App. B: 6N + 12LHQT a token) does")
+           "(Chowdhery et al. 2023, App. B: 6N + 12LHQT a token) does; the paper does not say how it counts "
+           "the attention, and Meta's own later CP paper (Yang et al. 2024, arXiv 2411.01783 App. A) halves it for "
+           "the causal mask: the column 'causal count' gives the error read that way (at 131,072 tokens the two "
+           "counts differ 1.40x)")
     return Row(r["id"], r["source"], spec, "dgx-h100x2048", par, r["global_batch"], "model_tflops_per_gpu",
                float(r["published"]["tflops_per_gpu"]), why)
 
 
 def _deepseek(r: dict) -> Row:
     spec = replace(PRESETS[r["preset"]], seq=r["seq"])
-    par = Parallelism(1, 16, 128, candidates(spec.layers, 16)[0], 1, ep=64, microbatch=1, recompute="selective",
-                      zero=1, overlap_grad_reduce=True, schedule="zb-h1", precision="fp8")
-    why = ("pinned as §3.2 says (PP 16, EP 64, ZeRO-1 DP, no TP, FP8) with microbatch 1; DualPipe is not yet a "
-           "schedule of pipeplan's LLM plans, so zero-bubble H1 (the same split backward, no forward/backward "
-           "overlap: the all-to-alls stay exposed); node-limited routing (at most 4 nodes a token) not modelled "
-           "(every copy crosses as top-k routing sends it); RMSNorm and MLA up-projection recomputation read as "
-           "selective recomputation; the MTP module left out")
+    par = Parallelism(1, 16, 128, v_candidates(spec.layers, 16)[0], 2, ep=64, microbatch=1, recompute="selective",
+                      zero=1, overlap_grad_reduce=True, schedule="dualpipe-v", precision="fp8", dispatcher="deepep")
+    why = ("pinned as §3.2 says (PP 16, EP 64 over 8 nodes, ZeRO-1 DP, no TP, FP8) with microbatch 1; DualPipe as "
+           "DualPipeV (the same overlapped forward/backward pairs, §3.2.1, on half the devices' chunks; DualPipe's "
+           "two parameter copies left out); the dispatch as DeepEP's (§3.2.2: a token once to each of at most 4 "
+           "nodes, forwarded over NVLink there; dispatched in bf16, not the FP8 of §3.3.2); RMSNorm and MLA "
+           "up-projection recomputation read as selective recomputation; the MTP module left out (about 5% more "
+           "compute: one more layer and a second pass through the head). The variant without the overlap "
+           "(zero-bubble H1, the same split backward) brackets the published time from below")
+    bare = replace(par, schedule="zb-h1", vpp=1, layout=candidates(spec.layers, 16)[0], overlap_p2p=False)
     return Row(r["id"], r["source"], spec, "hgx-h800x256", par, r["global_batch"], "iteration_s",
-               float(r["published"]["iteration_s"]), why)
+               float(r["published"]["iteration_s"]), why,
+               (("zb-h1, no overlap", bare), ("all-to-all dispatcher, every copy sent", replace(par, dispatcher="alltoall"))))
 
 
 _MB_25 = "Megatron-Bridge v0.2.0 (25.11) scripts/performance: llama3_llm_pretrain.py, helpers.py, recipes/llama3.py"
@@ -128,21 +137,47 @@ def rows() -> list[Row]:
             + [_fp8(data[k]) for k in FP8_READINGS])
 
 
+def _value(row: Row, graph, cluster, par: Parallelism):
+    """(the compared figure, the simulation, the plan) of ``par`` for ``row``."""
+    plan = llm3d.plan_of(graph, cluster, par, row.global_batch)
+    res = simulate(plan, timeline=False)
+    return (res.iteration_s if row.metric == "iteration_s" else float(res.extra[row.metric])), res, plan
+
+
+def _error(row: Row, value: float) -> float:
+    """Error > 0: predicted faster."""
+    return row.published / value - 1 if row.metric == "iteration_s" else value / row.published - 1
+
+
+def causal_share(spec) -> float:
+    """A token's FLOPs with the attention's score and value products halved (the causal mask)
+    over pipeplan's count (``flops_per_token``: the attention whole)."""
+    qk = spec.head_dim + (spec.rope_dim if spec.kv_lora else 0)
+    v = spec.v_head if spec.kv_lora else spec.head_dim
+    attention = 3.0 * 2.0 * spec.seq * spec.heads * (qk + v) * spec.layers
+    whole = spec.flops_per_token()
+    return (whole - attention / 2) / whole
+
+
 def predict(row: Row, joint: bool) -> dict:
     graph, cluster = build_graph(row.spec, 1), load_cluster(row.cluster)
-    plan = llm3d.plan_of(graph, cluster, row.par, row.global_batch)
-    res = simulate(plan, timeline=False)
-    value = res.iteration_s if row.metric == "iteration_s" else float(res.extra[row.metric])
-    error = row.published / value - 1 if row.metric == "iteration_s" else value / row.published - 1
+    value, res, plan = _value(row, graph, cluster, row.par)
+    error = _error(row, value)
     out = {"id": row.id, "source": row.source, "parallelism": row.par.as_dict(), "metric": row.metric,
            "published": row.published, "predicted": value, "error": error, "met": abs(error) <= TARGET,
            "fits": not res.over_memory, "peak_memory_gib": float(res.memory_bytes.max()) / 2**30,
            "mfu": float(res.extra["mfu"]), "mfu_peak": res.extra.get("mfu_peak"), "terms": explain(plan)["terms"],
-           "reading": row.reading}
+           "reading": row.reading, "variants": {}}
+    if row.metric == "model_tflops_per_gpu":
+        out["variants"]["causal count"] = {"predicted": value * causal_share(row.spec),
+                                           "error": _error(row, value * causal_share(row.spec))}
+    for label, par in row.variants:
+        other = _value(row, graph, cluster, par)[0]
+        out["variants"][label] = {"predicted": other, "error": _error(row, other), "parallelism": par.as_dict()}
     print(f"{row.id:30s} {row.metric:22s} published {row.published:8.2f} predicted {value:8.2f} error {error:+.1%} "
-          f"fits {out['fits']}", flush=True)
+          f"fits {out['fits']} " + "; ".join(f"{k} {v['error']:+.1%}" for k, v in out["variants"].items()), flush=True)
     if joint:
-        pins = llm3d.Pins(llm3d.LLMOptions(precision=row.par.precision))
+        pins = llm3d.Pins(llm3d.LLMOptions(precision=row.par.precision, dispatcher=row.par.dispatcher))
         best = llm3d.search(graph, cluster, row.global_batch, pins, "adam", LLM_SIMULATIONS, False)
         r2 = simulate(best, timeline=False)
         out["joint"] = {"parallelism": best.parallelism.as_dict(), "iteration_s": r2.iteration_s,
@@ -159,6 +194,10 @@ def markdown(results: list[dict]) -> str:
     for r in results:
         lines.append(f"| {r['id']} | {r['metric']} | {r['published']:g} | {r['predicted']:.2f} | {r['error']:+.1%} | "
                      f"{r['fits']} | {r['terms']['ep_comm']:.2f} | {r['terms']['cp_comm']:.2f} |")
+    varied = [(r["id"], label, v) for r in results for label, v in r["variants"].items()]
+    if varied:
+        lines += ["", "Other readings of the same runs:", "", "| run | reading | predicted | error |", "|---|---|---|---|"]
+        lines += [f"| {run} | {label} | {v['predicted']:.2f} | {v['error']:+.1%} |" for run, label, v in varied]
     lines += ["", "Readings:", ""] + [f"- {r['id']}: {r['reading']}" for r in results]
     joints = [r for r in results if "joint" in r]
     if joints:

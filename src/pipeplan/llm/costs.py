@@ -270,5 +270,5 @@ def layer_cost(spec: DecoderSpec, kind: Kind, samples: int, tp: int = 1, sp: boo
     bwd_comm = exposed_backward_comm(spec, kind, samples, tp, sp, tp_bus, tp_latency, moe, fp8)
     bwd_comm += fwd_comm if recompute == "full" else 0.0  # the recomputed forward's, not overlapped
     return LayerCost(fwd, bwd, again, fwd_c, bwd_c, fwd_comm, bwd_comm,
-                     spec.layer_activation_bytes(samples, tp, sp, recompute, moe, keys),
+                     spec.layer_activation_bytes(samples, tp, sp, recompute, moe, keys, fp8),
                      (spec.layer_params() + spec.kv_replicated_params(tp)) / tp, core)

@@ -28,6 +28,8 @@ dispatcher (``--moe-token-dispatcher-type alltoall``, ``--moe-grouped-gemm``).
 - Kept for backward, per copy: the experts' input (hidden wide, whole on each ETP rank), the
   first matrices' outputs and the activation's output (gated: 3 x the expert width / ETP,
   else 2 x); the router's fp32 scores, experts wide, per token. Full recomputation keeps none.
+  Under FP8 the two matrices' inputs (the experts' input, the activation's output) are kept as
+  their FP8 copies, a byte an element.
 - Weights of a rank: (E / EP) x m x h x f_e / ETP, m the MLP's matrices.
 - FP8 (``Rates.fp8_peak``): the grouped GEMMs at the FP8 peak; each microbatch casts the
   weights (read 16 bits, write 8) before reading them, the copies going in forward and the
@@ -124,12 +126,14 @@ def dispatch_s(spec: DecoderSpec, n_copies: float, cut: ExpertCut, ep_links: tup
 
 
 def experts_activation_bytes(spec: DecoderSpec, samples: int, tp: int, cp: int, cut: ExpertCut,
-                             recompute: str) -> float:
-    """Bytes a rank keeps for its experts' and router's backward (module docstring)."""
+                             recompute: str, fp8: bool = False) -> float:
+    """Bytes a rank keeps for its experts' and router's backward (module docstring); ``fp8``:
+    the two matrices' inputs as their FP8 copies (``DecoderSpec.layer_activation_bytes``)."""
     if recompute == "full":
         return 0.0
     n = copies(spec, samples, tp, cp, cut)
-    per_copy = BF16 * (cut.etp * spec.hidden + (3 if spec.gated else 2) * spec.expert_ffn)
+    linear_in = 1 if fp8 else BF16
+    per_copy = linear_in * (cut.etp * spec.hidden + spec.expert_ffn) + BF16 * (2 if spec.gated else 1) * spec.expert_ffn
     return n * per_copy + 4.0 * rank_tokens(spec, samples, tp, cp) * spec.experts
 
 

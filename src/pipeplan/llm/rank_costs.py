@@ -132,7 +132,7 @@ def layer_parts(spec: DecoderSpec, kind, samples: int, cut: Cut, mode: str, link
         e_f, e_b = experts_compute_s(spec, rates_of(kind, cut.fp8), n, cut.experts)
         ep_f = dispatch_s(spec, n, cut.experts, links.ep, links.etp)
         fwd, bwd, again = fwd + e_f, bwd + e_b, again + (e_f if mode == "full" else 0.0)
-        kept += experts_activation_bytes(spec, samples, cut.tp, cut.cp, cut.experts, mode)
+        kept += experts_activation_bytes(spec, samples, cut.tp, cut.cp, cut.experts, mode, cut.fp8)
     again_comm = mode == "full"
     return NodeParts(fwd * run, lc.fwd_comm_s, bwd * run, again * run, lc.bwd_comm_s, kept,
                      cp_f, cp_b + (cp_f if again_comm else 0.0), ep_f, ep_f * (2 if again_comm else 1))

@@ -318,10 +318,12 @@ class DecoderSpec:
 
     # -- activation memory (bytes one layer keeps for its backward) ----------------------------
     def layer_activation_bytes(self, samples: int, tp: int = 1, sp: bool = False,
-                               recompute: str = "none", moe: bool = False, keys: int = 0) -> float:
+                               recompute: str = "none", moe: bool = False, keys: int = 0, fp8: bool = False) -> float:
         """Korthikanti et al. 2022 §4 for this layer's layout (module docstring); ``keys`` as in
         ``attention_core_flops``. A mixture's layer (``moe``) counts its shared experts' MLP
-        here, its routed experts apart (``llm.experts``)."""
+        here, its routed experts apart (``llm.experts``). ``fp8``: each linear keeps its input
+        as its FP8 copy, one byte an element (Transformer Engine's ``_Linear.forward`` saves
+        the quantized input, its column-wise data, for the weight gradient)."""
         rc = _recompute(recompute)
         s, b, h = self.seq, samples, self.hidden
         f = (self.shared_ffn if moe else self.ffn)
@@ -329,14 +331,16 @@ class DecoderSpec:
         if rc == "full":
             return BF16 * sbh / (tp if sp else 1)
         mask = 1 if self.dropout else 0
+        linear_in = 1 if fp8 else BF16  # a linear's input, kept for its weight gradient
         # kept whole on every rank of a tensor-parallel group unless sequence-parallel:
         # the two norms' inputs, the QKV and first MLP matrices' inputs, the two dropout masks
-        replicated = 2 * BF16 * sbh + 2 * BF16 * sbh + 2 * mask * sbh
+        replicated = 2 * BF16 * sbh + 2 * linear_in * sbh + 2 * mask * sbh
         # divided over the group: Q and K for the scores, V, the output projection's input,
-        # the MLP's intermediate tensors, the attention core
+        # the MLP's intermediate tensors (the last one the second matrix's input), the attention core
         qk, v = self.head_widths
-        split = BF16 * sbh + BF16 * sbh if self.standard_heads else BF16 * s * b * self.heads * (qk + v)
-        split += (3 if self.gated else 2) * BF16 * s * b * f
+        split = BF16 * sbh + linear_in * sbh if self.standard_heads else \
+            BF16 * s * b * self.heads * qk + linear_in * s * b * self.heads * v
+        split += ((2 if self.gated else 1) * BF16 + linear_in) * s * b * f
         if rc == "none":
             split += self.attention_core_bytes(samples, keys)
         if self.standard_heads:
