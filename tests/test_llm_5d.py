@@ -325,3 +325,17 @@ def test_a_mixtures_experts_keep_their_matrices_inputs_in_fp8():
     assert experts_activation_bytes(spec, 1, 1, 1, ExpertCut(), "none", fp8=True) == \
         8192 * (4096 + 14336 + 2 * 2 * 14336) + router
     assert experts_activation_bytes(spec, 1, 1, 1, ExpertCut(), "none") == 8192 * 2 * (4096 + 3 * 14336) + router
+
+
+def test_dualpipe_v_is_among_the_schedules_searched_for_a_mixture_only():
+    """The search considers DualPipeV unasked for a mixture of experts (its pairs hide the
+    all-to-alls), never for a dense model; Megatron's rule of thumb keeps to Megatron's."""
+    from pipeplan.cluster import load_cluster
+    from pipeplan.planners import llm3d
+
+    cluster = load_cluster("dgx-h100x2")
+    mixture = llm3d.configs(PRESETS["mixtral-8x7b"], cluster, 32, llm3d.Pins())
+    dense = llm3d.configs(replace(PRESETS["llama3-8b"], seq=1024), cluster, 32, llm3d.Pins())
+    assert any(c.schedule == "dualpipe-v" for c in mixture) and not any(c.v_shape for c in dense)
+    thumb = llm3d.rule_of_thumb(PRESETS["mixtral-8x7b"], cluster, 32, llm3d.Pins(), "adam")
+    assert not thumb.v_shape

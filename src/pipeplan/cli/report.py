@@ -102,7 +102,11 @@ def print_parallelism(plan: Plan, result: SimResult, console: Console) -> None:
                   + ("; gradient reduction overlapped" if par.overlap_grad_reduce else "")
                   + f"; gradients reduced in {par.grad_reduce}"
                   + ("; pipeline sends overlapped" if par.overlap_p2p else "")
-                  + f"; schedule {par.schedule}" + ("; GEMMs in FP8" if par.precision == "fp8" else ""))
+                  + f"; schedule {par.schedule}" + ("; GEMMs in FP8" if par.precision == "fp8" else "")
+                  + ("; DeepEP dispatch" if par.dispatcher == "deepep" else ""))
+    if par.schedule == "dualpipe-v" and par.ep > 1:
+        console.print("dualpipe-v: its pairs' all-to-alls priced as hidden as DeepSeek-V3 reports them, an optimistic "
+                      "bound on its one published run (docs/llm.md); --schedule zb-v prices the same plan without")
     try:
         console.print(f"Megatron-LM: {escape(' '.join(megatron.parallel_arguments(plan)))}")
     except PipeplanError as e:
