@@ -27,15 +27,15 @@ def vgg16() -> str:
 def checkpoint(tmp_path_factory, vgg16):
     path = tmp_path_factory.mktemp("ck") / "ck.pt"
     assert main(["train", "drl-pp", "--model", vgg16, "--cluster", CLUSTER, "--microbatches", "4",
-                 "--evaluations", "40", "--seed", "3", "--out", str(path), "--json"]) == 0  # a few updates
+                 "--evaluations", "80", "--seed", "3", "--out", str(path), "--json"]) == 0  # a few updates
     return path
 
 
 def test_train_writes_checkpoint_and_curve(checkpoint, capsys):
     data = torch.load(checkpoint, weights_only=True)
     assert data["agent"] == "drl-pp" and data["config"]["seed"] == 3 and data["pipeplan_version"]
-    assert data["trained_on"]["devices"] == 4 and data["trained_on"]["evaluations"] >= 40
-    assert "--evaluations 40" in data["trained_on"]["command"]
+    assert data["trained_on"]["devices"] == 4 and data["trained_on"]["evaluations"] >= 80
+    assert "--evaluations 80" in data["trained_on"]["command"]
     rows = list(csv.DictReader(checkpoint.with_suffix(".csv").open()))
     assert len(rows) >= 2 and int(rows[-1]["evaluations"]) == data["trained_on"]["evaluations"]
     assert checkpoint.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
@@ -119,3 +119,20 @@ def test_train_measured_runs_plans_for_real(tmp_path, capsys, monkeypatch):
     data = torch.load(out, weights_only=True)
     assert data["config"]["schemes_per_update"] == 1  # the small batch above was the one trained
     assert data["trained_on"]["rewards"] == "measured" and data["trained_on"]["runs"] == summary["runs"]
+
+
+def test_plan_with_the_checkpoint_returns_its_recorded_best_or_better(checkpoint, vgg16, capsys):
+    """The checkpoint keeps the best plan its training scored; ``plan -O checkpoint=`` on the
+    same model, cluster and microbatches returns it (scored again) or a better one, even
+    sampling nothing; on other microbatches the record is not used."""
+    recorded = torch.load(checkpoint, weights_only=True)["trained_on"]["best"]
+    assert recorded["iteration_s"] > 0 and len(recorded["part"]) == 41 and len(recorded["device_part"]) == 4
+    capsys.readouterr()
+    argv = ["--model", vgg16, "--cluster", CLUSTER, "--planner", "drl-pp", "-O", f"checkpoint={checkpoint}",
+            "-O", "samples=0", "--json"]
+    assert main(["plan", *argv, "--microbatches", "4"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["drl-pp"]["checkpoint_best"] is True
+    assert plan["iteration_s"] <= recorded["iteration_s"] * (1 + 1e-9)
+    assert main(["plan", *argv, "--microbatches", "8"]) == 0
+    assert json.loads(capsys.readouterr().out)["drl-pp"]["checkpoint_best"] is False

@@ -16,8 +16,8 @@ from pipeplan.learn.env import RuntimeScorer
 from pipeplan.learn.harness import Budget
 from pipeplan.learn.scoring import Scorer
 from pipeplan.learn.search import random_search, simulated_annealing
-from pipeplan.planners.drlpp.ppo import SYNCHRONOUS, Config, Instance, new_agent, sample_schemes, train
-from pipeplan.planners.drlpp.run import executions
+from pipeplan.learn.scoring import SYNCHRONOUS, executions
+from pipeplan.planners.drlpp.ppo import Config, Instance, new_agent, sample_schemes, train
 from pipeplan.sim import simulate
 
 

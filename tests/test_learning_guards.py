@@ -15,9 +15,9 @@ import torch
 
 from pipeplan.cluster import load_cluster
 from pipeplan.graph import Graph
-from pipeplan.learn.scoring import Scorer
-from pipeplan.planners.drlpp.ppo import (SYNCHRONOUS, Config, Instance, _clipped, action_logp, new_agent, ppo_update,
-                                         replay, sample_schemes)
+from pipeplan.learn.scoring import SYNCHRONOUS, Scorer
+from pipeplan.planners.drlpp.ppo import (Config, Instance, _clipped, action_logp, new_agent, ppo_update, replay,
+                                         sample_schemes)
 from pipeplan.sim import simulate
 
 

@@ -169,7 +169,8 @@ def cmd_train(args) -> int:
     import shlex
 
     from ..learn.harness import Budget, load_checkpoint, save_bytes
-    from ..planners.drlpp.run import executions, train_agent
+    from ..learn.scoring import executions
+    from ..planners.drlpp.run import train_agent
     from .report import print_plan
     from ..sim import simulate
     from ..units import parse_duration

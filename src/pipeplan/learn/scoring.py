@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cluster import Cluster
+from ..errors import PipeplanError
 from ..graph import Graph
 from ..plan import Plan
 from ..sim.batch import BatchEvaluator
@@ -38,6 +39,28 @@ class Scores:
 
 
 Execution = tuple[str, str]  # (schedule, replica mode)
+
+#: every (schedule, replica mode) the plans of DRL-PP's action space run under (its execution
+#: head scores them all, whatever an instance allows: one vocabulary, so that a checkpoint
+#: plans under any allowed set), and the search planners choose among
+EXECUTIONS: tuple[Execution, ...] = tuple(
+    (schedule, replicas) for schedule in ("gpipe", "1f1b", "zb-h1", "spp-pe", "async-1f1b")
+    for replicas in ("round-robin", "split"))
+#: the synchronous ones (one weight version, a flush per iteration): what is chosen among
+#: unless a schedule is named
+SYNCHRONOUS = tuple(e for e in EXECUTIONS if e[0] != "async-1f1b")
+
+
+def executions(schedule: str | None, replicas: str | None, who: str = "drl-pp") -> tuple[Execution, ...]:
+    """What a planner of this action space chooses among: the named schedule, else every
+    synchronous one (the asynchronous pipeline changes what training computes, so it is chosen
+    only by name); with the named replica mode, else both (whole microbatches in turn,
+    PipeDream's and DRL-PP's, or each microbatch split across a partition's accelerators)."""
+    pool = [e for e in EXECUTIONS if e[0] == schedule] if schedule else list(SYNCHRONOUS)
+    if not pool:
+        names = sorted({e[0] for e in EXECUTIONS})
+        raise PipeplanError(f"{who}: schedule {schedule!r} is not one it can choose (it knows {', '.join(names)})")
+    return tuple(e for e in pool if replicas in (None, e[1]))
 
 
 class Scorer:

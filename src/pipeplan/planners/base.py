@@ -113,7 +113,8 @@ def register(name: str, description: str, default_schedule: str, options: type |
 #: (``tests/test_planners_options.py`` checks the table against what the modules register).
 MODULES = {"dp": "simple", "gpipe": "simple", "pipedream": "pipedream", "hetpipe": "hetpipe", "spp": "spp",
            "exact": "exact", "resalloc": "resalloc", "drl-pp": "drlpp", "automap": "automap",
-           "automap-infer": "automap", "megatron": "megatron", "joint": "joint"}
+           "automap-infer": "automap", "megatron": "megatron", "joint": "joint", "random": "search",
+           "anneal": "search"}
 
 
 def load_all() -> dict[str, PlannerInfo]:

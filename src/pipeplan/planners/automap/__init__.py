@@ -21,11 +21,14 @@ from ...graph import Graph, linearize
 from ...plan import Plan
 from ..base import PlanOptions, register
 from ..options import SEED_RANGE
+from ...learn.found import no_worse_than_trivial
 from .problem import RADIUS, CutProblem, layer_of, server_boundaries
 
 #: Episodes of online training by default: about 5 minutes here, within which the Table 7
 #: cases converge (benchmarks/results/automap/table7.md).
 DEFAULT_EPISODES = 40_000
+#: automap-infer's stage share bound: a quarter of an equal share of the compute at least
+MIN_SHARE = 0.25
 #: Episodes per second, for progress bars (table7.md: 10,000-35,000 episodes in 40-300 s).
 EPISODES_PER_S = 120.0
 
@@ -97,6 +100,8 @@ class InferOptions:
     beam: int = field(default=16, metadata={"min": 1, "help": (
         "partial plans kept per step, ranked by the agent; the complete ones are scored with the value "
         "function and the best kept (1: the paper's greedy plan)")})
+    min_share: float = field(default=MIN_SHARE, metadata={"min": 0, "max": 1, "help": (
+        "no stage gets less than this share of an equal split of the compute (0: any)")})
 
 
 @register("automap-infer", "Auto-MAP (online inference): a DQN trained once on generated array-partition "
@@ -104,8 +109,9 @@ class InferOptions:
           options=InferOptions, in_best=False, searches=False)
 def plan_automap_infer(graph: Graph, cluster: Cluster, options: PlanOptions) -> Plan:
     """Coarsen the model to 128 points (§4.5.1), let the trained agent pick K-1 boundaries
-    and device cuts (greedily, or keeping a beam of its best partial plans), and map them
-    back to the model."""
+    and device cuts (greedily, or keeping a beam of its best partial plans, no stage below
+    ``min_share`` of an equal share), map them back to the model, and keep the faster of that
+    and the trivial plans (data parallelism, the equal-compute splits: ``learn.found``)."""
     from .arrays import MAX_STAGES, from_graph, real_plan
     from .infer import InferEnv, agent_loads, beam, load_agent
 
@@ -117,9 +123,10 @@ def plan_automap_infer(graph: Graph, cluster: Cluster, options: PlanOptions) -> 
     t0, loads = time.perf_counter(), agent_loads()
     policy = load_agent(opts.checkpoint)  # torch and the agent: once a process
     setup_s = time.perf_counter() - t0 if agent_loads() > loads else 0.0  # 0: it was loaded already
-    found = beam(policy, InferEnv(), inst, opts.beam)
+    found = beam(policy, InferEnv(min_share=opts.min_share), inst, opts.beam)
     plan = real_plan(graph, cluster, inst, found.bounds, found.dcuts, options.microbatches,
                      options.schedule or "1f1b", options.optimizer)
+    plan, trivial = no_worse_than_trivial(plan, options.microbatches, options.schedule or "1f1b", options.optimizer)
     cuts = [int(inst.positions[b]) for b in found.bounds]
     order = linearize(graph).order
     after = [graph.ids[int(order[c - 1])] for c in cuts]
@@ -127,5 +134,5 @@ def plan_automap_infer(graph: Graph, cluster: Cluster, options: PlanOptions) -> 
                                     "layers": [layer_of(a) for a in after], "device_cuts": [d * inst.unit for d in found.dcuts],
                                     "boundaries": found.bounds, "granularity": 128, "beam": opts.beam,
                                     "checkpoint": opts.checkpoint or "shipped", "inference_s": found.seconds,
-                                    "setup_s": setup_s}}
+                                    "setup_s": setup_s, "min_share": opts.min_share, "trivial": trivial}}
     return plan

@@ -47,6 +47,14 @@ def _clip(x: np.ndarray) -> np.ndarray:
     return np.clip(x, 0.0, 4.0) / 4.0
 
 
+def _inner_min(top: np.ndarray, a: int) -> np.ndarray:
+    """``out[i]``: the least entry of ``top[a:a+i+1, a:a+i+1]`` (the slowest link among GPUs a..a+i)."""
+    t = top[a:, a:]
+    upper = np.triu(np.ones(t.shape, dtype=bool))
+    edge = np.minimum(np.where(upper, t, np.inf).min(axis=0), np.where(upper.T, t, np.inf).min(axis=1))
+    return np.minimum.accumulate(edge)
+
+
 class InferEnv:
     """One episode = K-1 boundaries and K-1 device cuts of one instance, alternating.
 
@@ -60,14 +68,17 @@ class InferEnv:
     compute share, the same for the rest, its all-reduce time over the ideal iteration, how
     much slower its slowest inner link is than the fastest, whether d is on a server
     boundary, its per-device compute over the ideal. Last column: the action is valid.
-    Globals: boundary or device step, the step, K/8, N/32, log2(M)/6.
+    Globals: boundary or device step, the step, K/8, N/32, log2(M)/6. ``min_share`` (planning,
+    not training): a boundary leaving a stage, or the stages after it, less than that share of
+    an equal share of the compute each is masked (where any other is left).
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
     OBS = POINTS * FEATURES + GLOBALS
 
-    def __init__(self, sample: Callable[[], Instance] | None = None, gamma: float | None = None) -> None:
-        self.sample = sample
+    def __init__(self, sample: Callable[[], Instance] | None = None, gamma: float | None = None,
+                 min_share: float = 0.0) -> None:
+        self.sample, self.min_share = sample, min_share
         self.inst: Instance | None = None
         self.played = 0
         self.cache: dict[tuple, float] = {}
@@ -92,6 +103,10 @@ class InferEnv:
             uniq = np.unique(pos)
             later = uniq.size - 2 - np.searchsorted(uniq, pos)  # distinct positions strictly inside (pos, end)
             ok = (np.arange(POINTS) > last) & (pos > pos[last]) & (pos < pos[-1]) & (later >= inst.stages - 2 - j)
+            if self.min_share > 0:  # no stage below min_share of an equal share of the compute
+                least = self.min_share / inst.stages
+                roomy = ok & (self.frac - self.frac[last] >= least) & (1 - self.frac >= (inst.stages - 1 - j) * least)
+                ok = roomy if roomy.any() else ok
         else:
             last = self.dcuts[-1] if self.dcuts else 0
             d = np.arange(POINTS)
@@ -126,14 +141,16 @@ class InferEnv:
         share, rest = self.frac[self.bounds[j]] - self.frac[start], 1 - self.frac[self.bounds[j]]
         w_stage = inst.W[self.bounds[j]] - inst.W[start]
         out = np.zeros((POINTS, 6))
-        for d in range(g_prev // u + 1, inst.units):
-            g = d * u
-            n = g - g_prev
-            inner = float(inst.topology[g_prev:g, g_prev:g].min())
-            ar = 2 * (n - 1) / n * w_stage / inner if n > 1 else 0.0
-            out[d] = [_clip((n / n_dev) / max(share, 1e-12)), _clip(((n_dev - g) / n_dev) / max(rest, 1e-12)),
-                      _clip(ar / self.ideal()), 1 - inner, float(inst.topology[g - 1, g] < 1),
-                      _clip(inst.microbatches * (share * inst.C[-1]) / n / self.ideal())]
+        d = np.arange(g_prev // u + 1, inst.units)
+        if not d.size:
+            return out
+        g = d * u
+        n = g - g_prev
+        inner = _inner_min(inst.topology, g_prev)[g - 1 - g_prev]  # slowest link among GPUs g_prev..g-1
+        ar = np.where(n > 1, 2 * (n - 1) / n * w_stage / inner, 0.0)
+        out[d] = np.stack([_clip((n / n_dev) / max(share, 1e-12)), _clip(((n_dev - g) / n_dev) / max(rest, 1e-12)),
+                           _clip(ar / self.ideal()), 1 - inner, (inst.topology[g - 1, g] < 1).astype(float),
+                           _clip(inst.microbatches * (share * inst.C[-1]) / n / self.ideal())], axis=1)
         return out
 
     def _obs(self) -> tuple[np.ndarray, dict]:

@@ -50,11 +50,11 @@ class NumpyQ:
         n, split = len(obs), self.actions * self.features
         rows = obs[:, :split].reshape(n, self.actions, self.features)
         glob = np.broadcast_to(obs[:, None, split:], (n, self.actions, obs.shape[1] - split))
-        z = np.concatenate([rows, glob], axis=2)
-        for w, b in self.trunk:
+        z = np.concatenate([rows, glob], axis=2).reshape(n * self.actions, -1)  # one 2-D GEMM a layer:
+        for w, b in self.trunk:  # numpy's batched 3-D matmul is 30x slower here
             z = np.maximum(z @ w + b, 0.0)
-        a = (z @ self.adv[0] + self.adv[1])[..., 0]
-        v = z.mean(axis=1) @ self.val[0] + self.val[1]
+        a = (z @ self.adv[0] + self.adv[1])[:, 0].reshape(n, self.actions)
+        v = z.reshape(n, self.actions, -1).mean(axis=1) @ self.val[0] + self.val[1]
         return v + a - a.mean(axis=-1, keepdims=True)
 
 

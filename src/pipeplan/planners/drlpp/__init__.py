@@ -1,8 +1,9 @@
 """``drl-pp``: DRL-PP (drl-pp.txt), a PPO agent that partitions the model's DAG without
 compressing branches and places the partitions on accelerators (``ppo.py``).
 
-As a planner it plans with a checkpoint (``-O checkpoint=ck.pt``: sample schemes and keep
-the best scored plan), fine-tunes one (``checkpoint`` and ``evaluations``), or trains on the
+As a planner it plans with a checkpoint (``-O checkpoint=ck.pt``: the best plan its training
+found when it was trained on this instance, data parallelism and the equal-compute splits
+(``learn.found``), and schemes sampled from the agent; the best scored wins), fine-tunes one (``checkpoint`` and ``evaluations``), or trains on the
 spot for ``-O evaluations=N`` plans scored (default 4,000, about a minute here), so that the
 same command gives the same plan on any machine; ``-O budget=SECONDS`` caps the wall-clock.
 Training counts as planning time. torch is imported only when the planner runs.
@@ -40,8 +41,10 @@ class DrlppOptions:
     replicas: str | None = field(default=None, metadata={"choices": ("round-robin", "split"), "help": (
         "how a partition's accelerators share the microbatches: whole ones in turn (PipeDream's, the paper's) "
         "or each split across them (default: the agent chooses, per plan)")})
-    samples: int = field(default=32, metadata={"min": 1, "help": (
-        "partition schemes sampled from the trained agent (each with its placements); the best scored is kept")})
+    samples: int = field(default=32, metadata={"min": 0, "help": (
+        "partition schemes sampled from the trained agent (each with its placements) besides the best plan its "
+        "training found (kept in the checkpoint, used on the instance it was found on) and the trivial plans "
+        "(data parallelism, equal-compute splits); the best scored of all is returned")})
 
 
 def training_budget(opts: DrlppOptions) -> Budget | None:

@@ -19,10 +19,11 @@ from torch import nn
 from ...cluster import Cluster
 from ...graph import Graph
 from ...learn.features import NODE_FEATURES, adjacency, node_features
+from ...learn.found import trivial_candidates
 from ...learn.gcn import GraphEncoder
 from ...learn.harness import Budget, Curve, Point, Progress, seed_everything
 from ...learn.partition import Ancestors, PartitionState, placement_valid
-from ...learn.scoring import Scorer
+from ...learn.scoring import EXECUTIONS, Scorer
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,6 @@ class Config:
     seed: int = 0
 
 
-#: every (schedule, replica mode) the agent's execution head scores, whatever an instance allows:
-#: one vocabulary, so that a checkpoint plans under any allowed set
-EXECUTIONS: tuple[tuple[str, str], ...] = tuple(
-    (schedule, replicas) for schedule in ("gpipe", "1f1b", "zb-h1", "spp-pe", "async-1f1b")
-    for replicas in ("round-robin", "split"))
-#: the synchronous ones (one weight version, a flush per iteration): what the agent chooses
-#: among unless a schedule is named
-SYNCHRONOUS = tuple(e for e in EXECUTIONS if e[0] != "async-1f1b")
 PLACEMENT_FEATURES = 3
 
 
@@ -424,6 +417,22 @@ class Best:
                 if ok and r > self.reward:
                     self.reward, self.part, self.device_part, self.iteration_s, self.execution = r, s.part, p, t, e
 
+    def offer_plans(self, scorer, parts: np.ndarray, device_parts: np.ndarray, executions: np.ndarray) -> None:
+        """Plans given whole (the trivial ones, a checkpoint's recorded best), scored now."""
+        res = scorer.score(parts, device_parts, executions)
+        for p, d, e, r, t in zip(parts, device_parts, executions.tolist(), res.reward, res.iteration_s):
+            if np.isfinite(t) and r > self.reward:
+                self.reward, self.part, self.device_part, self.iteration_s, self.execution = float(r), p, d, float(t), e
+
+
+def offer_trivial(best: Best, inst: Instance) -> None:
+    """Data parallelism and the equal-compute splits under every execution allowed
+    (``learn.found``): the answer is never worse than they are."""
+    parts, devs = trivial_candidates(inst.graph, len(inst.cluster))
+    n = len(inst.scorer.executions)
+    best.offer_plans(inst.scorer, np.repeat(parts, n, axis=0), np.repeat(devs, n, axis=0),
+                     np.tile(np.arange(n), len(parts)))
+
 
 def train(agent: Agent, inst: Instance, budget: Budget, progress: Progress | None = None,
           best: Best | None = None) -> tuple[Best, Curve]:
@@ -433,6 +442,7 @@ def train(agent: Agent, inst: Instance, budget: Budget, progress: Progress | Non
     generator = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate)
     best, curve, baseline, step = best or Best(), Curve(), None, 0
+    offer_trivial(best, inst)
     while step == 0 or budget.left(inst.scorer.evaluations):
         schemes = sample_schemes(agent, inst, cfg.schemes_per_update, generator)
         best.offer(schemes)

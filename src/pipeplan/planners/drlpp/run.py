@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ...cluster import Cluster
@@ -16,7 +17,9 @@ from ...learn.harness import (Budget, Curve, Progress, check_state, checkpoint, 
 from ...learn.scoring import Scorer
 from ...plan import Plan
 from ..base import PlanOptions
-from .ppo import EXECUTIONS, SYNCHRONOUS, Agent, Best, Config, Instance, new_agent, sample_best, train
+from ...learn.found import instance_key, record, recorded
+from ...learn.scoring import executions
+from .ppo import Agent, Best, Config, Instance, new_agent, offer_trivial, sample_best, train
 
 AGENT = "drl-pp"
 
@@ -32,18 +35,6 @@ class Trained:
     curve: Curve
     plan: Plan
     checkpoint: dict
-
-
-def executions(schedule: str | None, replicas: str | None) -> tuple[tuple[str, str], ...]:
-    """What the agent chooses among: the named schedule, else every synchronous one (the
-    asynchronous pipeline changes what training computes, so it is chosen only by name);
-    with the named replica mode, else both (whole microbatches in turn, PipeDream's and
-    the paper's, or each microbatch split across a partition's accelerators)."""
-    pool = [e for e in EXECUTIONS if e[0] == schedule] if schedule else list(SYNCHRONOUS)
-    if not pool:
-        names = sorted({e[0] for e in EXECUTIONS})
-        raise PipeplanError(f"drl-pp: schedule {schedule!r} is not one it can choose (it knows {', '.join(names)})")
-    return tuple(e for e in pool if replicas in (None, e[1]))
 
 
 def instance(graph: Graph, cluster: Cluster, options: PlanOptions, replicas: str | None = None,
@@ -66,6 +57,11 @@ def instance(graph: Graph, cluster: Cluster, options: PlanOptions, replicas: str
 
 def load_agent(path: str, devices: int, seed: int) -> Agent:
     """The agent of a checkpoint, for a cluster of ``devices`` accelerators."""
+    return _load(path, devices, seed)[0]
+
+
+def _load(path: str, devices: int, seed: int) -> tuple[Agent, dict]:
+    """The agent of a checkpoint and what it was trained on."""
     data = load_checkpoint(path, AGENT)
     cfg = config_from(Config, data["config"], path, seed=seed)
     trained = trained_count(data, "devices", path)
@@ -75,7 +71,7 @@ def load_agent(path: str, devices: int, seed: int) -> Agent:
     check_state(data["state"], lambda: Agent(cfg, devices), path)
     agent = Agent(cfg, devices)
     agent.load_state_dict(data["state"])
-    return agent
+    return agent, data["trained_on"]
 
 
 def train_agent(graph: Graph, cluster: Cluster, options: PlanOptions, budget: Budget, seed: int = 0,
@@ -93,6 +89,8 @@ def train_agent(graph: Graph, cluster: Cluster, options: PlanOptions, budget: Bu
                   "microbatches": options.microbatches, "executions": [list(e) for e in inst.scorer.executions],
                   "evaluations": inst.scorer.evaluations, "seconds": budget.elapsed,
                   "best_iteration_s": best.iteration_s, "from": init, "command": command,
+                  "best": record(instance_key(graph, cluster, options.microbatches), best.part, best.device_part,
+                                 inst.scorer.executions[best.execution], best.iteration_s),
                   "rewards": "measured" if runner is not None else "simulated",
                   **({"runs": inst.scorer.measured} if runner is not None else {})}
     return Trained(agent, inst, best, curve, plan, checkpoint(AGENT, agent.cfg, agent.state_dict(), trained_on))
@@ -112,18 +110,32 @@ def plan_with_agent(graph: Graph, cluster: Cluster, options: PlanOptions, path: 
     the checkpoint ``path`` (no budget); then ``samples`` schemes from the agent. The best
     scored plan seen wins; its ``extra`` says how it was found."""
     torch.set_num_threads(1)
-    best, updates, trained_s = Best(), 0, 0.0
+    best, updates, trained_s, found = Best(), 0, 0.0, False
     if budget is not None:
         trained = train_agent(graph, cluster, options, budget, seed, path, replicas=replicas)
         agent, inst, best, updates = trained.agent, trained.instance, trained.best, len(trained.curve.points)
         trained_s = budget.elapsed
     else:
-        agent, inst = load_agent(path, len(cluster), seed), instance(graph, cluster, options, replicas)
-    best = sample_best(agent, inst, samples, best)
+        (agent, trained_on), inst = _load(path, len(cluster), seed), instance(graph, cluster, options, replicas)
+        offer_trivial(best, inst)
+        found = _offer_recorded(best, inst, trained_on, options, path)
+    best = sample_best(agent, inst, samples, best) if samples else best
     plan = _plan(inst, best)
     stopped = budget.why_stopped(inst.scorer.evaluations) if budget is not None else None
     plan.extra = {"drl-pp": {"checkpoint": path, "trained_s": trained_s, "updates": updates,
+                             "checkpoint_best": found,
                              "evaluations": inst.scorer.evaluations, "complete": False,
                              "incomplete": f"the best of a learned policy's samples{f' ({stopped})' if stopped else ''}"
                                            ", not an exhaustive search"}}
     return plan
+
+
+def _offer_recorded(best: Best, inst: Instance, trained_on: dict, options: PlanOptions, path: str) -> bool:
+    """The checkpoint's best plan, scored again, when it was found on this instance."""
+    key = instance_key(inst.graph, inst.cluster, options.microbatches)
+    got = recorded(trained_on, key, len(inst.graph), len(inst.cluster), inst.scorer.executions, path)
+    if got is None:
+        return False
+    part, dev, e = got
+    best.offer_plans(inst.scorer, part[None], dev[None], np.array([e]))
+    return True
