@@ -28,14 +28,14 @@ from ..plan import Plan
 MAX_SPLIT = 8
 
 
-def trivial_candidates(graph: Graph, devices: int) -> tuple[np.ndarray, np.ndarray]:
+def trivial_candidates(graph: Graph, devices: int, stages: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(parts (C, nodes), device parts (C, devices)): data parallelism first, then each
-    equal-compute split (module docstring)."""
+    equal-compute split (module docstring; ``stages``: only into these many stages)."""
     order = np.asarray(graph.topo, dtype=np.int64)
     work = np.cumsum((graph.fwd + graph.bwd)[order])
     parts, device_parts = [np.zeros(len(graph), dtype=np.int64)], [np.zeros(devices, dtype=np.int64)]
     for k in range(2, min(MAX_SPLIT, devices, len(graph)) + 1):
-        if devices % k:
+        if devices % k or (stages is not None and k not in stages):
             continue
         cuts = np.searchsorted(work, work[-1] * np.arange(1, k) / k, side="left") + 1  # nodes before each cut
         cuts = np.maximum(cuts, np.arange(1, k))  # every stage at least one node
@@ -95,11 +95,12 @@ def no_worse_than_trivial(plan: Plan, microbatches: int, schedule: str, optimize
     """``plan`` (stages with split replicas), or the trivial plan that scores better on the
     batched evaluator (``scoring.Scorer``: the same reward, memory penalty included), its
     replicas splitting each microbatch or taking whole ones in turn (``dp``'s two modes), and
-    which trivial plan won (None: ``plan``)."""
+    which trivial plan won (None: ``plan``). The splits weighed: into as many stages as
+    ``plan`` has (a millisecond planner affords one more stage count)."""
     from .scoring import Scorer
 
     graph, cluster = plan.graph, plan.cluster
-    parts, devs = trivial_candidates(graph, len(cluster))
+    parts, devs = trivial_candidates(graph, len(cluster), (len(plan.stages),))
     own_dev = np.full(len(cluster), -1, dtype=np.int64)
     for k, devices in enumerate(plan.stage_devices()):
         own_dev[devices] = k
