@@ -72,7 +72,7 @@ def test_one_update_moves_probability_towards_what_scored_above_the_baseline():
         return float((adv[owner] * steps.double()).sum() + (adv * torch.stack(places).double()).sum())
 
     before = weighted_logp()
-    ppo_update(agent, torch.optim.Adam(agent.parameters(), lr=agent.cfg.learning_rate), inst, schemes, 0.0)
+    ppo_update(agent, torch.optim.Adam(agent.parameters(), lr=agent.cfg.learning_rate), inst, schemes)
     assert weighted_logp() > before
 
 

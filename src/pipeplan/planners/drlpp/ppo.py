@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ...cluster import Cluster
+from ...errors import PipeplanError
 from ...graph import Graph
 from ...learn.features import NODE_FEATURES, adjacency, node_features
 from ...learn.found import trivial_candidates
@@ -45,9 +46,19 @@ class Config:
     clip: float = 0.2
     entropy_coef: float = 0.05  # at the start of training, annealed geometrically to entropy_final (no collapse)
     entropy_final: float = 0.005
-    baseline_decay: float = 0.9  # the baseline is a moving average of the schemes' rewards
+    baseline_decay: float = 0.9  # the moving baseline: an average of the schemes' rewards
     max_grad_norm: float = 1.0
     seed: int = 0
+    # against the collapse to data parallelism (docs/drlpp.md, issue 44): a scheme's reward the
+    # best of its placements' ("best") or their mean (§3.4, "mean"); advantages against the
+    # batch's mean ("batch") or the moving baseline over a floored spread (before, "moving")
+    scheme_reward: str = "best"
+    baseline: str = "batch"
+
+    def __post_init__(self) -> None:
+        if self.scheme_reward not in ("best", "mean") or self.baseline not in ("batch", "moving"):
+            raise PipeplanError(f"drl-pp config: scheme_reward must be best or mean and baseline batch or moving, got "
+                                f"{self.scheme_reward!r} and {self.baseline!r}")
 
 
 PLACEMENT_FEATURES = 3
@@ -91,12 +102,16 @@ class Scheme:
     rewards: list[float] = field(default_factory=list)  # per placement (penalty if invalid)
     valid: list[bool] = field(default_factory=list)
     times: list[float] = field(default_factory=list)  # predicted iteration time per placement
+    best: bool = True  # its reward: the best valid placement's (else their mean, §3.4)
 
     @property
     def reward(self) -> float:
-        """§3.4: the mean reward of its valid placements."""
+        """The best reward of its valid placements (§3.4 takes their mean; docs/drlpp.md: with
+        an untrained scheduler the mean punishes every pipeline for the placements' noise,
+        which data parallelism, one placement only, never pays, and the partitioner collapsed
+        to it); the worst when none is valid."""
         ok = [r for r, v in zip(self.rewards, self.valid) if v]
-        return float(np.mean(ok)) if ok else min(self.rewards)
+        return float((np.max if self.best else np.mean)(ok)) if ok else min(self.rewards)
 
 
 # -- Algorithm 1: the recurrent partitioner ---------------------------------------------------
@@ -275,6 +290,20 @@ def sample_placements(logits: torch.Tensor, count: int, generator: torch.Generat
     return torch.multinomial(logits.exp(), count, replacement=True, generator=generator).T.numpy()
 
 
+def masked_placement(logits: torch.Tensor, generator: torch.Generator | None) -> np.ndarray:
+    """One placement in which every partition gets a device: device by device from its
+    softmax restricted to ``PartitionState.placement_choices``'s rule (once the devices left
+    are just enough for the partitions without one, only those)."""
+    devices, k = logits.shape
+    out, held = np.empty(devices, dtype=np.int64), np.zeros(k, dtype=bool)
+    for d in range(devices):
+        allowed = ~held if devices - d <= (~held).sum() else np.ones(k, dtype=bool)
+        probs = logits[d].exp() * torch.as_tensor(allowed, dtype=logits.dtype)
+        out[d] = int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+        held[out[d]] = True
+    return out
+
+
 def placement_logp(logits: torch.Tensor, placements: np.ndarray) -> torch.Tensor:
     """Log-probability of each placement (sum over devices)."""
     idx = torch.as_tensor(placements)
@@ -334,7 +363,7 @@ def sample_schemes(agent: Agent, inst: Instance, count: int, generator: torch.Ge
         for _ in range(count):
             state = inst.state()
             traj, _ = walk(agent, h, state, generator)
-            scheme = Scheme(traj, state.part.copy())
+            scheme = Scheme(traj, state.part.copy(), best=cfg.scheme_reward == "best")
             logits = placement_logits(agent, h, scheme.part)
             k = int(scheme.part.max()) + 1
             for _ in range(cfg.resample_rounds):
@@ -348,6 +377,14 @@ def sample_schemes(agent: Agent, inst: Instance, count: int, generator: torch.Ge
                 scheme.valid.extend(placement_valid(p, k) for p in drawn)
                 if sum(scheme.valid) >= cfg.placements_per_scheme:
                     break
+            if not any(scheme.valid):  # §3.3's resampling, to the end: one drawn under the mask
+                drawn = masked_placement(logits, generator)[None]
+                ex = execution_logits(agent, h, drawn, inst.allowed)
+                chosen = torch.multinomial(ex.exp(), 1, generator=generator).squeeze(1)
+                scheme.placements.extend(drawn)
+                scheme.executions.extend(chosen.tolist())
+                scheme.placement_logp.extend((placement_logp(logits, drawn) + ex[0, chosen]).tolist())
+                scheme.valid.append(True)
             schemes.append(scheme)
     _score(schemes, inst.scorer)
     return schemes
@@ -368,17 +405,15 @@ def _score(schemes: list[Scheme], scorer: Scorer) -> None:
 # -- §3.4: PPO -------------------------------------------------------------------------------
 
 def ppo_update(agent: Agent, opt: torch.optim.Optimizer, inst: Instance, schemes: list[Scheme],
-               baseline: float, entropy_coef: float | None = None) -> None:
+               entropy_coef: float | None = None, baseline: float = 0.0) -> None:
     """Clipped PPO on the partitioner (each step of Algorithm 1, advantage: its scheme's
-    reward minus the baseline) and on the scheduler (each placement with its execution,
-    advantage: its reward minus the baseline), advantages divided by their spread in the
-    batch; an entropy bonus (``entropy_coef``, default ``cfg.entropy_coef``) on both."""
+    reward) and on the scheduler (each placement with its execution, advantage: its reward),
+    an entropy bonus (``entropy_coef``, default ``cfg.entropy_coef``) on both (``advantages``;
+    ``baseline``: the moving one, for ``Config.baseline`` "moving")."""
     cfg = agent.cfg
     entropy_coef = cfg.entropy_coef if entropy_coef is None else entropy_coef
-    adv_s = np.array([s.reward for s in schemes]) - baseline
-    adv_p = np.concatenate([np.array(s.rewards) for s in schemes]) - baseline
-    spread = max(float(np.concatenate([adv_s, adv_p]).std()), 1e-6)
-    adv_s, adv_p = torch.as_tensor(adv_s / spread), torch.as_tensor(adv_p / spread)
+    adv_s, adv_p = advantages(schemes) if cfg.baseline == "batch" else moving_advantages(schemes, baseline)
+    adv_s, adv_p = torch.as_tensor(adv_s), torch.as_tensor(adv_p)
     old_s = torch.tensor([st.logp for s in schemes for st in s.trajectory.steps], dtype=torch.float64)
     old_p = torch.tensor([lp for s in schemes for lp in s.placement_logp], dtype=torch.float64)
     for _ in range(cfg.epochs):
@@ -392,6 +427,39 @@ def ppo_update(agent: Agent, opt: torch.optim.Optimizer, inst: Instance, schemes
         loss.backward()
         nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
         opt.step()
+
+
+#: the advantage of an invalid placement, or of a scheme none of whose placements is valid
+#: (§3.3 penalizes them), in units of the batch's spread
+INVALID_ADVANTAGE = -1.0
+#: a batch whose valid rewards spread less than this (ln of time) teaches nothing: advantages 0
+FLAT_SPREAD = 1e-3
+
+
+def moving_advantages(schemes: list[Scheme], baseline: float) -> tuple[np.ndarray, np.ndarray]:
+    """Before issue 44: every reward (the infeasible ones too) minus the moving baseline, over
+    the batch's spread floored at 1e-6."""
+    adv_s = np.array([s.reward for s in schemes]) - baseline
+    adv_p = np.concatenate([np.array(s.rewards) for s in schemes]) - baseline
+    spread = max(float(np.concatenate([adv_s, adv_p]).std()), 1e-6)
+    return adv_s / spread, adv_p / spread
+
+
+def advantages(schemes: list[Scheme]) -> tuple[np.ndarray, np.ndarray]:
+    """(per scheme, per placement) advantages: a valid reward minus the batch's mean of its
+    kind (Fig. 5's average reward as the baseline), over the spread of the valid ones; an
+    invalid one ``INVALID_ADVANTAGE``; all 0 where the batch is flat (every plan the same: a
+    spread floored at a tiny number turned a 0.015 difference into +15,000 and collapsed the
+    policy; docs/drlpp.md)."""
+    valid_s = np.array([any(s.valid) for s in schemes])
+    r_s = np.array([s.reward for s in schemes])
+    valid_p = np.concatenate([np.array(s.valid, dtype=bool) for s in schemes])
+    r_p = np.concatenate([np.array(s.rewards) for s in schemes])
+    d_s = r_s - (r_s[valid_s].mean() if valid_s.any() else 0.0)
+    d_p = r_p - (r_p[valid_p].mean() if valid_p.any() else 0.0)
+    spread = float(np.concatenate([d_s[valid_s], d_p[valid_p]]).std()) if valid_s.any() else 0.0
+    scale = 1.0 / spread if spread >= FLAT_SPREAD else 0.0
+    return (np.where(valid_s, d_s * scale, INVALID_ADVANTAGE), np.where(valid_p, d_p * scale, INVALID_ADVANTAGE))
 
 
 def _clipped(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, clip: float) -> torch.Tensor:
@@ -449,7 +517,8 @@ def train(agent: Agent, inst: Instance, budget: Budget, progress: Progress | Non
         mean = float(np.mean([s.reward for s in schemes]))
         baseline = mean if baseline is None else cfg.baseline_decay * baseline + (1 - cfg.baseline_decay) * mean
         spent = budget.fraction(inst.scorer.evaluations)
-        ppo_update(agent, opt, inst, schemes, baseline, cfg.entropy_coef * (cfg.entropy_final / cfg.entropy_coef) ** spent)
+        ppo_update(agent, opt, inst, schemes, cfg.entropy_coef * (cfg.entropy_final / cfg.entropy_coef) ** spent,
+                   baseline)
         step += 1
         point = Point(step, budget.elapsed, inst.scorer.evaluations, mean, baseline, best.iteration_s)
         curve.add(point)
