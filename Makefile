@@ -64,6 +64,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/automap/infer.py
 	$(BIN)/python benchmarks/automap/infer_latency.py
 	$(BIN)/python benchmarks/learning/heldout.py --agents automap-infer,drl-pp
+	$(BIN)/python benchmarks/learning/collapse.py
 	$(BIN)/python benchmarks/automap/large.py
 	$(BIN)/python benchmarks/automap/wide_data.py
 	$(BIN)/python benchmarks/learning_mutations.py
