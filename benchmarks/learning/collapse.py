@@ -12,9 +12,10 @@ collapse was reported; with 8 it did not collapse), the synchronous executions t
 - ``random`` and ``anneal`` over the same action space and scorer, the trivial plans scored
   first too, for the same evaluations.
 
-Reported: the best plan's iteration over evaluations (median over seeds, a PNG), the final
-best, and for DRL-PP the share of its final policy's 32 sampled schemes that are data
-parallelism (the collapse). References: ``dp``, ``spp`` and ``joint`` on the same inputs.
+Reported: the best plan's iteration over evaluations (median over seeds, a PNG, left), what
+each finds by itself (right: the median of the plans DRL-PP's policy sampled in each update;
+the searches' best without the trivial plans), the final best, and for DRL-PP the share of its final
+policy's 32 sampled schemes that are data parallelism (the collapse). References: ``dp``, ``spp`` and ``joint`` on the same inputs.
 
     .venv/bin/python benchmarks/learning/collapse.py [--seeds 5] [--evaluations 3000]
 
@@ -60,6 +61,7 @@ def drl_pp(graph, cluster, seed: int, evaluations: int, variant: dict) -> dict:
     best, curve = train(agent, inst, Budget(evaluations=evaluations))
     final = sample_schemes(agent, inst, 32, torch.Generator().manual_seed(seed))
     return {"best_s": best.iteration_s, "curve": [(p.evaluations, p.best_iteration_s) for p in curve.points],
+            "sampled": [(p.evaluations, p.sampled_s) for p in curve.points],
             "dp_share": float(np.mean([s.part.max() == 0 for s in final]))}
 
 
@@ -71,15 +73,16 @@ def search(graph, cluster, seed: int, evaluations: int, which) -> dict:
     floor = float(np.min(np.where(res.fits, res.iteration_s, np.inf)))
     found = which(scorer, graph, len(cluster), Budget(evaluations=evaluations), np.random.default_rng(seed))
     best = min(floor, found.iteration_s if found.fits else np.inf)
-    return {"best_s": best, "curve": [(e, min(floor, t)) for e, _, t in found.curve]}
+    return {"best_s": best, "curve": [(e, min(floor, t)) for e, _, t in found.curve],
+            "sampled": [(e, t) for e, _, t in found.curve]}
 
 
-def median_curve(runs: list[dict], evaluations: int) -> tuple[np.ndarray, np.ndarray]:
-    """The median over seeds of the best-so-far iteration at each evaluation count."""
+def median_curve(runs: list[dict], evaluations: int, key: str = "curve") -> tuple[np.ndarray, np.ndarray]:
+    """The median over seeds of a run's curve ``key`` at each evaluation count."""
     grid = np.linspace(1, evaluations, 60)
     rows = []
     for r in runs:
-        e, t = np.array([c[0] for c in r["curve"]]), np.array([c[1] for c in r["curve"]])
+        e, t = np.array([c[0] for c in r[key]]), np.array([c[1] for c in r[key]])
         idx = np.searchsorted(e, grid, side="right") - 1
         rows.append(np.where(idx >= 0, t[np.maximum(idx, 0)], np.nan))
     with warnings.catch_warnings():  # before a run's first scored batch: no value yet
@@ -88,20 +91,25 @@ def median_curve(runs: list[dict], evaluations: int) -> tuple[np.ndarray, np.nda
 
 
 def figure(results: dict, refs: dict, evaluations: int):
+    """Left: the best plan so far, every method weighing the trivial plans first. Right: what
+    each method finds by itself: the median of the plans DRL-PP's policy sampled in each
+    update, the searches' best without the trivial plans."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4, 3.8), dpi=110)
-    ax = fig.subplots()
-    for name, runs in results.items():
-        ax.plot(*median_curve(runs, evaluations), label=name)
-    for name, value in refs.items():
-        ax.axhline(value, linestyle=":", linewidth=1, color="grey")
-        ax.annotate(name, (evaluations, value), fontsize=7, ha="right", va="bottom")
-    ax.set_xlabel("evaluations")
-    ax.set_ylabel("best iteration so far (s, median of seeds)")
-    ax.set_yscale("log")
-    ax.legend(fontsize=8)
-    ax.set_title("GNMT on 8 V100s (2 servers): DRL-PP before and after, random, annealing", fontsize=9)
+    fig = Figure(figsize=(10, 3.8), dpi=110)
+    axes = fig.subplots(1, 2)
+    for ax, key, label in ((axes[0], "curve", "best iteration so far (s)"),
+                           (axes[1], "sampled", "policy's samples / search alone (s)")):
+        for name, runs in results.items():
+            ax.plot(*median_curve(runs, evaluations, key), label=name)
+        for name, value in refs.items():
+            ax.axhline(value, linestyle=":", linewidth=1, color="grey")
+            ax.annotate(name, (evaluations, value), fontsize=7, ha="right", va="bottom")
+        ax.set_xlabel("evaluations")
+        ax.set_ylabel(f"{label}, median of seeds")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    fig.suptitle("GNMT on 8 V100s (2 servers): DRL-PP before and after, random search, annealing", fontsize=9)
     fig.tight_layout()
     return fig
 

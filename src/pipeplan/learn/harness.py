@@ -49,6 +49,7 @@ class Point:
     mean_reward: float
     baseline: float
     best_iteration_s: float
+    sampled_s: float = float("nan")  # the median iteration of the plans the policy sampled (where an agent says)
 
 
 Progress = Callable[[Point, float], None]  # (latest point, fraction of the budget spent)

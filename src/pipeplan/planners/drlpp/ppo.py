@@ -520,7 +520,9 @@ def train(agent: Agent, inst: Instance, budget: Budget, progress: Progress | Non
         ppo_update(agent, opt, inst, schemes, cfg.entropy_coef * (cfg.entropy_final / cfg.entropy_coef) ** spent,
                    baseline)
         step += 1
-        point = Point(step, budget.elapsed, inst.scorer.evaluations, mean, baseline, best.iteration_s)
+        times = [t for s in schemes for t, ok in zip(s.times, s.valid) if ok and np.isfinite(t)]
+        point = Point(step, budget.elapsed, inst.scorer.evaluations, mean, baseline, best.iteration_s,
+                      float(np.median(times)) if times else float("nan"))
         curve.add(point)
         if progress is not None:
             progress(point, budget.fraction(inst.scorer.evaluations))
