@@ -53,7 +53,8 @@ def _dp_optimal() -> tuple[Graph, object]:
     return g, one_server(4)
 
 
-@pytest.mark.parametrize("planner, options", [("drl-pp", [("evaluations", "24")]), ("automap-infer", [])])
+@pytest.mark.parametrize("planner, options", [pytest.param("drl-pp", [("evaluations", "24")], marks=pytest.mark.slow),
+                                             ("automap-infer", [])])
 def test_both_agents_return_dps_plan_or_better_where_dp_is_optimal(planner, options):
     """The exhaustive search (``exact``) says no plan beats data parallelism here; both agents
     answer no worse than ``dp``."""
@@ -69,6 +70,7 @@ def test_both_agents_return_dps_plan_or_better_where_dp_is_optimal(planner, opti
     assert res.iteration_s <= dp * (1 + 1e-9) and len(plan.stages) == 1
 
 
+@pytest.mark.slow  # trains an agent (seconds)
 def test_drl_pp_weighs_data_parallelism_before_its_first_update():
     """24 layers on 8 devices, a terabyte between any two: every cut costs 1,000 s over 1 GB/s,
     more than data parallelism's whole iteration, so a plan of more than one stage is always
