@@ -339,3 +339,24 @@ def test_dualpipe_v_is_among_the_schedules_searched_for_a_mixture_only():
     assert any(c.schedule == "dualpipe-v" for c in mixture) and not any(c.v_shape for c in dense)
     thumb = llm3d.rule_of_thumb(PRESETS["mixtral-8x7b"], cluster, 32, llm3d.Pins(), "adam")
     assert not thumb.v_shape
+
+
+@pytest.mark.parametrize("global_batch, nearest", [(24, "(TP 1 x PP 2 x DP 8, even layers, 1f1b)"),
+                                                   (32, "(TP 1 x PP 2 x DP 8, 2 chunks, even layers, interleaved-1f1b)")])
+def test_megatron_names_the_nearest_plan_of_a_dualpipe_v_plan(global_batch, nearest):
+    """Megatron runs no V; its nearest plan interleaves two chunks where a replica's
+    microbatches are a multiple of PP (4 of them), else runs 1F1B (3: interleaving cannot)."""
+    from pipeplan.cluster import load_cluster
+    from pipeplan.engines import megatron
+    from pipeplan.errors import PipeplanError
+    from pipeplan.graph.llm import build_graph
+    from pipeplan.llm.layout import v_candidates
+    from pipeplan.llm.parallelism import Parallelism
+    from pipeplan.planners import llm3d
+
+    graph, cluster = build_graph(MIXTRAL, 1), load_cluster("dgx-h100x2")
+    par = Parallelism(1, 2, 8, v_candidates(32, 2)[0], 2, ep=8, microbatch=1, recompute="full", zero=1,
+                      schedule="dualpipe-v")
+    with pytest.raises(PipeplanError, match="the nearest plan it can run") as e:
+        megatron.parallel_arguments(llm3d.plan_of(graph, cluster, par, global_batch))
+    assert nearest in str(e.value)

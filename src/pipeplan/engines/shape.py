@@ -91,7 +91,8 @@ def common_why_not(plan: Plan, placements: tuple[str, ...]) -> str | None:
 def nearest(plan: Plan) -> Plan:
     """The plan the engines can run that is nearest ``plan``: its shape in Megatron's layout
     (``llm.layout``), even layers, 1F1B or interleaved 1F1B, full recomputation on every stage if
-    on any (a declared parallelism: the same but for the layers and the schedule)."""
+    on any (a declared parallelism: the same but for the layers and the schedule, 1F1B where a
+    replica's microbatches are not a multiple of PP, as interleaving needs)."""
     spec = decoder_of(plan.graph.meta, f"model {plan.graph.name!r}")
     tp, pp, dp, vpp = shape(plan)
     world = sorted({d for devs in plan.stage_devices() for d in devs})
@@ -99,7 +100,10 @@ def nearest(plan: Plan) -> Plan:
     schedule = "1f1b" if vpp == 1 else "interleaved-1f1b"
     if plan.parallelism is not None:  # its CP, EP and switches kept
         par = replace(plan.parallelism, layout=even(spec.layers, pp, vpp), schedule=schedule)
-        return replace(plan, stages=[Stage(*chunk) for chunk in layout_stages(names, par)], schedule=schedule,
+        if vpp > 1 and (plan.global_batch // (par.dp * par.microbatch)) % pp:  # interleaving cannot run it: 1F1B
+            par = replace(par, layout=even(spec.layers, pp, 1), vpp=1, schedule="1f1b", overlap_p2p=False)
+        stages = [Stage(*chunk) for chunk in layout_stages(names, par)]
+        return replace(plan, stages=stages, schedule=par.schedule, recompute=[par.recompute == "full"] * len(stages),
                        prediction={}, extra={}, parallelism=par)
     par = Parallelism(tp, pp, dp, even(spec.layers, pp, vpp), vpp, schedule=schedule)
     stages = [Stage(*chunk) for chunk in layout_stages(names, par)]
@@ -119,7 +123,7 @@ def refusal(engine: str, plan: Plan, why: str) -> str:
     except PipeplanError as e:
         return f"{engine} cannot express this plan: {why}; no plan in its layout comes near ({e})"
     own = simulate(plan, timeline=False).iteration_s
-    tp, pp, dp, vpp = shape(plan)
+    tp, pp, dp, vpp = shape(near)
     text = f"TP {tp} x PP {pp} x DP {dp}" + (f", {vpp} chunks" if vpp > 1 else "")
     return (f"{engine} cannot express this plan: {why}; the nearest plan it can run ({text}, even layers, "
             f"{near.schedule}) is predicted at {cost:.4g} s an iteration, this plan at {own:.4g} s")
