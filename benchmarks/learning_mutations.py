@@ -33,10 +33,10 @@ EDITS = {
     "no clip": (PPO, "-torch.min(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv).mean()",
                 "-(ratio * adv).mean()"),
     "min -> max": (PPO, "-torch.min(ratio * adv,", "-torch.max(ratio * adv,"),
-    "advantage sign": (PPO, "adv_s = np.array([s.reward for s in schemes]) - baseline\n"
-                            "    adv_p = np.concatenate([np.array(s.rewards) for s in schemes]) - baseline",
-                       "adv_s = baseline - np.array([s.reward for s in schemes])\n"
-                       "    adv_p = baseline - np.concatenate([np.array(s.rewards) for s in schemes])"),
+    "advantage sign": (PPO, "return (np.where(valid_s, d_s * scale, INVALID_ADVANTAGE), "
+                            "np.where(valid_p, d_p * scale, INVALID_ADVANTAGE))",
+                       "return (np.where(valid_s, -d_s * scale, INVALID_ADVANTAGE), "
+                       "np.where(valid_p, -d_p * scale, INVALID_ADVANTAGE))"),
     "reward sign": ("pipeplan/learn/scoring.py", "r = -np.log(res.iteration_s)", "r = np.log(res.iteration_s)"),
 }
 
