@@ -39,7 +39,7 @@ from _results import PROFILES, add_out_argument, profiles_absent, save_figure, w
 from pipeplan.budget import Budget  # noqa: E402
 from pipeplan.cluster import load_cluster  # noqa: E402
 from pipeplan.graph import load_graph  # noqa: E402
-from pipeplan.learn.found import trivial_candidates  # noqa: E402
+from pipeplan.learn.found import trivial_under  # noqa: E402
 from pipeplan.learn.search import random_search, simulated_annealing  # noqa: E402
 from pipeplan.planners import PlanOptions, run_planner  # noqa: E402
 from pipeplan.planners.drlpp.ppo import Config, new_agent, sample_schemes, train  # noqa: E402
@@ -67,9 +67,7 @@ def drl_pp(graph, cluster, seed: int, evaluations: int, variant: dict) -> dict:
 
 def search(graph, cluster, seed: int, evaluations: int, which) -> dict:
     scorer = instance(graph, cluster, options()).scorer
-    parts, devs = trivial_candidates(graph, len(cluster))
-    n = len(scorer.executions)
-    res = scorer.score(np.repeat(parts, n, axis=0), np.repeat(devs, n, axis=0), np.tile(np.arange(n), len(parts)))
+    res = scorer.score(*trivial_under(graph, len(cluster), len(scorer.executions)))
     floor = float(np.min(np.where(res.fits, res.iteration_s, np.inf)))
     found = which(scorer, graph, len(cluster), Budget(evaluations=evaluations), np.random.default_rng(seed))
     best = min(floor, found.iteration_s if found.fits else np.inf)

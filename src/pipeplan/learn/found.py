@@ -49,6 +49,14 @@ def trivial_candidates(graph: Graph, devices: int, stages: tuple[int, ...] | Non
     return np.stack(parts), np.stack(device_parts)
 
 
+def trivial_under(graph: Graph, devices: int, executions: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``trivial_candidates`` each under every one of ``executions`` executions: (parts,
+    device parts, execution indices), as ``scoring.Scorer.score`` takes them."""
+    parts, devs = trivial_candidates(graph, devices)
+    return (np.repeat(parts, executions, axis=0), np.repeat(devs, executions, axis=0),
+            np.tile(np.arange(executions), len(parts)))
+
+
 def instance_key(graph: Graph, cluster: Cluster, microbatches: int) -> str:
     """A digest of what a plan's score depends on besides the simulator: the graph's nodes,
     costs and edges, the cluster's devices and links, the microbatches."""

@@ -15,7 +15,7 @@ import numpy as np
 from ..budget import Budget
 from ..cluster import Cluster
 from ..graph import Graph
-from ..learn.found import trivial_candidates
+from ..learn.found import trivial_under
 from ..learn.scoring import Scorer, executions
 from ..learn.search import SearchResult, random_search, simulated_annealing
 from ..plan import Plan
@@ -61,10 +61,7 @@ def _search(name: str, graph: Graph, cluster: Cluster, options: PlanOptions) -> 
 
 def _with_trivial(scorer: Scorer, graph: Graph, devices: int, found: SearchResult) -> SearchResult:
     """``found``, or the trivial plan (under any allowed execution) that scores better."""
-    parts, devs = trivial_candidates(graph, devices)
-    n = len(scorer.executions)
-    ex = np.tile(np.arange(n), len(parts))
-    parts, devs = np.repeat(parts, n, axis=0), np.repeat(devs, n, axis=0)
+    parts, devs, ex = trivial_under(graph, devices, len(scorer.executions))
     res = scorer.score(parts, devs, ex)
     i = int(np.argmax(res.reward))
     if not np.isfinite(res.iteration_s[i]) or res.reward[i] <= found.reward:

@@ -20,7 +20,7 @@ from ...cluster import Cluster
 from ...errors import PipeplanError
 from ...graph import Graph
 from ...learn.features import NODE_FEATURES, adjacency, node_features
-from ...learn.found import trivial_candidates
+from ...learn.found import trivial_under
 from ...learn.gcn import GraphEncoder
 from ...learn.harness import Budget, Curve, Point, Progress, seed_everything
 from ...learn.partition import Ancestors, PartitionState, placement_valid
@@ -496,10 +496,7 @@ class Best:
 def offer_trivial(best: Best, inst: Instance) -> None:
     """Data parallelism and the equal-compute splits under every execution allowed
     (``learn.found``): the answer is never worse than they are."""
-    parts, devs = trivial_candidates(inst.graph, len(inst.cluster))
-    n = len(inst.scorer.executions)
-    best.offer_plans(inst.scorer, np.repeat(parts, n, axis=0), np.repeat(devs, n, axis=0),
-                     np.tile(np.arange(n), len(parts)))
+    best.offer_plans(inst.scorer, *trivial_under(inst.graph, len(inst.cluster), len(inst.scorer.executions)))
 
 
 def train(agent: Agent, inst: Instance, budget: Budget, progress: Progress | None = None,
