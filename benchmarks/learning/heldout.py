@@ -13,7 +13,10 @@ A plan that overflows memory counts as infinitely slow. The script reports and s
 exits 1 when a target is missed.
 
     .venv/bin/python benchmarks/learning/heldout.py [--agents automap-infer,drl-pp] [--seeds 5]
-        [--evaluations 3000]
+        [--evaluations 3000] [--jobs N]
+
+Seeds and instances run in ``--jobs`` worker processes (default: one a CPU); each run is
+seeded, so the figures do not depend on how many.
 
 Writes benchmarks/results/learning/heldout_<agent>.{json,md}.
 """
@@ -21,9 +24,12 @@ Writes benchmarks/results/learning/heldout_<agent>.{json,md}.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -49,17 +55,21 @@ def seconds(planner: str, graph, cluster, pairs: list[tuple[str, str]] = ()) -> 
     return (np.inf if res.over_memory else res.iteration_s), {"stages": len(plan.stages), **(plan.extra or {})}
 
 
-def instance(agent: str, model: str, cname: str, seeds: int, evaluations: int) -> dict:
+def run(agent: str, model: str, cname: str, seed: int, evaluations: int) -> dict:
+    """One seed of ``agent`` on one instance (a worker process's task)."""
+    graph, cluster = load_graph(str(PROFILES / model)), load_cluster(cname)
+    pairs = [("evaluations", str(evaluations)), ("seed", str(seed))] if agent == "drl-pp" else []
+    t0 = time.process_time()
+    value, extra = seconds(agent, graph, cluster, pairs)
+    return {"iteration_s": value, "cpu_s": time.process_time() - t0, "stages": extra["stages"],
+            "trivial": extra.get(agent, {}).get("trivial")}
+
+
+def instance(agent: str, model: str, cname: str, runs: list[dict]) -> dict:
+    """An instance's row: ``runs`` (one a seed) against dp and spp on the same inputs."""
     graph, cluster = load_graph(str(PROFILES / model)), load_cluster(cname)
     dp, _ = seconds("dp", graph, cluster)
     spp, _ = seconds("spp", graph, cluster)
-    runs = []
-    for seed in range(seeds if agent == "drl-pp" else 1):
-        pairs = [("evaluations", str(evaluations)), ("seed", str(seed))] if agent == "drl-pp" else []
-        t0 = time.process_time()
-        value, extra = seconds(agent, graph, cluster, pairs)
-        runs.append({"iteration_s": value, "cpu_s": time.process_time() - t0, "stages": extra["stages"],
-                     "trivial": extra.get(agent, {}).get("trivial")})
     values = [r["iteration_s"] for r in runs]
     row = {"model": model, "cluster": cname, "devices": len(cluster), "dp_s": dp, "spp_s": spp, "runs": runs,
            "gap_to_spp": statistics.median(v / spp - 1 for v in values),
@@ -110,18 +120,23 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--evaluations", type=int, default=3000)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="worker processes for the seeds (the results do not depend on it)")
     add_out_argument(parser, "learning")
     args = parser.parse_args()
     if profiles_absent():
         return 0
     ok = True
-    for agent in args.agents.split(","):
-        pairs = [(m, c) for c in CLUSTERS[agent] for m in args.models.split(",")]
-        rows = []
-        for m, c in pairs:
-            rows.append(instance(agent, m, c, args.seeds, args.evaluations))
-            met = report(agent, rows, args, len(pairs))
-        ok &= met
+    with ProcessPoolExecutor(max(args.jobs, 1), mp_context=multiprocessing.get_context("spawn")) as pool:
+        for agent in args.agents.split(","):
+            pairs = [(m, c) for c in CLUSTERS[agent] for m in args.models.split(",")]
+            seeds = range(args.seeds if agent == "drl-pp" else 1)
+            futures = [[pool.submit(run, agent, m, c, s, args.evaluations) for s in seeds] for m, c in pairs]
+            rows = []
+            for (m, c), runs in zip(pairs, futures):
+                rows.append(instance(agent, m, c, [f.result() for f in runs]))
+                met = report(agent, rows, args, len(pairs))
+            ok &= met
     return 0 if ok else 1
 
 

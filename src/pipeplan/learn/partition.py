@@ -67,6 +67,7 @@ class PartitionState:
         self.actions = Actions(len(graph), devices)
         self.anc = (ancestors or Ancestors(graph)).matrix
         self.has_pred = np.array([bool(p) for p in graph.pred])
+        self.topo = np.asarray(graph.topo, dtype=np.int64)
         self.pred_mask = np.zeros((len(graph), len(graph)), dtype=bool)
         for v, ps in enumerate(graph.pred):
             self.pred_mask[v, ps] = True
@@ -98,14 +99,15 @@ class PartitionState:
 
     def _join(self, v: int) -> None:
         """Node v and its unassigned ancestors join partition k (Alg. 1 line 5)."""
-        new = (self.anc[v] | (np.arange(len(self.part)) == v)) & (self.part < 0)
-        order = [u for u in self.graph.topo if new[u]]
+        new = self.anc[v] & (self.part < 0)
+        new[v] = self.part[v] < 0
+        order = self.topo[new[self.topo]].tolist()
         self.part[order] = self.k
         self.added.extend(order)
 
     def _rest(self) -> None:
         """The nodes left form partition k, the last (line 24)."""
-        rest = [u for u in self.graph.topo if self.part[u] < 0]
+        rest = self.topo[self.part[self.topo] < 0].tolist()
         self.part[rest] = self.k
         self.added.extend(rest)
         self.partitioning = False

@@ -140,8 +140,8 @@ class Trajectory:
     temperature: float
 
 
-def walk(agent: Agent, h: torch.Tensor, state: PartitionState,
-         generator: torch.Generator | None = None) -> tuple[Trajectory, float]:
+def walk(agent: Agent, h: torch.Tensor, state: PartitionState, generator: torch.Generator | None = None,
+         cells: _Cells | None = None) -> tuple[Trajectory, float]:
     """Sample Algorithm 1 on ``state`` (no gradients); the trajectory and its log-probability.
 
     The cutter LSTM reads the current partition's summary (the sum of its nodes'
@@ -149,37 +149,88 @@ def walk(agent: Agent, h: torch.Tensor, state: PartitionState,
     LSTM starts each partition from the cutter's encoding of the previous one (H~_{G_{k-1}}),
     reads the partition's nodes in the order they joined, and scores each candidate as one
     more step (line 15). The cut's score is the current partition's score minus T (lines
-    9-14; docs/drlpp.md). ``replay`` recomputes the same figures in a few batched calls."""
+    9-14; docs/drlpp.md). ``replay`` recomputes the same figures in a few batched calls, with
+    gradients; here the same cells run in numpy (``_Cells``: a step costs microseconds, not a
+    torch call's overhead a gate; ``cells``: made once for many walks)."""
     cfg, n = agent.cfg, state.actions.nodes
     temperature = cut_temperature(cfg, n, state.devices)
-    zero = h.new_zeros(1, cfg.hidden)
-    cut_state, sel_state = (zero, zero), (zero, zero)
+    net = cells or _Cells(agent, h)
+    zero = np.zeros(cfg.hidden, dtype=np.float32)
+    cut_state, sel_state, summary = (zero, zero), (zero, zero), np.zeros(h.shape[1], dtype=np.float32)
     fed, grows, steps, logp = 0, 0, [], 0.0
     while state.partitioning:
         cand = np.flatnonzero(state.candidates())
         joined = int((state.part == state.k).sum())
         if state.starting:  # a new partition: the selector starts from H~_{G_{k-1}}
-            sel_state, fed = cut_state, len(state.added)
+            sel_state, fed, summary = cut_state, len(state.added), np.zeros_like(summary)
         else:
             for u in state.added[fed:]:
-                sel_state = agent.selector(h[u:u + 1], sel_state)
+                sel_state = net.select(net.sel_x[u], sel_state)
+                summary = summary + net.h[u]
             fed = len(state.added)
-            summary = h[torch.as_tensor(np.flatnonzero(state.part == state.k))].sum(0, keepdim=True)
-            cut_state = agent.cutter(summary, cut_state)
+            cut_state = net.cut(summary, cut_state)
             grows += 1
-        hc = agent.selector(h[torch.as_tensor(cand)], (sel_state[0].expand(len(cand), -1),
-                                                        sel_state[1].expand(len(cand), -1)))
-        scores = agent.candidate_score(hc[0]).squeeze(1)
+        scores = net.candidate_scores(cand, sel_state)
         if not state.starting:
-            scores = torch.cat([agent.cut_score(cut_state[0]).view(1) - temperature, scores])
-        logp_all = torch.log_softmax(scores, dim=0)
-        i = int(torch.multinomial(logp_all.exp(), 1, generator=generator))
+            scores = np.concatenate([[net.cut_score(cut_state[0]) - temperature], scores])
+        logp_all = scores - scores.max()
+        logp_all = logp_all - np.log(np.exp(logp_all).sum())
+        i = int(torch.multinomial(torch.from_numpy(np.exp(logp_all)), 1, generator=generator))
         logp += float(logp_all[i])
         steps.append(Step(state.k, joined, state.starting, grows - (0 if state.starting else 1), cand, i,
                           float(logp_all[i])))
         state.step(n if (not state.starting and i == 0) else int(cand[i - (0 if state.starting else 1)]))
     orders = [[u for u in state.added if state.part[u] == k] for k in range(state.num_partitions)]
     return Trajectory(steps, orders, temperature), logp
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (np.tanh(0.5 * x) + 1.0)
+
+
+class _Cells:
+    """The partitioner's LSTM cells and score MLPs as numpy arrays, for ``walk`` (torch's
+    ``LSTMCell``: gates i, f, g, o from x W_ih^T + b_ih + h W_hh^T + b_hh). The selector's
+    inputs are node representations, so their projections are computed once for all nodes."""
+
+    def __init__(self, agent: Agent, h: torch.Tensor) -> None:
+        def arr(t: torch.Tensor) -> np.ndarray:
+            return t.detach().numpy().astype(np.float32)
+
+        sel, cut = agent.selector, agent.cutter
+        self.h = arr(h)
+        self.sel_x = self.h @ arr(sel.weight_ih).T + arr(sel.bias_ih + sel.bias_hh)  # (nodes, 4 hidden)
+        self.sel_hh = arr(sel.weight_hh).T
+        self.cut_ih, self.cut_hh, self.cut_b = arr(cut.weight_ih).T, arr(cut.weight_hh).T, arr(cut.bias_ih + cut.bias_hh)
+        self.cand_mlp = [arr(t) for t in (agent.candidate_score[0].weight.T, agent.candidate_score[0].bias,
+                                          agent.candidate_score[2].weight.T, agent.candidate_score[2].bias)]
+        self.cut_mlp = [arr(t) for t in (agent.cut_score[0].weight.T, agent.cut_score[0].bias,
+                                         agent.cut_score[2].weight.T, agent.cut_score[2].bias)]
+
+    @staticmethod
+    def _cell(gates: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k = gates.shape[-1] // 4
+        sig = _sigmoid(gates)
+        c = sig[..., k:2 * k] * c + sig[..., :k] * np.tanh(gates[..., 2 * k:3 * k])
+        return sig[..., 3 * k:] * np.tanh(c), c
+
+    def select(self, x_projected: np.ndarray, state: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        return self._cell(x_projected + state[0] @ self.sel_hh, state[1])
+
+    def cut(self, x: np.ndarray, state: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        return self._cell(x @ self.cut_ih + self.cut_b + state[0] @ self.cut_hh, state[1])
+
+    @staticmethod
+    def _mlp(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarray, b2: np.ndarray) -> np.ndarray:
+        return (np.maximum(x @ w1 + b1, 0.0) @ w2 + b2)[..., 0]
+
+    def candidate_scores(self, cand: np.ndarray, state: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Each candidate read as one more selector step from ``state``, scored."""
+        hc, _ = self._cell(self.sel_x[cand] + state[0] @ self.sel_hh, state[1])
+        return self._mlp(hc, *self.cand_mlp).astype(np.float64)
+
+    def cut_score(self, cut_h: np.ndarray) -> float:
+        return float(self._mlp(cut_h, *self.cut_mlp))
 
 
 def cut_temperature(cfg: Config, nodes: int, devices: int) -> float:
@@ -231,7 +282,9 @@ def _cutter_states(agent: Agent, h: torch.Tensor, trajs: list[Trajectory]):
     cfg = agent.cfg
     summaries = []
     for tr in trajs:
-        seq = [h[torch.as_tensor(tr.orders[st.k][:st.joined])].sum(0) for st in tr.steps if not st.starting]
+        sums = [h[torch.as_tensor(order)].cumsum(0) for order in tr.orders]  # row j - 1: the first j nodes
+        seq = [sums[st.k][st.joined - 1] if st.joined else h.new_zeros(h.shape[1])
+               for st in tr.steps if not st.starting]
         summaries.append(torch.stack(seq) if seq else h.new_zeros(0, h.shape[1]))
     length = max(len(s) for s in summaries)
     x = h.new_zeros(len(trajs), max(length, 1), h.shape[1])
@@ -359,10 +412,10 @@ def sample_schemes(agent: Agent, inst: Instance, count: int, generator: torch.Ge
     cfg = agent.cfg
     with torch.no_grad():
         h = agent.encoder(inst.x, inst.adj)
-        schemes = []
+        cells, schemes = _Cells(agent, h), []
         for _ in range(count):
             state = inst.state()
-            traj, _ = walk(agent, h, state, generator)
+            traj, _ = walk(agent, h, state, generator, cells)
             scheme = Scheme(traj, state.part.copy(), best=cfg.scheme_reward == "best")
             logits = placement_logits(agent, h, scheme.part)
             k = int(scheme.part.max()) + 1
