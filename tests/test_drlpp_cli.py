@@ -133,6 +133,7 @@ def test_plan_with_the_checkpoint_returns_its_recorded_best_or_better(checkpoint
     assert main(["plan", *argv, "--microbatches", "4"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["drl-pp"]["checkpoint_best"] is True
+    assert (plan["drl-pp"]["found"] == "the checkpoint's best") != bool(plan["drl-pp"]["trivial"])
     assert plan["iteration_s"] <= recorded["iteration_s"] * (1 + 1e-9)
     assert main(["plan", *argv, "--microbatches", "8"]) == 0
     assert json.loads(capsys.readouterr().out)["drl-pp"]["checkpoint_best"] is False

@@ -68,6 +68,9 @@ def test_both_agents_return_dps_plan_or_better_where_dp_is_optimal(planner, opti
     opts = PlanOptions(microbatches=4, settings=planner_settings([planner], options))
     plan, res = run_planner(planner, g, cl, opts)
     assert res.iteration_s <= dp * (1 + 1e-9) and len(plan.stages) == 1
+    from pipeplan.cli.report import trivial_note  # the report says a trivial plan won, which
+
+    assert trivial_note(plan).startswith(f"{planner} answers a trivial plan, data parallelism (")
 
 
 @pytest.mark.slow  # trains an agent (seconds)
@@ -85,6 +88,8 @@ def test_drl_pp_weighs_data_parallelism_before_its_first_update():
     opts = PlanOptions(microbatches=4, settings=planner_settings(["drl-pp"], [("evaluations", "1"), ("samples", "0")]))
     plan, res = run_planner("drl-pp", g, cl, opts)
     assert len(plan.stages) == 1 and res.iteration_s <= dp * (1 + 1e-9)
+    said = plan.extra["drl-pp"]  # the plan says the trivial plan won, and which
+    assert said["trivial"] == said["found"] and said["found"].startswith("data parallelism (")
 
 
 @pytest.mark.parametrize("planner", ["random", "anneal"])

@@ -151,12 +151,26 @@ def print_prediction(result: SimResult, console: Console, plan: Plan | None = No
                       + ("" if plan.search_complete else
                          f" [yellow](search incomplete: {escape(plan.incomplete or '')}; the best plan found, "
                          "not proven best)[/yellow]"))
+        trivial = trivial_note(plan)
+        if trivial:
+            console.print(trivial)
     if result.over_memory:
         console.print(f"[red]over memory:[/red] {', '.join(result.over_memory)}")
     variant = (plan.extra.get("memory_variant") if plan is not None else None)
     if variant:
         console.print(f"to fit in memory: schedule {variant['schedule']}, re-materializing stages "
                       f"{variant['recompute'] or 'none'}")
+
+
+def trivial_note(plan: Plan) -> str:
+    """Where a learning or search planner answered with a trivial plan (``learn.found``:
+    data parallelism or an equal-compute split, weighed beside its own), which one."""
+    for name, info in plan.extra.items():
+        said = info.get("trivial") if isinstance(info, dict) else None
+        if said:
+            what = said if isinstance(said, str) else "data parallelism or an equal-compute split"
+            return f"{name} answers a trivial plan, {what}: none of its own plans beat it"
+    return ""
 
 
 def _setup_text(setup_s: float) -> str:

@@ -125,5 +125,13 @@ def no_worse_than_trivial(plan: Plan, microbatches: int, schedule: str, optimize
     j, mode = (i - 1) % n, (i - 1) // n
     better = scorer.plan(parts[j], devs[j], mode)
     better.planner = plan.planner
-    what = "data parallelism" if j == 0 else f"equal-compute split into {int(parts[j].max()) + 1} stages"
-    return better, f"{what} ({scorer.executions[mode][1]})"
+    return better, trivial_name(parts[j], scorer.executions[mode])
+
+
+def trivial_name(part: np.ndarray, execution: tuple[str, str]) -> str:
+    """How a report names a trivial plan: "data parallelism (split)", "equal-compute split
+    into 2 stages (1f1b, round-robin)" (the schedule said where stages make it matter)."""
+    k = int(part.max()) + 1
+    if k == 1:
+        return f"data parallelism ({execution[1]})"
+    return f"equal-compute split into {k} stages ({execution[0]}, {execution[1]})"

@@ -20,7 +20,7 @@ from ...cluster import Cluster
 from ...errors import PipeplanError
 from ...graph import Graph
 from ...learn.features import NODE_FEATURES, adjacency, node_features
-from ...learn.found import trivial_under
+from ...learn.found import trivial_name, trivial_under
 from ...learn.gcn import GraphEncoder
 from ...learn.harness import Budget, Curve, Point, Progress, seed_everything
 from ...learn.partition import Ancestors, PartitionState, placement_valid
@@ -524,32 +524,40 @@ def _clipped(new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, clip: floa
 
 @dataclass
 class Best:
-    """The best plan seen: its reward, partition and placement."""
+    """The best plan seen: its reward, partition and placement, and where it came from."""
 
     reward: float = -np.inf
     part: np.ndarray | None = None
     device_part: np.ndarray | None = None
     iteration_s: float = np.inf
     execution: int = 0  # an index into the scorer's executions
+    found: str = ""  # "training", "sampled", "the checkpoint's best" or a trivial plan's name
+    trivial: bool = False  # ``found`` names a trivial plan
 
-    def offer(self, schemes: list[Scheme]) -> None:
+    def offer(self, schemes: list[Scheme], found: str) -> None:
         for s in schemes:
             for p, e, r, t, ok in zip(s.placements, s.executions, s.rewards, s.times, s.valid):
                 if ok and r > self.reward:
                     self.reward, self.part, self.device_part, self.iteration_s, self.execution = r, s.part, p, t, e
+                    self.found, self.trivial = found, False
 
-    def offer_plans(self, scorer, parts: np.ndarray, device_parts: np.ndarray, executions: np.ndarray) -> None:
-        """Plans given whole (the trivial ones, a checkpoint's recorded best), scored now."""
+    def offer_plans(self, scorer, parts: np.ndarray, device_parts: np.ndarray, executions: np.ndarray,
+                    found: list[str], trivial: bool = False) -> None:
+        """Plans given whole (the trivial ones, a checkpoint's recorded best), scored now;
+        ``found``: each one's name."""
         res = scorer.score(parts, device_parts, executions)
-        for p, d, e, r, t in zip(parts, device_parts, executions.tolist(), res.reward, res.iteration_s):
+        for p, d, e, r, t, name in zip(parts, device_parts, executions.tolist(), res.reward, res.iteration_s, found):
             if np.isfinite(t) and r > self.reward:
                 self.reward, self.part, self.device_part, self.iteration_s, self.execution = float(r), p, d, float(t), e
+                self.found, self.trivial = name, trivial
 
 
 def offer_trivial(best: Best, inst: Instance) -> None:
     """Data parallelism and the equal-compute splits under every execution allowed
     (``learn.found``): the answer is never worse than they are."""
-    best.offer_plans(inst.scorer, *trivial_under(inst.graph, len(inst.cluster), len(inst.scorer.executions)))
+    parts, devs, executions = trivial_under(inst.graph, len(inst.cluster), len(inst.scorer.executions))
+    names = [trivial_name(p, inst.scorer.executions[e]) for p, e in zip(parts, executions)]
+    best.offer_plans(inst.scorer, parts, devs, executions, names, trivial=True)
 
 
 def train(agent: Agent, inst: Instance, budget: Budget, progress: Progress | None = None,
@@ -563,7 +571,7 @@ def train(agent: Agent, inst: Instance, budget: Budget, progress: Progress | Non
     offer_trivial(best, inst)
     while step == 0 or budget.left(inst.scorer.evaluations):
         schemes = sample_schemes(agent, inst, cfg.schemes_per_update, generator)
-        best.offer(schemes)
+        best.offer(schemes, "training")
         mean = float(np.mean([s.reward for s in schemes]))
         baseline = mean if baseline is None else cfg.baseline_decay * baseline + (1 - cfg.baseline_decay) * mean
         spent = budget.fraction(inst.scorer.evaluations)
@@ -584,7 +592,7 @@ def sample_best(agent: Agent, inst: Instance, schemes: int, best: Best | None = 
     best scored plan."""
     generator = torch.Generator().manual_seed(agent.cfg.seed)
     best = best or Best()
-    best.offer(sample_schemes(agent, inst, schemes, generator))
+    best.offer(sample_schemes(agent, inst, schemes, generator), "sampled")
     return best
 
 

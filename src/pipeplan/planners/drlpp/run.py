@@ -123,7 +123,8 @@ def plan_with_agent(graph: Graph, cluster: Cluster, options: PlanOptions, path: 
     plan = _plan(inst, best)
     stopped = budget.why_stopped(inst.scorer.evaluations) if budget is not None else None
     plan.extra = {"drl-pp": {"checkpoint": path, "trained_s": trained_s, "updates": updates,
-                             "checkpoint_best": found,
+                             "checkpoint_best": found, "found": best.found,
+                             "trivial": best.found if best.trivial else None,
                              "evaluations": inst.scorer.evaluations, "complete": False,
                              "incomplete": f"the best of a learned policy's samples{f' ({stopped})' if stopped else ''}"
                                            ", not an exhaustive search"}}
@@ -137,5 +138,5 @@ def _offer_recorded(best: Best, inst: Instance, trained_on: dict, options: PlanO
     if got is None:
         return False
     part, dev, e = got
-    best.offer_plans(inst.scorer, part[None], dev[None], np.array([e]))
+    best.offer_plans(inst.scorer, part[None], dev[None], np.array([e]), ["the checkpoint's best"])
     return True
