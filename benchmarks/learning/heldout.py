@@ -16,7 +16,12 @@ exits 1 when a target is missed.
         [--evaluations 3000] [--jobs N]
 
 Seeds and instances run in ``--jobs`` worker processes (default: one a CPU); each run is
-seeded, so the figures do not depend on how many.
+seeded, so the figures do not depend on how many. ``--resume`` keeps the rows of the results
+file already written (a run stopped part way) and measures the rest, only where those rows
+would come out the same: the same seeds, evaluations and models, and neither ``src/`` nor
+this script's row code (``seconds``, ``run``, ``instance``) changed since the commit that
+wrote them; the file then says which commit measured which rows. The command it records is
+the full run's (what reproduces every row).
 
 Writes benchmarks/results/learning/heldout_<agent>.{json,md}.
 """
@@ -24,9 +29,12 @@ Writes benchmarks/results/learning/heldout_<agent>.{json,md}.
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -35,7 +43,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _results import PROFILES, add_out_argument, profiles_absent, write_json, write_markdown  # noqa: E402
+from _results import (PROFILES, ROOT, add_out_argument, git_state, profiles_absent, write_json,  # noqa: E402
+                      write_markdown)
 
 from pipeplan.cluster import load_cluster  # noqa: E402
 from pipeplan.graph import load_graph  # noqa: E402
@@ -80,7 +89,44 @@ def instance(agent: str, model: str, cname: str, runs: list[dict]) -> dict:
     return row
 
 
-def report(agent: str, rows: list[dict], args, planned: int) -> bool:
+ROW_CODE = ("seconds", "run", "instance")
+
+
+def _row_code(text: str) -> dict[str, str]:
+    """The source of the functions that make a row, in this script's text ``text``."""
+    tree = ast.parse(text)
+    return {n.name: ast.get_source_segment(text, n) for n in tree.body
+            if isinstance(n, ast.FunctionDef) and n.name in ROW_CODE}
+
+
+def resumed_rows(agent: str, args, pairs: list[tuple[str, str]]) -> tuple[list[dict], list[dict]]:
+    """(rows kept, where they came from) from the results file ``--resume`` continues; a
+    SystemExit naming why when they cannot be kept (module docstring)."""
+    path = args.out / f"heldout_{agent}.json"
+    if not path.is_file():
+        return [], []
+    old = json.loads(path.read_text())
+    commit = old["provenance"]["commit"]
+    script = Path(__file__).resolve().relative_to(ROOT).as_posix()
+    if old["provenance"].get("dirty") or (old["seeds"], old["evaluations"]) != (args.seeds, args.evaluations):
+        raise SystemExit(f"--resume: {path} was written dirty or with other seeds/evaluations; run without it")
+    changed = subprocess.run(["git", "diff", "--quiet", commit, "HEAD", "--", "src"], cwd=ROOT).returncode
+    before = subprocess.run(["git", "show", f"{commit}:{script}"], cwd=ROOT, capture_output=True, text=True)
+    if changed or before.returncode or _row_code(before.stdout) != _row_code(Path(__file__).read_text()):
+        raise SystemExit(f"--resume: src/ or the row code changed since {commit[:12]}; run without it")
+    rows = [r for r in old["rows"] if (r["model"], r["cluster"]) in pairs]
+    if [(r["model"], r["cluster"]) for r in rows] != pairs[:len(rows)]:
+        raise SystemExit(f"--resume: {path} holds other instances than this run's first ones; run without it")
+    origin = old.get("rows_from") or [{"commit": commit, "rows": len(old["rows"])}]
+    kept, out = len(rows), []
+    for o in origin:
+        if kept > 0:
+            out.append({"commit": o["commit"], "rows": min(o["rows"], kept)})
+            kept -= o["rows"]
+    return rows, out
+
+
+def report(agent: str, rows: list[dict], args, planned: int, rows_from: list[dict]) -> bool:
     """Write what the rows say (again after every instance: a long run leaves its partial
     results, marked so); True when the targets are met on all ``planned`` instances."""
     median = statistics.median(r["gap_to_spp"] for r in rows)
@@ -89,6 +135,7 @@ def report(agent: str, rows: list[dict], args, planned: int) -> bool:
     met = complete and never_below_dp and median <= TARGETS[agent]
     write_json(args.out / f"heldout_{agent}.json", {"agent": agent, "seeds": args.seeds, "evaluations": args.evaluations,
                                                     "rows": rows, "instances": len(rows), "planned": planned,
+                                                    "rows_from": rows_from,
                                                     "median_gap_to_spp": median, "never_below_dp": never_below_dp,
                                                     "met": met})
     runs = "one plan an instance" if agent == "automap-infer" else \
@@ -105,6 +152,13 @@ def report(agent: str, rows: list[dict], args, planned: int) -> bool:
         lines.append(f"| {r['model']} | {r['cluster']} | {r['devices']} | {r['dp_s']:.4f} | {r['spp_s']:.4f} | "
                      f"{statistics.median(values):.4f} | {r['gap_to_spp']:+.1%} | {r['worst_vs_dp']:+.1%} | "
                      f"{'/'.join(str(x['stages']) for x in r['runs'])} | {', '.join(won)} |")
+    if len(rows_from) > 1:
+        first, said = 1, []
+        for o in rows_from:
+            said.append(f"rows {first}-{first + o['rows'] - 1} at {o['commit'][:12]}")
+            first += o["rows"]
+        lines += ["", "Measured in parts (`--resume`; src/ and the row code the same throughout): "
+                  + ", ".join(said) + "."]
     lines += ["", f"Median gap to spp {median:+.1%} (target within {TARGETS[agent]:.0%}); never slower than dp: "
               f"{'yes' if never_below_dp else 'NO'}. "
               + (f"Targets {'met' if met else 'MISSED'}." if complete else
@@ -121,22 +175,32 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--evaluations", type=int, default=3000)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows already written where they would come out the same (module docstring)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="worker processes for the seeds (the results do not depend on it)")
     add_out_argument(parser, "learning")
     args = parser.parse_args()
     if profiles_absent():
         return 0
+    if args.resume:
+        sys.argv.remove("--resume")  # the command recorded: the full run's, which gives every row
     ok = True
     with ProcessPoolExecutor(max(args.jobs, 1), mp_context=multiprocessing.get_context("spawn")) as pool:
         for agent in args.agents.split(","):
             pairs = [(m, c) for c in CLUSTERS[agent] for m in args.models.split(",")]
+            rows, rows_from = resumed_rows(agent, args, pairs) if args.resume else ([], [])
+            head = git_state()[0]
             seeds = range(args.seeds if agent == "drl-pp" else 1)
-            futures = [[pool.submit(run, agent, m, c, s, args.evaluations) for s in seeds] for m, c in pairs]
-            rows = []
-            for (m, c), runs in zip(pairs, futures):
+            futures = [[pool.submit(run, agent, m, c, s, args.evaluations) for s in seeds] for m, c in pairs[len(rows):]]
+            met = report(agent, rows, args, len(pairs), rows_from) if rows else False
+            for (m, c), runs in zip(pairs[len(rows):], futures):
                 rows.append(instance(agent, m, c, [f.result() for f in runs]))
-                met = report(agent, rows, args, len(pairs))
+                if rows_from and rows_from[-1]["commit"] == head:
+                    rows_from[-1]["rows"] += 1
+                else:
+                    rows_from.append({"commit": head, "rows": 1})
+                met = report(agent, rows, args, len(pairs), rows_from)
             ok &= met
     return 0 if ok else 1
 
