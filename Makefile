@@ -65,6 +65,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/automap/infer_latency.py
 	$(BIN)/python benchmarks/learning/heldout.py --agents automap-infer
 	$(BIN)/python benchmarks/learning/heldout.py --agents drl-pp
+	$(BIN)/python benchmarks/learning/apart.py --agents automap-infer
+	$(BIN)/python benchmarks/learning/apart.py --agents drl-pp
 	$(BIN)/python benchmarks/learning/collapse.py
 	$(BIN)/python benchmarks/automap/large.py
 	$(BIN)/python benchmarks/automap/wide_data.py
