@@ -243,3 +243,23 @@ def add_out_argument(parser: argparse.ArgumentParser, sub: str = "") -> None:
     """``--out DIR``: where the script writes, default ``benchmarks/results/<sub>``."""
     parser.add_argument("--out", type=lambda s: Path(s).resolve(), default=RESULTS / sub,
                         help=f"output folder (default: benchmarks/results/{sub})")
+
+
+def add_jobs_argument(parser: argparse.ArgumentParser) -> None:
+    """``--jobs N``: worker processes (default: one a CPU). Each task is seeded, so the figures
+    do not depend on N, and the command recorded leaves it out (``unrecorded``)."""
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="worker processes (the figures do not depend on it; not recorded)")
+
+
+def unrecorded(valued: tuple[str, ...] = (), flags: tuple[str, ...] = ()) -> None:
+    """Leave these options out of the command recorded (``valued``: with their value,
+    ``--jobs 2`` or ``--jobs=2``; ``flags``: alone): they change how a run is carried out,
+    not its figures."""
+    argv, out, i = sys.argv, [], 0
+    while i < len(argv):
+        name, eq, _ = argv[i].partition("=")
+        i += 2 if name in valued and not eq else 1
+        if name not in valued and name not in flags:
+            out.append(argv[i - 1])
+    sys.argv[:] = out

@@ -45,6 +45,15 @@ def test_command_keeps_what_is_not_a_relative_path(tmp_path):
     assert got == f".venv/bin/python benchmarks/spp/gap.py --instances 3 --out {tmp_path} 1/8"
 
 
+def test_options_that_do_not_change_figures_are_left_out_of_the_command(monkeypatch):
+    """``--jobs`` (with its value, either spelling) and ``--resume`` are not recorded: the
+    command kept is the one ``make bench`` runs, which gives the same figures."""
+    monkeypatch.setattr(sys, "argv", ["benchmarks/learning/heldout.py", "--agents", "drl-pp", "--jobs", "2",
+                                      "--resume", "--seeds", "5", "--jobs=3", "--out", "x"])
+    _results.unrecorded(("--jobs",), ("--resume",))
+    assert sys.argv == ["benchmarks/learning/heldout.py", "--agents", "drl-pp", "--seeds", "5", "--out", "x"]
+
+
 def test_provenance_fields(argv):
     p = _results.provenance()
     assert p["command"] == ".venv/bin/python benchmarks/spp/gap.py --seed 0"

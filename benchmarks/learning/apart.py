@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import add_out_argument, write_json, write_markdown  # noqa: E402
+from _results import add_jobs_argument, add_out_argument, unrecorded, write_json, write_markdown  # noqa: E402
 from heldout import CLUSTERS, MICROBATCHES, TARGETS, seconds  # noqa: E402
 
 from pipeplan.cluster import load_cluster  # noqa: E402
@@ -88,10 +87,10 @@ def main() -> int:
     parser.add_argument("--agents", default="automap-infer", help="comma-separated: automap-infer, drl-pp")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--evaluations", type=int, default=3000)
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="worker processes for the seeds (the results do not depend on it)")
+    add_jobs_argument(parser)
     add_out_argument(parser, "learning")
     args = parser.parse_args()
+    unrecorded(("--jobs",))
     ok = True
     with ProcessPoolExecutor(max(args.jobs, 1), mp_context=multiprocessing.get_context("spawn")) as pool:
         for agent in args.agents.split(","):

@@ -32,7 +32,6 @@ import argparse
 import ast
 import json
 import multiprocessing
-import os
 import statistics
 import subprocess
 import sys
@@ -43,8 +42,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _results import (PROFILES, ROOT, add_out_argument, git_state, profiles_absent, write_json,  # noqa: E402
-                      write_markdown)
+from _results import (PROFILES, ROOT, add_jobs_argument, add_out_argument, git_state,  # noqa: E402
+                      profiles_absent, unrecorded, write_json, write_markdown)
 
 from pipeplan.cluster import load_cluster  # noqa: E402
 from pipeplan.graph import load_graph  # noqa: E402
@@ -177,14 +176,12 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows already written where they would come out the same (module docstring)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="worker processes for the seeds (the results do not depend on it)")
+    add_jobs_argument(parser)
     add_out_argument(parser, "learning")
     args = parser.parse_args()
     if profiles_absent():
         return 0
-    if args.resume:
-        sys.argv.remove("--resume")  # the command recorded: the full run's, which gives every row
+    unrecorded(("--jobs",), ("--resume",))  # the command recorded: the full run's, which gives every row
     ok = True
     with ProcessPoolExecutor(max(args.jobs, 1), mp_context=multiprocessing.get_context("spawn")) as pool:
         for agent in args.agents.split(","):
