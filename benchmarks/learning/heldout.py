@@ -51,8 +51,10 @@ from pipeplan.planners import PlanOptions, planner_settings, run_planner  # noqa
 
 MICROBATCHES = 8
 MODELS = ("alexnet", "vgg16", "resnet50", "inception_v3", "resnext101", "gnmt")
+#: DRL-PP's clusters: three distinct ones of up to 8 GPUs (the preset drlpp-4gpu is v100x4's
+#: hardware under another name, so it is not among them)
 CLUSTERS = {"automap-infer": ("v100x4", "1080ti-4x2", "automap-a", "automap-c"),
-            "drl-pp": ("v100x4", "drlpp-4gpu", "1080ti-4x2")}
+            "drl-pp": ("v100x4", "1080ti-4x2", "hier:servers=2,gpus=4,intra=128Gbps,inter=25Gbps,kind=V100")}
 TARGETS = {"automap-infer": 0.05, "drl-pp": 0.20}
 
 
