@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import add_jobs_argument, add_out_argument, unrecorded, write_json, write_markdown  # noqa: E402
-from heldout import CLUSTERS, MICROBATCHES, TARGETS, seconds  # noqa: E402
+from heldout import CLUSTERS, MICROBATCHES, TARGETS, seconds, table  # noqa: E402
 
 from pipeplan.cluster import load_cluster  # noqa: E402
 from pipeplan.graph import load_graph  # noqa: E402
@@ -66,14 +66,7 @@ def report(agent: str, rows: list[dict], args) -> bool:
     lines = [f"# {agent} on zoo models kept apart", "",
              f"{MICROBATCHES} microbatches; {runs}. Gap > 0: slower. Models neither trained on nor tuned on "
              "(benchmarks/learning/apart.py says which and why).", "",
-             "| model | cluster | GPUs | dp (s) | spp (s) | agent (s) | gap to spp | worst vs dp | stages | "
-             "trivial plan won |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        values = [x["iteration_s"] for x in r["runs"]]
-        won = sorted({str(x["trivial"]) for x in r["runs"] if x["trivial"]}) or ["no"]
-        lines.append(f"| {r['model']} | {r['cluster']} | {r['devices']} | {r['dp_s']:.4f} | {r['spp_s']:.4f} | "
-                     f"{statistics.median(values):.4f} | {r['gap_to_spp']:+.1%} | {r['worst_vs_dp']:+.1%} | "
-                     f"{'/'.join(str(x['stages']) for x in r['runs'])} | {', '.join(won)} |")
+             *table(rows)]
     lines += ["", f"Median gap to spp {median:+.1%} (target within {TARGETS[agent]:.0%}); never slower than dp: "
               f"{'yes' if never_below_dp else 'NO'}. Targets {'met' if met else 'MISSED'}."]
     write_markdown(args.out / f"apart_{agent}.md", "\n".join(lines) + "\n")

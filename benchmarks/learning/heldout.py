@@ -127,6 +127,19 @@ def resumed_rows(agent: str, args, pairs: list[tuple[str, str]]) -> tuple[list[d
     return rows, out
 
 
+def table(rows: list[dict]) -> list[str]:
+    """The rows as a markdown table (apart.py's too)."""
+    lines = ["| model | cluster | GPUs | dp (s) | spp (s) | agent (s) | gap to spp | worst vs dp | stages | "
+             "trivial plan won |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        values = [x["iteration_s"] for x in r["runs"]]
+        won = sorted({str(x["trivial"]) for x in r["runs"] if x["trivial"]}) or ["no"]
+        lines.append(f"| {r['model']} | {r['cluster']} | {r['devices']} | {r['dp_s']:.4f} | {r['spp_s']:.4f} | "
+                     f"{statistics.median(values):.4f} | {r['gap_to_spp']:+.1%} | {r['worst_vs_dp']:+.1%} | "
+                     f"{'/'.join(str(x['stages']) for x in r['runs'])} | {', '.join(won)} |")
+    return lines
+
+
 def report(agent: str, rows: list[dict], args, planned: int, rows_from: list[dict]) -> bool:
     """Write what the rows say (again after every instance: a long run leaves its partial
     results, marked so); True when the targets are met on all ``planned`` instances."""
@@ -145,14 +158,7 @@ def report(agent: str, rows: list[dict], args, planned: int, rows_from: list[dic
              f"`.venv/bin/python benchmarks/learning/heldout.py --agents {agent}"
              + (f" --seeds {args.seeds} --evaluations {args.evaluations}" if agent == "drl-pp" else "")
              + f"`: {MICROBATCHES} microbatches; {runs}. Gap > 0: slower.", "",
-             "| model | cluster | GPUs | dp (s) | spp (s) | agent (s) | gap to spp | worst vs dp | stages | "
-             "trivial plan won |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        values = [x["iteration_s"] for x in r["runs"]]
-        won = sorted({str(x["trivial"]) for x in r["runs"] if x["trivial"]}) or ["no"]
-        lines.append(f"| {r['model']} | {r['cluster']} | {r['devices']} | {r['dp_s']:.4f} | {r['spp_s']:.4f} | "
-                     f"{statistics.median(values):.4f} | {r['gap_to_spp']:+.1%} | {r['worst_vs_dp']:+.1%} | "
-                     f"{'/'.join(str(x['stages']) for x in r['runs'])} | {', '.join(won)} |")
+             *table(rows)]
     if len(rows_from) > 1:
         first, said = 1, []
         for o in rows_from:
