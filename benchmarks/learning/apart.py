@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import add_jobs_argument, add_out_argument, unrecorded, write_json, write_markdown  # noqa: E402
-from heldout import CLUSTERS, MICROBATCHES, TARGETS, seconds, table  # noqa: E402
+from _results import unrecorded, write_json, write_markdown  # noqa: E402
+from heldout import CLUSTERS, MICROBATCHES, TARGETS, add_arguments, seconds, table  # noqa: E402
 
 from pipeplan.cluster import load_cluster  # noqa: E402
 from pipeplan.graph import load_graph  # noqa: E402
@@ -77,11 +77,7 @@ def report(agent: str, rows: list[dict], args) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--agents", default="automap-infer", help="comma-separated: automap-infer, drl-pp")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--evaluations", type=int, default=3000)
-    add_jobs_argument(parser)
-    add_out_argument(parser, "learning")
+    add_arguments(parser)
     args = parser.parse_args()
     unrecorded(("--jobs",))
     ok = True

@@ -176,16 +176,21 @@ def report(agent: str, rows: list[dict], args, planned: int, rows_from: list[dic
     return met
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options heldout.py and apart.py share."""
     parser.add_argument("--agents", default="automap-infer", help="comma-separated: automap-infer, drl-pp")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--evaluations", type=int, default=3000)
+    add_jobs_argument(parser)
+    add_out_argument(parser, "learning")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows already written where they would come out the same (module docstring)")
-    add_jobs_argument(parser)
-    add_out_argument(parser, "learning")
     args = parser.parse_args()
     if profiles_absent():
         return 0
