@@ -154,3 +154,26 @@ def test_check_lists_each_kind_of_offender(argv, tmp_path):
     assert check_provenance.problems(tmp_path / "gone.csv.provenance.json", commands, strict=False) == [
         "provenance of a missing file, gone.csv"]
     assert check_provenance.in_history(head) and not check_provenance.in_history("not-a-commit")
+
+
+def test_a_resumed_run_keeps_only_rows_that_would_come_out_the_same(tmp_path):
+    """heldout.py --resume: rows written at HEAD with the same seeds and evaluations are kept
+    (those of instances no longer run dropped); other evaluations, or rows that are not the
+    first instances of this run, are refused."""
+    import argparse
+
+    sys.path.insert(0, str(BENCH / "learning"))
+    import heldout
+
+    head = _results.git_state()[0]
+    pairs = [("alexnet", "v100x4"), ("vgg16", "v100x4"), ("alexnet", "1080ti-4x2")]
+    rows = [{"model": "alexnet", "cluster": "v100x4"}, {"model": "alexnet", "cluster": "drlpp-4gpu"}]
+    (tmp_path / "heldout_drl-pp.json").write_text(json.dumps(
+        {"provenance": {"commit": head, "dirty": False}, "seeds": 5, "evaluations": 3000, "rows": rows}))
+    args = argparse.Namespace(out=tmp_path, seeds=5, evaluations=3000)
+    kept, origin = heldout.resumed_rows("drl-pp", args, pairs)
+    assert kept == rows[:1] and origin == [{"commit": head, "rows": 1}]
+    with pytest.raises(SystemExit, match="other seeds/evaluations"):
+        heldout.resumed_rows("drl-pp", argparse.Namespace(out=tmp_path, seeds=5, evaluations=100), pairs)
+    with pytest.raises(SystemExit, match="other instances"):
+        heldout.resumed_rows("drl-pp", args, [pairs[1], pairs[0]])
