@@ -129,11 +129,11 @@ def test_the_slowest_link_is_the_same_found_either_way(monkeypatch):
 
 def test_ctrl_c_while_the_kernels_compile_is_held_then_delivered():
     """numba's compilation runs llvmlite ctypes callbacks that would swallow a KeyboardInterrupt
-    (the command ran on, exit 0): sim.engine.sigint_deferred holds it and raises it after."""
+    (the command ran on, exit 0): errors.sigint_deferred holds it and raises it after."""
     import os
     import signal
 
-    from pipeplan.sim.engine import sigint_deferred
+    from pipeplan.errors import sigint_deferred
 
     reached = False
     # Python's own handler, as in a terminal (a run started in the background ignores SIGINT)

@@ -3,7 +3,12 @@ exits 2); ``Infeasible`` is what a search meets (a candidate that cannot run) an
 ``Terminated`` is SIGTERM at the CLI (one line, exit 143). ``one_line`` makes any message
 that quotes user text safe to print as one line."""
 
+import contextlib
+import os
 import re
+import signal
+import threading
+from collections.abc import Iterator
 
 #: Control characters (C0, DEL, C1) and Unicode's line and paragraph separators.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -51,3 +56,26 @@ def from_ctrl_c(e: BaseException) -> bool:
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return False
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that comes during the block and deliver it after, for work that
+    must not stop half-done: numba compiling the kernels through llvmlite's ctypes callbacks
+    (which swallow a KeyboardInterrupt: the command would run on), multiprocessing making a
+    semaphore (registered with its resource tracker but not yet set to be removed at exit: the
+    tracker warns of a leak). Outside the main thread (no signal handlers there) it holds nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(*caught[0])  # Python's default handler raises KeyboardInterrupt
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)

@@ -20,14 +20,12 @@ their results are identical (``tests/test_sim_properties.py``).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
+
+from ..errors import sigint_deferred
 
 
 def _less(ta: float, ia: int, tb: float, ib: int) -> bool:
@@ -241,26 +239,3 @@ def _compile() -> None:
             _run_rows(np.ones((1, 2)), np.array([0, 1], dtype=np.int64), ptr, succ, npred, chan, 1,
                       np.empty((1, 2)), np.empty(1, dtype=np.int64))
         _COMPILED = True
-
-
-@contextlib.contextmanager
-def sigint_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) that comes during the block and deliver it after: numba compiles
-    or loads the kernels through llvmlite's ctypes callbacks, where a KeyboardInterrupt is
-    swallowed ("Exception ignored on calling ctypes callback") and the command would run on.
-    Outside the main thread (no signal handlers there) it holds nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[tuple] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            if callable(previous):
-                previous(*caught[0])  # Python's default handler raises KeyboardInterrupt
-            elif previous == signal.SIG_DFL:
-                os.kill(os.getpid(), signal.SIGINT)
-
