@@ -127,25 +127,40 @@ def test_the_slowest_link_is_the_same_found_either_way(monkeypatch):
     assert dense[0][0] == np.inf and dense[1][1] == 0.0
 
 
-def test_ctrl_c_while_the_kernels_compile_is_held_then_delivered():
-    """numba's compilation runs llvmlite ctypes callbacks that would swallow a KeyboardInterrupt
-    (the command ran on, exit 0): errors.sigint_deferred holds it and raises it after."""
+class _Raised(Exception):
+    pass
+
+
+def _raise(signum, frame):
+    raise _Raised(signum)
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_while_the_kernels_compile_is_held_then_delivered(signum):
+    """numba's compilation runs llvmlite ctypes callbacks that would swallow the exception a
+    signal handler raises (the command ran on, exit 0): errors.interrupts_deferred holds a
+    Ctrl-C or SIGTERM, then calls the handler that was in place, once, for the first."""
     import os
     import signal
 
-    from pipeplan.errors import sigint_deferred
+    from pipeplan.errors import interrupts_deferred
 
+    signum = getattr(signal, signum)
     reached = False
-    # Python's own handler, as in a terminal (a run started in the background ignores SIGINT)
-    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Python's own SIGINT handler, as in a terminal (a run started in the background ignores
+    # SIGINT); for SIGTERM one that raises, as the CLI's does
+    handler = signal.default_int_handler if signum == signal.SIGINT else _raise
+    outer = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with pytest.raises(KeyboardInterrupt):
-            with sigint_deferred():
-                os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else _Raised):
+            with interrupts_deferred():
+                os.kill(os.getpid(), signum)
+                os.kill(os.getpid(), signum)
                 reached = True  # not interrupted inside the block
-        assert reached and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert reached and signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is handler
     finally:
-        signal.signal(signal.SIGINT, outer)
+        for s, h in outer.items():
+            signal.signal(s, h)
 
 
 _RANDOM_TASKS = '''

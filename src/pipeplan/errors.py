@@ -59,23 +59,27 @@ def from_ctrl_c(e: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def sigint_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) that comes during the block and deliver it after, for work that
-    must not stop half-done: numba compiling the kernels through llvmlite's ctypes callbacks
-    (which swallow a KeyboardInterrupt: the command would run on), multiprocessing making a
-    semaphore (registered with its resource tracker but not yet set to be removed at exit: the
-    tracker warns of a leak). Outside the main thread (no signal handlers there) it holds nothing."""
+def interrupts_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) or SIGTERM that comes during the block and deliver the first after,
+    for work that must not stop half-done: numba compiling the kernels through llvmlite's ctypes
+    callbacks (which swallow the exception a handler raises: the command would run on),
+    multiprocessing making a semaphore (registered with its resource tracker but not yet set
+    to be removed at exit: the tracker warns of a leak). Outside the main thread (no signal
+    handlers there) it holds nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[tuple] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append((signum, frame)))
+                for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         if caught:
-            if callable(previous):
-                previous(*caught[0])  # Python's default handler raises KeyboardInterrupt
-            elif previous == signal.SIG_DFL:
-                os.kill(os.getpid(), signal.SIGINT)
+            signum, frame = caught[0]
+            if callable(previous[signum]):
+                previous[signum](signum, frame)  # Python's SIGINT handler raises KeyboardInterrupt
+            elif previous[signum] == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)

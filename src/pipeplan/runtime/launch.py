@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import PipeplanError, sigint_deferred
+from ..errors import PipeplanError, interrupts_deferred
 from .rendezvous import join_local_group, local_rendezvous, loopback_interface
 
 #: seconds a worker may take, beyond the hang timeout, for each step of its set-up (spawn and
@@ -359,7 +359,7 @@ def launch(worker: Callable[..., Any], world: int, args: tuple = (), *,
     ``on_progress``: given the ranks' progress as it arrives (spawned workers only)."""
     if join and torchrun_world() is not None:
         return _run_joined(worker, world, args, backend, threads, diagnose, error_text)
-    with sigint_deferred():  # a Ctrl-C here arrives once the server is started and the queue made:
+    with interrupts_deferred():  # a Ctrl-C or SIGTERM arrives once the server is started and the queue made:
         ctx = _context(worker)  # one between registering a semaphore of the queue and arranging its
         results = ctx.Queue()  # removal at exit had the resource tracker warn of a leak
     spec = _Spec(worker, tuple(args), backend, threads, join_timeout, error_text, os.getpid(), tuple(sys.path),

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from ..errors import sigint_deferred
+from ..errors import interrupts_deferred
 
 
 def _less(ta: float, ia: int, tb: float, ib: int) -> bool:
@@ -230,7 +230,7 @@ def _compile() -> None:
 
         ptr, succ, npred, chan = (np.array(a, dtype=np.int64) for a in ([0, 1, 1], [1], [0, 1], [-1, 0]))
         g = globals()
-        with sigint_deferred():
+        with interrupts_deferred():
             for name in _INLINE:
                 g[name] = njit(cache=True, inline="always", error_model="numpy")(g[name])
             for name in _KERNELS:
