@@ -88,7 +88,7 @@ def test_algorithm_1_emits_valid_partitions_and_replay_agrees(case):
         steps, _, owner = replay(agent, h, [t for t, _ in trajs])
     per_traj = np.zeros(3)
     np.add.at(per_traj, owner.numpy(), steps.numpy())
-    assert per_traj == pytest.approx([lp for _, lp in trajs], abs=1e-4)
+    assert per_traj == pytest.approx([lp for _, lp in trajs], abs=1e-5)  # float32 rounding: ~3e-7
 
 
 def test_scheduler_softmax_is_per_accelerator_and_invalid_placements_are_penalized():

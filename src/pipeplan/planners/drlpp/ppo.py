@@ -226,7 +226,7 @@ class _Cells:
 
     def candidate_scores(self, cand: np.ndarray, state: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         """Each candidate read as one more selector step from ``state``, scored."""
-        hc, _ = self._cell(self.sel_x[cand] + state[0] @ self.sel_hh, state[1])
+        hc, _ = self.select(self.sel_x[cand], state)
         return self._mlp(hc, *self.cand_mlp).astype(np.float64)
 
     def cut_score(self, cut_h: np.ndarray) -> float:
