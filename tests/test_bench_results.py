@@ -177,3 +177,32 @@ def test_a_resumed_run_keeps_only_rows_that_would_come_out_the_same(tmp_path):
         heldout.resumed_rows("drl-pp", argparse.Namespace(out=tmp_path, seeds=5, evaluations=100), pairs)
     with pytest.raises(SystemExit, match="other instances"):
         heldout.resumed_rows("drl-pp", args, [pairs[1], pairs[0]])
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_a_resumed_run_refuses_rows_measured_on_other_sources(tmp_path):
+    """heldout.py --resume: rows written at a commit whose src/ differs from HEAD's, the row
+    code being the same, are refused (they would not come out the same)."""
+    import argparse
+
+    sys.path.insert(0, str(BENCH / "learning"))
+    import heldout
+
+    now = heldout._row_code((BENCH / "learning" / "heldout.py").read_text())
+    for commit in _git("rev-list", "--max-count=30", "HEAD", "--", "src").stdout.split():
+        shown = _git("show", f"{commit}^:benchmarks/learning/heldout.py")
+        if shown.returncode == 0 and heldout._row_code(shown.stdout) == now \
+                and _git("diff", "--quiet", f"{commit}^", "HEAD", "--", "src").returncode == 1:
+            before = _git("rev-parse", f"{commit}^").stdout.strip()
+            break
+    else:
+        pytest.skip("no commit in this clone's recent history with the same row code and other src/")
+    rows = [{"model": "alexnet", "cluster": "v100x4"}]
+    (tmp_path / "heldout_drl-pp.json").write_text(json.dumps(
+        {"provenance": {"commit": before, "dirty": False}, "seeds": 5, "evaluations": 3000, "rows": rows}))
+    args = argparse.Namespace(out=tmp_path, seeds=5, evaluations=3000)
+    with pytest.raises(SystemExit, match="src/ or the row code changed"):
+        heldout.resumed_rows("drl-pp", args, [("alexnet", "v100x4")])
