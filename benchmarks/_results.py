@@ -30,9 +30,11 @@ module as is; scripts in a subfolder first put ``benchmarks/`` on ``sys.path``):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
+import multiprocessing
 import os
 import platform
 import shlex
@@ -40,6 +42,8 @@ import struct
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from functools import lru_cache
 from importlib import metadata
@@ -250,6 +254,22 @@ def add_jobs_argument(parser: argparse.ArgumentParser) -> None:
     do not depend on N, and the command recorded leaves it out (``unrecorded``)."""
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="worker processes (the figures do not depend on it; not recorded)")
+
+
+@contextlib.contextmanager
+def worker_pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
+    """``jobs`` worker processes (spawned, not forked: nothing of this process copied into them).
+    A task's failure or a Ctrl-C ends the run at once: the workers are ended and the tasks
+    left never run, where leaving the pool's block would first wait for every task."""
+    pool = ProcessPoolExecutor(max(jobs, 1), mp_context=multiprocessing.get_context("spawn"))
+    try:
+        yield pool
+    except BaseException:
+        for child in multiprocessing.active_children():  # the workers: this script starts no other
+            child.terminate()
+        pool.shutdown(cancel_futures=True)  # quick now: the pool's thread fails what is left, reaps the workers
+        raise
+    pool.shutdown()
 
 
 def unrecorded(valued: tuple[str, ...] = (), flags: tuple[str, ...] = ()) -> None:

@@ -206,3 +206,20 @@ def test_a_resumed_run_refuses_rows_measured_on_other_sources(tmp_path):
     args = argparse.Namespace(out=tmp_path, seeds=5, evaluations=3000)
     with pytest.raises(SystemExit, match="src/ or the row code changed"):
         heldout.resumed_rows("drl-pp", args, [("alexnet", "v100x4")])
+
+
+def test_a_failed_task_ends_the_worker_pool_at_once():
+    """benchmarks' worker_pool: when a task fails, the workers are ended and the tasks left
+    never run (leaving a plain pool's block first ran every task: a seed that crashed kept
+    a held-out run going for another hour before it said so)."""
+    import math
+    import multiprocessing
+    import time
+
+    with pytest.raises(ValueError, match="math domain error"):
+        with _results.worker_pool(2) as pool:
+            failed = pool.submit(math.sqrt, -1)
+            queued = [pool.submit(time.sleep, 5) for _ in range(8)]
+            failed.result()
+    assert all(f.cancelled() or f.exception() is not None for f in queued)  # BrokenProcessPool
+    assert not multiprocessing.active_children()

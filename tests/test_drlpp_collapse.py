@@ -51,6 +51,20 @@ def test_a_masked_placement_gives_every_partition_a_device():
         assert set(p.tolist()) == {0, 1, 2}
 
 
+def test_a_masked_placement_from_a_policy_sure_of_a_forbidden_partition():
+    """A policy sure of partition 0 (its other log-probabilities about -2000, whose exp() is
+    0): the devices the rule keeps for partitions 1 and 2 still draw them, partition 1 with
+    probability e / (1 + e) (logits 0 and -1 among those allowed). It was 0 / 0, a crash
+    (DRL-PP on Inception-v3 over 4 x 2 1080 Ti, late in training)."""
+    import math
+
+    logits = torch.log_softmax(torch.tensor([[2000.0, 0.0, -1.0]] * 3, dtype=torch.float64), dim=1)
+    g = torch.Generator().manual_seed(0)
+    drawn = np.array([masked_placement(logits, g) for _ in range(4000)])
+    assert (np.sort(drawn, axis=1) == [0, 1, 2]).all()
+    assert (drawn[:, 1] == 1).mean() == pytest.approx(math.e / (1 + math.e), abs=0.03)
+
+
 def test_the_config_refuses_unknown_variants():
     with pytest.raises(PipeplanError, match="scheme_reward must be best or mean"):
         Config(scheme_reward="median")

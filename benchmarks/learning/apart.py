@@ -17,16 +17,14 @@ Writes benchmarks/results/learning/apart_<agent>.{json,md}; exits 1 when a targe
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import unrecorded, write_json, write_markdown  # noqa: E402
+from _results import unrecorded, worker_pool, write_json, write_markdown  # noqa: E402
 from heldout import CLUSTERS, MICROBATCHES, TARGETS, add_arguments, seconds, table  # noqa: E402
 
 from pipeplan.cluster import load_cluster  # noqa: E402
@@ -81,7 +79,7 @@ def main() -> int:
     args = parser.parse_args()
     unrecorded(("--jobs",))
     ok = True
-    with ProcessPoolExecutor(max(args.jobs, 1), mp_context=multiprocessing.get_context("spawn")) as pool:
+    with worker_pool(args.jobs) as pool:
         for agent in args.agents.split(","):
             pairs = [(m, c) for c in CLUSTERS[agent] for m in MODELS]
             seeds = range(args.seeds if agent == "drl-pp" else 1)

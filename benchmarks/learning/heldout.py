@@ -31,18 +31,16 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import multiprocessing
 import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _results import (PROFILES, ROOT, add_jobs_argument, add_out_argument, git_state,  # noqa: E402
+from _results import (PROFILES, ROOT, add_jobs_argument, add_out_argument, git_state, worker_pool,  # noqa: E402
                       profiles_absent, unrecorded, write_json, write_markdown)
 
 from pipeplan.cluster import load_cluster  # noqa: E402
@@ -196,7 +194,7 @@ def main() -> int:
         return 0
     unrecorded(("--jobs",), ("--resume",))  # the command recorded: the full run's, which gives every row
     ok = True
-    with ProcessPoolExecutor(max(args.jobs, 1), mp_context=multiprocessing.get_context("spawn")) as pool:
+    with worker_pool(args.jobs) as pool:
         for agent in args.agents.split(","):
             pairs = [(m, c) for c in CLUSTERS[agent] for m in args.models.split(",")]
             rows, rows_from = resumed_rows(agent, args, pairs) if args.resume else ([], [])

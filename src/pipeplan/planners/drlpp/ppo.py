@@ -351,8 +351,10 @@ def masked_placement(logits: torch.Tensor, generator: torch.Generator | None) ->
     out, held = np.empty(devices, dtype=np.int64), np.zeros(k, dtype=bool)
     for d in range(devices):
         allowed = ~held if devices - d <= (~held).sum() else np.ones(k, dtype=bool)
-        probs = logits[d].exp() * torch.as_tensor(allowed, dtype=logits.dtype)
-        out[d] = int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+        # renormalized from the largest allowed logit: a policy sure of a partition the rule
+        # forbids gives the allowed ones probabilities whose exp() alone is 0 (0 / 0 was NaN)
+        probs = torch.softmax(logits[d].masked_fill(torch.as_tensor(~allowed), -torch.inf), 0)
+        out[d] = int(torch.multinomial(probs, 1, generator=generator))
         held[out[d]] = True
     return out
 
