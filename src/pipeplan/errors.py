@@ -1,7 +1,8 @@
 """Exceptions: ``PipeplanError`` is what a user can cause (the CLI prints it as one line and
 exits 2); ``Infeasible`` is what a search meets (a candidate that cannot run) and handles;
 ``Terminated`` is SIGTERM at the CLI (one line, exit 143). ``one_line`` makes any message
-that quotes user text safe to print as one line."""
+that quotes user text safe to print as one line; ``interrupts_deferred`` holds a Ctrl-C or
+SIGTERM until work that must not stop half-done is done."""
 
 import contextlib
 import os
