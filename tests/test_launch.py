@@ -186,6 +186,7 @@ import os, signal
 from multiprocessing import resource_tracker
 from pipeplan.runtime.launch import launch
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as the CLI does: a shell's background job inherits it ignored
 registered = resource_tracker.register
 
 def register(name, rtype):  # a Ctrl-C just after the queue registers a semaphore
